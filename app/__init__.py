@@ -1,0 +1,54 @@
+"""The HTTP facade: validates requests, records and enqueues jobs, answers. Never touches Docker."""
+from __future__ import annotations
+
+import ipaddress
+
+from celery import Celery
+from flask import Flask, jsonify, request
+
+from app import errors
+from app.engine import Engine
+from termpool.config import Settings, settings
+from termpool.state import Store
+
+
+def celery_init_app(app: Flask, cfg: Settings) -> Celery:
+    """The Flask docs' pattern: one Celery app, kept in app.extensions."""
+    from tasks.celery_app import make_celery
+
+    celery = make_celery(cfg)
+    celery.set_default()
+    app.extensions["celery"] = celery
+    return celery
+
+
+def _guard(app: Flask, cfg: Settings) -> None:
+    """Optional bearer token and client allow-list (CONFIG.md); /healthz stays open."""
+    networks = [ipaddress.ip_network(c, strict=False) for c in cfg.allowed_clients]
+
+    @app.before_request
+    def check_client():
+        if request.path == "/healthz":
+            return None
+        if networks:
+            addr = ipaddress.ip_address(request.remote_addr or "0.0.0.0")
+            if not any(addr in net for net in networks):
+                return jsonify({"ok": False, "error": "client address not allowed"}), 403
+        if cfg.api_token and request.headers.get("Authorization", "") != f"Bearer {cfg.api_token}":
+            return jsonify({"ok": False, "error": "missing or wrong bearer token"}), 401
+        return None
+
+
+def create_app(cfg: Settings | None = None) -> Flask:
+    cfg = cfg or settings()
+    app = Flask(__name__, static_folder=None)
+    app.json.sort_keys = False
+    celery = celery_init_app(app, cfg)
+    app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
+    _guard(app, cfg)
+    errors.register(app)
+
+    from app.pool_api import bp as pool_bp
+
+    app.register_blueprint(pool_bp)
+    return app

@@ -1,0 +1,116 @@
+"""What both HTTP faces do with a validated request: record it in Redis, enqueue, wait.
+
+No Docker here: the facade only talks to the state store and the Celery broker.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery import Celery
+
+from tasks import dispatch
+from termpool.config import Settings
+from termpool.state import Allocation, Store
+
+WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
+
+
+class UnknownLease(LookupError):
+    def __init__(self, run_id: str):
+        super().__init__(f"Unknown run_lease_id: {run_id}")
+
+
+class NotReady(RuntimeError):
+    """The run cannot take this operation in its current state."""
+
+
+@dataclass
+class Engine:
+    cfg: Settings
+    store: Store
+    celery: Celery
+
+    # ---- leases -----------------------------------------------------------------------------
+    def hosts(self) -> list[str]:
+        """Worker hosts to place runs on: live ones first, this host's id as the fallback."""
+        live = self.store.live_hosts()
+        return live or [self.cfg.host_id]
+
+    def allocate(self, task_key: str, request_id: str) -> Allocation:
+        return self.store.allocate(task_key, request_id, self.hosts(), self.cfg.max_tasks,
+                                   self.cfg.max_runs_per_task)
+
+    def lease(self, run_id: str) -> dict:
+        """A live run, marked as used; UnknownLease for unknown or released leases."""
+        if not self.store.touch(run_id):
+            raise UnknownLease(run_id)
+        return self.store.require_run(run_id)
+
+    def status(self) -> dict:
+        hosts = sorted(set(self.hosts()) | {self.cfg.host_id})
+        per_host = {host: self.store.host_status(host) for host in hosts}
+        tasks: dict = {}
+        for status in per_host.values():
+            for key, value in status["tasks"].items():
+                tasks.setdefault(key, {"active_runs": 0})["active_runs"] += value["active_runs"]
+        return {
+            "max_tasks": self.cfg.max_tasks,
+            "active_tasks": len(tasks),
+            "max_runs_per_task": self.cfg.max_runs_per_task,
+            "total_active_runs": sum(s["total_active_runs"] for s in per_host.values()),
+            "pending_closes": sum(s["pending_closes"] for s in per_host.values()),
+            "tasks": tasks,
+            "hosts": per_host,
+        }
+
+    # ---- operations: each returns the job id ------------------------------------------------
+    def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
+        self.store.update_run(run["run_id"], state="starting", task_meta=task_meta, run_ctx=run_ctx,
+                              task_timeouts=task_timeouts, error="")
+        return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"])
+
+    def tool_call(self, run: dict, call: dict) -> str:
+        self._require_started(run)
+        return dispatch.enqueue_tool_call(self.celery, self.store, run["run_id"], run["host"], call)
+
+    def evaluation(self, run: dict) -> str:
+        self._require_started(run)
+        return dispatch.enqueue_evaluation(self.celery, self.store, run["run_id"], run["host"])
+
+    def close(self, run_id: str) -> str | None:
+        """Release the lease now; the teardown runs after. None when nothing was live."""
+        if not self.store.release(run_id):
+            return None
+        run = self.store.require_run(run_id)
+        return dispatch.enqueue_close(self.celery, self.store, run_id, run["host"])
+
+    @staticmethod
+    def _require_started(run: dict) -> None:
+        if run["state"] == "allocated" or not run.get("env") and run["state"] != "starting":
+            raise NotReady(f"run {run['run_id']} has not been reset")
+
+    # ---- waiting ----------------------------------------------------------------------------
+    def wait(self, job_id: str, timeout: float | None) -> dict:
+        job = self.store.wait_job(job_id, None if timeout is None else timeout + WAIT_MARGIN)
+        if job is None:
+            raise RuntimeError(f"job {job_id} vanished")
+        return job
+
+    def start_wait_limit(self, task_timeouts: dict) -> float:
+        t = self.cfg.timeouts.merged(task_timeouts)
+        return t.ensure_image + t.reset_session
+
+    def eval_wait_limit(self, run: dict) -> float:
+        return self.cfg.timeouts.merged(run.get("task_timeouts")).eval
+
+    @staticmethod
+    def tool_wait_limit(call: dict) -> float | None:
+        """How long a tool call may take: its own timeout for blocking shell_exec, else short."""
+        args = call.get("arguments") or {}
+        if call["name"] == "shell_exec" and args.get("block", True) not in (False, None):
+            timeout = args.get("timeout", 20.0)
+            if timeout is None:
+                return None  # the model asked for no limit
+            if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+                return max(float(timeout), 0.0)
+        return 30.0

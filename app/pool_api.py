@@ -1,0 +1,110 @@
+"""The pool API (POOL_API.md section 1): byte-compatible with the reference pool server.
+
+Every call blocks until its job has ended, then answers the way the reference does.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify
+
+from app import validation
+from app.engine import Engine, NotReady, UnknownLease
+from termpool.state import CapacityError
+
+bp = Blueprint("pool", __name__)
+
+
+def engine() -> Engine:
+    return current_app.extensions["termpool"]
+
+
+def ok(**fields):
+    return jsonify({"ok": True, **fields})
+
+
+def fail(status: int, error: str, **fields):
+    return jsonify({"ok": False, "error": error, **fields}), status
+
+
+def _job_reply(job: dict, **success_fields):
+    if job.get("state") == "succeeded":
+        return ok(**success_fields)
+    if job.get("state") in ("queued", "running"):
+        return fail(500, f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})")
+    return fail(500, job.get("error") or "job failed")
+
+
+@bp.get("/healthz")
+def healthz():
+    return ok()
+
+
+@bp.get("/status")
+def status():
+    return ok(pool=engine().status())
+
+
+@bp.post("/allocate")
+def allocate():
+    body = validation.json_body()
+    task_key = validation.required_str(body, "task_key")
+    request_id = validation.optional_str(body, "request_id")
+    try:
+        lease = engine().allocate(task_key, request_id)
+    except CapacityError as exc:
+        limit = "WORKER_MAX_TASKS" if exc.code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
+        return fail(429, f"no capacity for task {task_key!r}: {limit} reached", code=exc.code)
+    return ok(lease_id=lease.run_id, reused=lease.reused)
+
+
+@bp.post("/heartbeat")
+def heartbeat():
+    run_id = validation.required_str(validation.json_body(), "lease_id")
+    engine().lease(run_id)
+    return ok()
+
+
+@bp.post("/reset")
+def reset():
+    body = validation.json_body()
+    run_id = validation.required_str(body, "lease_id")
+    cfg = engine().cfg
+    meta = validation.task_meta(body, cfg)
+    ctx = validation.run_ctx(body, cfg)
+    timeouts = validation.task_timeouts(body)
+    run = engine().lease(run_id)
+    job_id = engine().start(run, meta, ctx, timeouts)
+    job = engine().wait(job_id, engine().start_wait_limit(timeouts))
+    result = job.get("result") or {}
+    return _job_reply(job, user_msg=result.get("user_msg"), tool_schemas=result.get("tool_schemas"))
+
+
+@bp.post("/exec_tool")
+def exec_tool():
+    body = validation.json_body()
+    run_id = validation.required_str(body, "lease_id")
+    call = validation.tool_call(body.get("tool_call"))
+    run = engine().lease(run_id)
+    job_id = engine().tool_call(run, call)
+    job = engine().wait(job_id, engine().tool_wait_limit(call))
+    return _job_reply(job, observation=job.get("result"))
+
+
+@bp.post("/evaluate")
+def evaluate():
+    run_id = validation.required_str(validation.json_body(), "lease_id")
+    run = engine().lease(run_id)
+    job_id = engine().evaluation(run)
+    job = engine().wait(job_id, engine().eval_wait_limit(run))
+    return _job_reply(job, score=(job.get("result") or {}).get("score"))
+
+
+@bp.post("/close")
+def close():
+    run_id = validation.required_str(validation.json_body(), "lease_id")
+    return ok(found=engine().close(run_id) is not None)
+
+
+@bp.errorhandler(UnknownLease)
+@bp.errorhandler(NotReady)
+def _server_side(exc):
+    return fail(500, str(exc))

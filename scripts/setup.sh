@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install what termpool needs on a Debian host (idempotent): Docker engine, Redis,
+# debootstrap (test base image), gcc (the in-container session helper), Python packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q "${need_apt[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+
+bash tasks/helper/build.sh >/dev/null

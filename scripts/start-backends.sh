@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Start dockerd when no Docker engine answers; start a local redis-server when REDIS_URL
+# (default redis://localhost:6379/0) names none that answers.
+set -euo pipefail
+
+if ! docker info >/dev/null 2>&1; then
+  (dockerd >/var/log/termpool-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/termpool-dockerd.log" >&2; exit 1; }
+fi
+
+url=${REDIS_URL:-redis://localhost:6379/0}
+if ! python3 -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$url" 2>/dev/null; then
+  port=$(python3 -c "import sys,urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)" "$url")
+  redis-server --port "$port" --daemonize yes --save '' --appendonly no --maxmemory-policy noeviction >/dev/null
+  for _ in $(seq 1 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi

@@ -1,0 +1,43 @@
+"""Per-run artifacts under the run's log dir (TASK_FORMAT.md, "Per-run artifacts")."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+TOOL_LOG = "tool_calls.jsonl"
+TEST_LOG = "tests.log"
+RESULTS = "results.json"
+
+
+def _safe(part: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", part).strip(".") or "_"
+
+
+def run_dir(log_dir: str, task_name: str, uid: str, run_id: str) -> Path:
+    """<log_dir>/<task_name>/<task_name>.<uid>.<run_id>, with the two mounted folders."""
+    task = _safe(task_name)
+    path = Path(log_dir) / task / f"{task}.{_safe(uid)}.{run_id}"
+    for sub in ("sessions", "agent-logs"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+        # The task's container user may be anyone; these are its log mounts.
+        os.chmod(path / sub, 0o777)
+    return path
+
+
+def log_tool_call(path: Path, tool_call: dict, observation: str, seconds: float) -> None:
+    record = {"time": time.time(), "tool_call": tool_call, "observation": observation, "seconds": round(seconds, 4)}
+    with open(path / TOOL_LOG, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_test_output(path: Path, output: str) -> None:
+    (path / TEST_LOG).write_text(output, encoding="utf-8")
+
+
+def write_results(path: Path, results: dict) -> None:
+    tmp = path / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path / RESULTS)

@@ -1,0 +1,74 @@
+"""The Celery application: broker, queues, explicit routes, beat schedule.
+
+Queues are named per worker host and kind of work: ``termpool.<host>.<kind>``. A run's jobs
+always go to the queues of the host its containers live on, so routing reads the ``host``
+keyword every pool task carries. Reaping goes to the shared ``termpool.maintenance`` queue.
+"""
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from termpool.config import QUEUE_KINDS, Settings, settings
+
+MAINTENANCE_QUEUE = "termpool.maintenance"
+
+# Which kind of queue each task consumes from.
+TASK_KINDS = {
+    "pool.ensure_image": "build",
+    "pool.start_run": "lifecycle",
+    "pool.exec_tool": "exec",
+    "pool.run_script": "exec",
+    "pool.evaluate": "eval",
+    "pool.close_run": "teardown",
+    "pool.reconcile": "teardown",
+}
+
+
+def queue_name(host: str, kind: str) -> str:
+    return f"termpool.{host}.{kind}"
+
+
+def host_queues(host: str) -> list[Queue]:
+    return [Queue(queue_name(host, kind)) for kind in QUEUE_KINDS]
+
+
+def route_task(name, args, kwargs, options, task=None, **kw):
+    """Explicit route: pool tasks go to their host's queue of their kind."""
+    kind = TASK_KINDS.get(name)
+    if kind is None:
+        return {"queue": MAINTENANCE_QUEUE}
+    host = (kwargs or {}).get("host")
+    if not host:
+        raise ValueError(f"{name} needs a host to be routed")
+    return {"queue": Queue(queue_name(host, kind))}
+
+
+def make_celery(cfg: Settings) -> Celery:
+    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs"])
+    app.conf.update(
+        task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
+        task_create_missing_queues=False,
+        task_default_queue=MAINTENANCE_QUEUE,
+        task_routes=(route_task,),
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=24 * 3600,
+        # A tool call must never run twice: ack on receipt, one message per worker slot.
+        task_acks_late=False,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 4 * 3600},
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
+        },
+    )
+    return app
+
+
+celery_app = make_celery(settings())

@@ -1,0 +1,250 @@
+"""Celery tasks: every operation on a run, carried out on the run's host.
+
+Each task carries the job id of the client's request; `_job` records started/finished in
+the state store so the facade (and pollers) see the outcome whatever the queue did.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from pathlib import Path
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+
+from tasks import artifacts, environment
+from tasks.docker_env import docker_client
+from tasks.evaluation import EvaluationError, run_tests
+from tasks.session_helper import prepare_container
+from tasks.shell_tools import run_tool, tool_schemas
+from termpool.config import settings
+from termpool.paths import resolve_inside
+from termpool.state import Store
+from termpool.task_spec import load_task
+
+log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = 5.0
+
+
+@functools.lru_cache(maxsize=1)
+def store() -> Store:
+    return Store.from_url(settings().redis_url)
+
+
+class RunClosed(RuntimeError):
+    pass
+
+
+def _job(fn=None, *, failed_run_state=None):
+    """Record the job's start and end around a task body; the last step of a chain ends it.
+
+    With failed_run_state, a failure also moves the run to that state (a failed start).
+    """
+    if fn is None:
+        return functools.partial(_job, failed_run_state=failed_run_state)
+
+    @functools.wraps(fn)
+    def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
+        if store().job_state(job_id) == "queued":
+            store().job_started(job_id, self.request.hostname or "")
+        try:
+            result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
+        except Exception as exc:
+            if failed_run_state:
+                store().set_state_if_live(run_id, failed_run_state, error=_describe(exc))
+            store().job_finished(job_id, error=_describe(exc))
+            raise
+        if final:
+            store().job_finished(job_id, result=result)
+        return result
+
+    return wrapper
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if isinstance(exc, (EvaluationError, RunClosed, TimeoutError)) else f"{type(exc).__name__}: {text}"
+
+
+def _task_dir(run: dict) -> Path:
+    return resolve_inside(settings().dataset_dir, run["task_meta"]["task_path"], allow_absolute=True)
+
+
+def _timeouts(run: dict):
+    return settings().timeouts.merged(run.get("task_timeouts"))
+
+
+def _live_run(run_id: str) -> dict:
+    run = store().require_run(run_id)
+    if run["state"] in ("closing", "closed"):
+        raise RunClosed(f"run {run_id} is closed")
+    return run
+
+
+def _client_container(run: dict):
+    env = run.get("env")
+    if not env or run["state"] in ("allocated", "starting"):
+        raise RuntimeError(f"run {run['run_id']} has not been reset")
+    return docker_client().containers.get(env["client"])
+
+
+class _RunSessions:
+    """Shell-session bookkeeping of one run, kept in Redis so any worker can continue it."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+
+    def get(self, sid: str) -> dict:
+        return store().session(self.run_id, sid)
+
+    def set(self, sid: str, **fields) -> None:
+        store().update_session(self.run_id, sid, **fields)
+
+
+# ---- reset ----------------------------------------------------------------------------------
+@shared_task(name="pool.ensure_image", bind=True)
+@_job(failed_run_state="failed")
+def ensure_image(self, *, host, run_id, job_id):
+    run = _live_run(run_id)
+    timeouts = _timeouts(run)
+    return environment.ensure_image(run["task_meta"]["task_name"], _task_dir(run), settings(),
+                                    timeouts.ensure_image, store().r)
+
+
+@shared_task(name="pool.start_run", bind=True)
+@_job(failed_run_state="failed")
+def start_run(self, *, host, run_id, job_id):
+    run = _live_run(run_id)
+    if run.get("env"):  # a second reset replaces the old environment
+        environment.remove_run_resources(run_id, run["env"].get("project", ""))
+        store().drop_sessions(run_id)
+    meta, ctx = run["task_meta"], run.get("run_ctx") or {}
+    task_dir = _task_dir(run)
+    spec = load_task(task_dir)
+    log_dir = ctx.get("log_dir") or str(settings().default_log_dir)
+    run_path = artifacts.run_dir(log_dir, meta["task_name"], str(ctx.get("uid", "0")), run_id)
+    env, container = environment.start(run, task_dir, run_path, settings(), _timeouts(run).reset_session)
+    try:
+        prepare_container(container)
+    except BaseException:
+        environment.remove_run_resources(run_id, env.project)
+        raise
+    instruction = meta.get("instruction") or spec.instruction
+    reply = {"user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
+             "tool_schemas": tool_schemas(settings().expose_kill_tool)}
+    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), error="", score=None, tests=None, **reply):
+        environment.remove_run_resources(run_id, env.project)  # closed while starting
+        raise RunClosed(f"run {run_id} was closed while it was starting")
+    return reply
+
+
+# ---- tool calls -----------------------------------------------------------------------------
+@shared_task(name="pool.exec_tool", bind=True)
+@_job
+def exec_tool(self, *, host, run_id, job_id, tool_call):
+    run = _live_run(run_id)
+    container = _client_container(run)
+    started = time.monotonic()
+    observation = run_tool(container, tool_call.get("name"), tool_call.get("arguments"), _RunSessions(run_id),
+                           expose_kill=settings().expose_kill_tool)
+    artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
+    return observation
+
+
+# ---- evaluation -----------------------------------------------------------------------------
+@shared_task(name="pool.evaluate", bind=True)
+@_job
+def evaluate(self, *, host, run_id, job_id):
+    run = _live_run(run_id)
+    container = _client_container(run)
+    task_dir = _task_dir(run)
+    run_path = Path(run["env"]["run_dir"])
+    store().set_state_if_live(run_id, "evaluating")
+    try:
+        result = run_tests(container, task_dir, load_task(task_dir), _timeouts(run).eval)
+    except Exception as exc:
+        if isinstance(exc, EvaluationError):
+            artifacts.write_test_output(run_path, exc.output)
+        artifacts.write_results(run_path, {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc)})
+        store().set_state_if_live(run_id, "ready", error=_describe(exc))
+        raise
+    artifacts.write_test_output(run_path, result.output)
+    artifacts.write_results(run_path, {"run_id": run_id, "task_name": run["task_meta"]["task_name"],
+                                       "score": result.score, "tests": result.tests})
+    store().set_state_if_live(run_id, "evaluated", score=result.score, tests=result.tests, error="")
+    return {"score": result.score, "tests": result.tests}
+
+
+# ---- teardown and maintenance ---------------------------------------------------------------
+@shared_task(name="pool.close_run", bind=True)
+@_job
+def close_run(self, *, host, run_id, job_id):
+    run = store().get_run(run_id) or {}
+    project = (run.get("env") or {}).get("project", "")
+    try:
+        removed = environment.remove_run_resources(run_id, project)
+    except Exception as exc:
+        store().mark_closed(run_id, error=_describe(exc))
+        raise
+    store().mark_closed(run_id)
+    return {"containers_removed": removed}
+
+
+def _run_is_live(run_id: str) -> bool:
+    run = store().get_run(run_id) if run_id else None
+    return bool(run) and run.get("state") != "closed"
+
+
+@shared_task(name="pool.reconcile", bind=True)
+def reconcile(self, *, host):
+    removed = environment.reconcile(host, _run_is_live)
+    if removed:
+        log.warning("reconcile removed leftovers of runs %s", removed)
+    return removed
+
+
+@shared_task(name="pool.reap", bind=True)
+def reap(self):
+    """Release idle runs and queue their teardown; re-queue teardowns that were lost."""
+    from tasks.dispatch import enqueue_close  # the same path the facade uses
+
+    cfg = settings()
+    hosts = set(store().live_hosts()) | {cfg.host_id}
+    reaped = []
+    for host in hosts:
+        for run_id in store().idle_runs(host, cfg.run_idle_ttl):
+            if store().release(run_id, reason="idle"):
+                enqueue_close(self.app, store(), run_id, host)
+                reaped.append(run_id)
+        for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
+            enqueue_close(self.app, store(), run_id, host)
+    return reaped
+
+
+# ---- worker liveness ------------------------------------------------------------------------
+def _heartbeat(node: str, host: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            store().node_heartbeat(node)
+            store().host_heartbeat(host)
+        except Exception:  # Redis away: keep trying, the facade reports 503 meanwhile
+            log.exception("heartbeat failed")
+        stop.wait(HEARTBEAT_SECONDS)
+
+
+_stop_heartbeat = threading.Event()
+
+
+@worker_ready.connect
+def _on_worker_ready(sender=None, **_):
+    node = sender.hostname
+    threading.Thread(target=_heartbeat, args=(node, settings().host_id, _stop_heartbeat), daemon=True,
+                     name="termpool-heartbeat").start()
+    sender.app.send_task("pool.reconcile", kwargs={"host": settings().host_id})
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_):
+    _stop_heartbeat.set()

@@ -1,0 +1,45 @@
+"""Start one worker pool (per queue kind) or the beat scheduler, sized from the settings.
+
+    python -m tasks.worker exec        # the exec queue of this host
+    python -m tasks.worker beat        # the reaper's schedule
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from tasks.celery_app import MAINTENANCE_QUEUE, celery_app, queue_name
+from termpool.config import QUEUE_KINDS, settings
+
+# Builds are CPU-heavy and rare: processes, so Celery's time limits apply. Everything else
+# waits on Docker: threads, so a host can hold hundreds of runs in little memory.
+POOLS = {"build": "prefork"}
+
+
+def worker_argv(kind: str) -> list[str]:
+    cfg = settings()
+    queues = [queue_name(cfg.host_id, kind)]
+    if kind == "teardown":
+        queues.append(MAINTENANCE_QUEUE)
+    argv = ["worker", "-Q", ",".join(queues), "-P", POOLS.get(kind, "threads"),
+            "-c", str(cfg.concurrency[kind]), "-n", f"{kind}-{os.getpid()}@{cfg.host_id}",
+            "--without-gossip", "--without-mingle", "-E", "-l", cfg.log_level]
+    if kind == "build":
+        argv += ["--time-limit", str(int(cfg.timeouts.ensure_image) + 60)]
+    return argv
+
+
+def beat_argv() -> list[str]:
+    schedule = os.path.join(tempfile.gettempdir(), f"termpool-beat-{settings().host_id}")
+    return ["beat", "-s", schedule, "-l", settings().log_level]
+
+
+def main(args: list[str]) -> None:
+    if len(args) != 1 or args[0] not in (*QUEUE_KINDS, "beat"):
+        sys.exit(f"usage: python -m tasks.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
+    celery_app.start(beat_argv() if args[0] == "beat" else worker_argv(args[0]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,141 @@
+"""Every setting termpool reads, from the environment, in one place (see spec CONFIG.md)."""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _int(env, name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    return int(raw) if raw else default
+
+
+def _float(env, name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+def _str(env, name: str, default: str = "") -> str:
+    return env.get(name, "").strip() or default
+
+
+def _bool(env, name: str, default: bool = False) -> bool:
+    raw = env.get(name, "").strip().lower()
+    return default if not raw else raw in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-operation time limits in seconds; a request may override any of them."""
+
+    ensure_image: float = 300.0
+    reset_session: float = 300.0
+    close_session: float = 60.0
+    eval: float = 600.0
+
+    def merged(self, overrides: dict | None) -> "Timeouts":
+        """Apply a request's task_timeouts; values that are not positive numbers are ignored."""
+        values = dict(self.__dict__)
+        for key, value in (overrides or {}).items():
+            if key in values and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                values[key] = float(value)
+        return Timeouts(**values)
+
+
+@dataclass(frozen=True)
+class Settings:
+    dataset_dir: Path
+    output_root: Path
+    port: int
+    max_tasks: int
+    max_runs_per_task: int
+    run_idle_ttl: float
+    max_concurrent_closes: int
+    image_source: str
+    pull_prefix: str
+    compose_override_path: str
+    container_memory_limit: str
+    timeouts: Timeouts
+    proxy_env: dict
+    redis_url: str
+    host_id: str
+    concurrency: dict
+    api_token: str
+    allowed_clients: tuple
+    flower_basic_auth: str
+    expose_kill_tool: bool
+    warm_pool_size: int
+    web_workers: int
+    web_threads: int
+    log_level: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def default_log_dir(self) -> Path:
+        return self.output_root / "AgentRunner_Output"
+
+
+QUEUE_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
+
+
+def _concurrency(env, max_tasks: int, max_runs: int, max_closes: int) -> dict:
+    """Worker pool size per queue kind; sized so a full host never waits on the pool."""
+    live_runs = max_tasks * max_runs
+    defaults = {
+        "build": 2,
+        "lifecycle": max(4, min(live_runs, 32)),
+        "exec": max(8, min(live_runs, 128)),
+        "eval": max(4, min(live_runs, 64)),
+        "teardown": max(1, max_closes),
+    }
+    return {kind: _int(env, f"{kind.upper()}_CONCURRENCY", value) for kind, value in defaults.items()}
+
+
+def load_settings(env=None) -> Settings:
+    env = os.environ if env is None else env
+    max_tasks = _int(env, "WORKER_MAX_TASKS", 16)
+    max_runs = _int(env, "WORKER_MAX_RUNS_PER_TASK", 8)
+    max_closes = _int(env, "WORKER_MAX_CONCURRENT_CLOSES", 10)
+    source = _str(env, "TBENCH_DOCKER_IMAGE_SOURCE", "build").lower()
+    if source not in ("build", "pull"):
+        raise ValueError(f"TBENCH_DOCKER_IMAGE_SOURCE must be 'build' or 'pull', not {source!r}")
+    return Settings(
+        dataset_dir=Path(_str(env, "DATASET_DIR", "terminal-rl/dataset")).resolve(),
+        output_root=Path(_str(env, "TBENCH_OUTPUT_ROOT", "terminal-rl/build_outputs")).resolve(),
+        port=_int(env, "ENV_SERVER_PORT", 18081),
+        max_tasks=max_tasks,
+        max_runs_per_task=max_runs,
+        run_idle_ttl=_float(env, "WORKER_RUN_IDLE_TTL", 600.0),
+        max_concurrent_closes=max_closes,
+        image_source=source,
+        pull_prefix=_str(env, "TBENCH_DOCKER_PULL_PREFIX"),
+        compose_override_path=_str(env, "COMPOSE_OVERRIDE_PATH"),
+        container_memory_limit=_str(env, "CONTAINER_MEMORY_LIMIT", "16g"),
+        timeouts=Timeouts(
+            ensure_image=_float(env, "ENSURE_IMAGE_TIMEOUT", 300.0),
+            reset_session=_float(env, "RESET_SESSION_TIMEOUT", 300.0),
+            close_session=_float(env, "CLOSE_SESSION_TIMEOUT", 60.0),
+            eval=_float(env, "EVAL_TIMEOUT", 600.0),
+        ),
+        proxy_env={k: env[k] for k in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY") if env.get(k)},
+        redis_url=_str(env, "REDIS_URL", "redis://localhost:6379/0"),
+        host_id=_str(env, "POOL_HOST_ID", socket.gethostname()),
+        concurrency=_concurrency(env, max_tasks, max_runs, max_closes),
+        api_token=_str(env, "POOL_API_TOKEN"),
+        allowed_clients=tuple(c.strip() for c in _str(env, "POOL_ALLOWED_CLIENTS").split(",") if c.strip()),
+        flower_basic_auth=_str(env, "FLOWER_BASIC_AUTH"),
+        expose_kill_tool=_bool(env, "POOL_EXPOSE_KILL_TOOL"),
+        warm_pool_size=_int(env, "WARM_POOL_SIZE", 0),
+        web_workers=_int(env, "WEB_CONCURRENCY", 2),
+        web_threads=_int(env, "WEB_THREADS", 256),
+        log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process's settings, read once."""
+    return load_settings()

@@ -1,0 +1,130 @@
+"""Shared fixtures: the test base image, a real stack (Redis, Celery workers, gunicorn), and a
+router-like client for the pool API."""
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.stack import ROOT, Stack
+
+BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    subprocess.run(["bash", str(ROOT / "tests" / "base_image.sh")], check=True, capture_output=True)
+    return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    return docker.from_env()
+
+
+def leftovers(client, host_id: str) -> list[str]:
+    return [c.name for c in client.containers.list(all=True, filters={"label": f"termpool.host={host_id}"})]
+
+
+@pytest.fixture(scope="session")
+def stack(base_image, docker_client):
+    s = Stack().start()
+    yield s
+    s.stop()
+    left = leftovers(docker_client, s.host_id)
+    for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={s.host_id}"}):
+        container.remove(force=True)
+    assert not left, f"containers leaked by the test session: {left}"
+
+
+class Router:
+    """Drives the pool API the way an RL router does."""
+
+    def __init__(self, stack: Stack):
+        self.stack = stack
+
+    def allocate(self, task_key: str, request_id: str | None = None) -> str:
+        body = {"task_key": task_key, "request_id": request_id or uuid.uuid4().hex}
+        reply = self.stack.post("/allocate", body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["lease_id"]
+
+    def reset(self, lease: str, task: str, **extra):
+        body = {"lease_id": lease, "task_meta": {"task_name": task, "task_path": task,
+                                                 "instruction": f"solve {task}"}, **extra}
+        return self.stack.post("/reset", body)
+
+    def tool(self, lease: str, name: str, **arguments) -> str:
+        reply = self.stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": name, "arguments": arguments}})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["observation"]
+
+    def sh(self, lease: str, command: str, **kw) -> str:
+        return self.tool(lease, "shell_exec", id="main", command=command, **{"block": True, "timeout": 60, **kw})
+
+    def evaluate(self, lease: str):
+        return self.stack.post("/evaluate", {"lease_id": lease})
+
+    def close(self, lease: str) -> dict:
+        reply = self.stack.post("/close", {"lease_id": lease})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def solve(self, lease: str, task: str) -> None:
+        """Apply the task's reference solution through the tools, as an agent would."""
+        script = (ROOT / "tests" / "fixtures" / "tasks" / task / "solution.sh").read_text()
+        self.tool(lease, "shell_write_content_to_file", content=script, file_path="/tmp/solution.sh")
+        self.sh(lease, "bash /tmp/solution.sh")
+
+    def run_containers(self, docker_client, lease: str) -> list:
+        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"})
+
+
+@pytest.fixture(scope="session")
+def router(stack) -> Router:
+    return Router(stack)
+
+
+def wait_for(check, timeout: float = 30.0, interval: float = 0.2):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    return check()
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return ROOT / "tests" / "fixtures" / "tasks"
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A private redis-server for tests of the state store alone."""
+    import redis as redis_lib
+
+    from tests.stack import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+                            stdout=subprocess.DEVNULL)
+    client = redis_lib.Redis(port=port, decode_responses=True)
+    wait_for(lambda: _pings(client), 10, 0.05)
+    yield client
+    proc.terminate()
+    proc.wait()
+
+
+def _pings(client) -> bool:
+    try:
+        return client.ping()
+    except Exception:
+        return False

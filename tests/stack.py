@@ -1,0 +1,125 @@
+"""Start a whole termpool stack as real processes: redis-server, one Celery worker per queue
+kind, beat, and gunicorn serving the facade. Used by the tests and the benchmark."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
+WORKER_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Stack:
+    def __init__(self, env: dict | None = None, beat: bool = False, workdir: Path | None = None):
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="termpool-stack-"))
+        self.redis_port = free_port()
+        self.port = free_port()
+        self.host_id = "t" + uuid.uuid4().hex[:8]
+        self.output_root = self.workdir / "outputs"
+        self.output_root.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "POOL_HOST_ID": self.host_id,
+            "ENV_SERVER_PORT": str(self.port),
+            "DATASET_DIR": str(FIXTURES),
+            "TBENCH_OUTPUT_ROOT": str(self.output_root),
+            "CONTAINER_MEMORY_LIMIT": "1g",
+            "EXEC_CONCURRENCY": "16",
+            "LIFECYCLE_CONCURRENCY": "8",
+            "EVAL_CONCURRENCY": "8",
+            "TEARDOWN_CONCURRENCY": "4",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
+        self.beat = beat
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    # ---- processes ------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start(self) -> "Stack":
+        self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+        self.redis = redis.Redis(port=self.redis_port, decode_responses=True)
+        self._wait(lambda: self.redis.ping(), "redis")
+        for kind in WORKER_KINDS:
+            self.start_worker(kind, wait=False)
+        if self.beat:
+            self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
+        self._spawn("web", [sys.executable, "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"])
+        self._wait(lambda: requests.get(self.url + "/healthz", timeout=2).ok, "gunicorn")
+        for kind in WORKER_KINDS:
+            self.wait_worker(kind)
+        return self
+
+    def start_worker(self, kind: str, wait: bool = True) -> None:
+        self._spawn(kind, [sys.executable, "-m", "tasks.worker", kind])
+        if wait:
+            self.wait_worker(kind)
+
+    def wait_worker(self, kind: str) -> None:
+        pid = self.procs[kind].pid
+        self._wait(lambda: self.redis.exists(f"tp:node:{kind}-{pid}@{self.host_id}"), f"{kind} worker", 60)
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+
+    def stop(self) -> None:
+        for name in [n for n in self.procs if n != "redis"] + ["redis"]:
+            proc = self.procs.get(name)
+            if proc and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs.clear()
+
+    def _wait(self, check, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{what} did not come up; logs in {self.workdir}")
+
+    def logs(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    # ---- HTTP -----------------------------------------------------------------------------
+    def post(self, path: str, body=None, timeout: float = 600, **kw) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=timeout, **kw)
+
+    def get(self, path: str, timeout: float = 60, **kw) -> requests.Response:
+        return requests.get(self.url + path, timeout=timeout, **kw)

@@ -1,0 +1,126 @@
+"""Bad input of every kind: a clear JSON error, the right status, and nothing left behind."""
+from __future__ import annotations
+
+import pytest
+import requests
+
+
+def post_raw(stack, path, data, content_type="application/json"):
+    return requests.post(stack.url + path, data=data, headers={"Content-Type": content_type}, timeout=60)
+
+
+def assert_error(reply, status, text):
+    assert reply.status_code == status, reply.text
+    assert reply.headers["Content-Type"].startswith("application/json")
+    body = reply.json()
+    assert body["ok"] is False and text in body["error"], body
+    return body
+
+
+@pytest.mark.parametrize("data", ["", "not json", "[1, 2]", "null", '"task"', "{"])
+def test_non_object_bodies_count_as_empty(stack, data):
+    assert_error(post_raw(stack, "/allocate", data), 400, "task_key is required")
+
+
+@pytest.mark.parametrize("path", ["/heartbeat", "/reset", "/exec_tool", "/evaluate", "/close"])
+def test_lease_required(stack, path):
+    assert_error(stack.post(path, {}), 400, "lease_id is required")
+    assert_error(stack.post(path, {"lease_id": 7}), 400, "lease_id must be a string")
+
+
+def test_unknown_lease(stack):
+    body = assert_error(stack.post("/heartbeat", {"lease_id": "run-0000000000000000"}), 500, "Unknown run_lease_id")
+    assert body["error"] == "Unknown run_lease_id: run-0000000000000000"
+    assert_error(stack.post("/exec_tool", {"lease_id": "run-x", "tool_call": {"name": "shell_view"}}), 500,
+                 "Unknown run_lease_id")
+    assert_error(stack.post("/evaluate", {"lease_id": "run-x"}), 500, "Unknown run_lease_id")
+    assert stack.post("/close", {"lease_id": "run-x"}).json() == {"ok": True, "found": False}
+
+
+def test_routes_and_methods_answer_json(stack):
+    assert_error(stack.get("/nope"), 404, "")
+    assert_error(stack.get("/allocate"), 405, "")
+
+
+def test_allocate_field_types(stack):
+    assert_error(stack.post("/allocate", {"task_key": ["x"]}), 400, "task_key must be a string")
+    assert_error(stack.post("/allocate", {"task_key": "x" * 1000}), 400, "longer than")
+    assert_error(stack.post("/allocate", {"task_key": "x", "request_id": {"a": 1}}), 400, "request_id")
+
+
+def test_idempotent_allocate_over_http(stack, router):
+    first = stack.post("/allocate", {"task_key": "hello-file", "request_id": "same"}).json()
+    again = stack.post("/allocate", {"task_key": "hello-file", "request_id": "same"}).json()
+    assert first["reused"] is False and again == {"ok": True, "lease_id": first["lease_id"], "reused": True}
+    assert first["lease_id"].startswith("run-") and len(first["lease_id"]) == 20
+    router.close(first["lease_id"])
+
+
+def test_capacity_limits(stack, router):
+    leases = [router.allocate("cap-task") for _ in range(8)]
+    body = assert_error(stack.post("/allocate", {"task_key": "cap-task"}), 429, "")
+    assert body["code"] == "RUN_SLOTS_EXHAUSTED"
+    status = stack.get("/status").json()["pool"]
+    assert status["tasks"]["cap-task"] == {"active_runs": 8}
+    assert status["max_tasks"] == 16 and status["max_runs_per_task"] == 8
+    others = [router.allocate(f"cap-{i}") for i in range(16 - status["active_tasks"])]
+    body = assert_error(stack.post("/allocate", {"task_key": "one-too-many"}), 429, "")
+    assert body["code"] == "TASK_SLOTS_EXHAUSTED"
+    for lease in leases + others:
+        router.close(lease)
+    assert "cap-task" not in stack.get("/status").json()["pool"]["tasks"]
+
+
+@pytest.mark.parametrize("meta, text", [
+    ("hello-file", "task_meta must be a dict"),
+    ({"task_path": "hello-file"}, "task_meta.task_name is required"),
+    ({"task_name": "x", "task_path": "../../../etc"}, "task_meta.task_path"),
+    ({"task_name": "x", "task_path": "/etc"}, "task_meta.task_path"),
+    ({"task_name": "x", "task_path": "hello-file/../../.."}, "task_meta.task_path"),
+    ({"task_name": "x", "task_path": "no-such-task"}, "task_meta.task_path"),
+    ({"task_name": "x", "task_path": "hello-file\x00"}, "task_meta.task_path"),
+    ({"task_name": "x", "task_path": "hello-file", "instruction": 5}, "instruction must be a string"),
+])
+def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
+    lease = router.allocate("hello-file")
+    assert_error(stack.post("/reset", {"lease_id": lease, "task_meta": meta}), 400, text)
+    assert router.run_containers(docker_client, lease) == []
+    router.close(lease)
+
+
+@pytest.mark.parametrize("log_dir", ["/tmp", "../outside", "/etc/passwd", 5])
+def test_reset_rejects_log_dir_outside_output_root(stack, router, docker_client, log_dir):
+    lease = router.allocate("hello-file")
+    reply = router.reset(lease, "hello-file", run_ctx={"log_dir": log_dir})
+    assert_error(reply, 400, "run_ctx.log_dir")
+    assert router.run_containers(docker_client, lease) == []
+    router.close(lease)
+
+
+def test_exec_tool_validation(stack, router):
+    lease = router.allocate("hello-file")
+    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": "shell_exec"}), 400, "tool_call must be a dict")
+    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {}}), 400, "tool_call.name")
+    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": ""}}), 400, "tool_call.name")
+    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": []}}),
+                 400, "arguments must be a dict")
+    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_view", "arguments": {"id": "x"}}}),
+                 500, "has not been reset")
+    assert_error(stack.post("/evaluate", {"lease_id": lease}), 500, "has not been reset")
+    router.close(lease)
+
+
+def test_tool_errors_are_observations(router, docker_client):
+    lease = router.allocate("hello-file")
+    assert router.reset(lease, "hello-file").status_code == 200
+    assert router.tool(lease, "shell_kill_process", id="x") == "[TOOL_ERROR] unknown tool: shell_kill_process"
+    assert router.tool(lease, "shell_exec").startswith("[TOOL_ERROR] shell_exec: TypeError: ")
+    router.close(lease)
+
+
+def test_task_timeouts_garbage_is_ignored(router):
+    lease = router.allocate("hello-file")
+    reply = router.reset(lease, "hello-file", task_timeouts={"eval": "soon", "reset_session": -3, "bogus": 1,
+                                                             "ensure_image": None})
+    assert reply.status_code == 200, reply.text
+    router.close(lease)
