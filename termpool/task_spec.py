@@ -1,0 +1,219 @@
+"""Read a terminal-bench task directory (spec TASK_FORMAT.md). Pure logic + PyYAML."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PARSER = "pytest"
+DEFAULT_AGENT_TIMEOUT_SEC = 360.0
+DEFAULT_TEST_TIMEOUT_SEC = 60.0
+COMPOSE_FILE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
+TEST_TIMEOUT_FACTOR = 4  # the test script may run 4 x max_test_timeout_sec
+
+# Keys that configure the run; every other key of task.yaml is kept as metadata.
+_RUN_KEYS = (
+    "instruction",
+    "difficulty",
+    "parser_name",
+    "max_agent_timeout_sec",
+    "max_test_timeout_sec",
+    "run_tests_in_same_shell",
+)
+_METADATA_KEYS = (
+    "author_name",
+    "author_email",
+    "category",
+    "tags",
+    "disable_asciinema",
+    "estimated_duration_sec",
+    "expert_time_estimate_min",
+    "junior_time_estimate_min",
+)
+
+
+class TaskError(ValueError):
+    """A task directory is missing something or its task.yaml is not usable."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    path: Path
+    name: str
+    instruction: str
+    difficulty: str = "unknown"
+    parser_name: str = DEFAULT_PARSER
+    max_agent_timeout_sec: float = DEFAULT_AGENT_TIMEOUT_SEC
+    max_test_timeout_sec: float = DEFAULT_TEST_TIMEOUT_SEC
+    run_tests_in_same_shell: bool = False
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def run_tests_path(self) -> Path:
+        return self.path / "run-tests.sh"
+
+    @property
+    def tests_dir(self) -> Path:
+        """Folder whose contents are copied into /tests (it may not exist)."""
+        return self.path / "tests"
+
+    @property
+    def compose_path(self) -> Path:
+        return compose_file(self.path)
+
+    @property
+    def image_name(self) -> str:
+        return image_name(self.name)
+
+    @property
+    def name_prefix(self) -> str:
+        return name_prefix(self.name)
+
+    def test_time_limit(self, eval_timeout: float) -> float:
+        """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec)."""
+        return min(float(eval_timeout), TEST_TIMEOUT_FACTOR * self.max_test_timeout_sec)
+
+
+def _positive_number(data: dict, key: str, default: float, source: Path) -> float:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise TaskError(f"{source}: {key} must be a number of seconds, not {data[key]!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TaskError(f"{source}: {key} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise TaskError(f"{source}: {key} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _boolean(data: dict, key: str, default: bool, source: Path) -> bool:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    raise TaskError(f"{source}: {key} must be true or false, not {value!r}")
+
+
+def _instruction(data: dict, source: Path) -> str:
+    value = data.get("instruction")
+    if value is None:
+        # Older terminal-bench tasks kept it under descriptions: [{key: base, description}].
+        descriptions = data.get("descriptions")
+        if isinstance(descriptions, list):
+            for item in descriptions:
+                if isinstance(item, dict) and item.get("key") == "base" and isinstance(item.get("description"), str):
+                    value = item["description"]
+                    break
+    if value is None:
+        raise TaskError(f"{source}: the required key 'instruction' is missing")
+    if not isinstance(value, str):
+        raise TaskError(f"{source}: 'instruction' must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise TaskError(f"{source}: 'instruction' is empty")
+    return value
+
+
+def load_task(task_dir: Path | str) -> TaskSpec:
+    """Read and check one task directory; TaskError says what is wrong."""
+    task_dir = Path(task_dir)
+    if not task_dir.is_dir():
+        raise TaskError(f"task directory {task_dir} does not exist")
+    source = task_dir / "task.yaml"
+    if not source.is_file():
+        raise TaskError(f"{task_dir}: no task.yaml")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskError(f"{source}: cannot read it: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{source}: invalid YAML: {exc}") from None
+    if data is None:
+        raise TaskError(f"{source}: the file is empty; it needs at least 'instruction'")
+    if not isinstance(data, dict):
+        raise TaskError(f"{source}: must be a YAML mapping of keys, not {type(data).__name__}")
+
+    instruction = _instruction(data, source)
+    difficulty = data.get("difficulty")
+    difficulty = "unknown" if difficulty is None else str(difficulty)
+    parser_name = data.get("parser_name")
+    if parser_name is None:
+        parser_name = DEFAULT_PARSER
+    elif not isinstance(parser_name, str) or not parser_name.strip():
+        raise TaskError(f"{source}: parser_name must be a non-empty string, not {parser_name!r}")
+    spec = TaskSpec(
+        path=task_dir,
+        name=task_dir.name,
+        instruction=instruction,
+        difficulty=difficulty,
+        parser_name=parser_name.strip(),
+        max_agent_timeout_sec=_positive_number(data, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_SEC, source),
+        max_test_timeout_sec=_positive_number(data, "max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_SEC, source),
+        run_tests_in_same_shell=_boolean(data, "run_tests_in_same_shell", False, source),
+        metadata={key: data[key] for key in _METADATA_KEYS if key in data},
+    )
+    if not spec.run_tests_path.is_file():
+        raise TaskError(f"{task_dir}: no run-tests.sh (the grader the pool runs)")
+    return spec
+
+
+def compose_file(task_dir: Path | str) -> Path:
+    """The task's docker-compose.yaml (or .yml); TaskError when there is none."""
+    task_dir = Path(task_dir)
+    for name in COMPOSE_FILE_NAMES:
+        candidate = task_dir / name
+        if candidate.is_file():
+            return candidate
+    raise TaskError(f"{task_dir}: no docker-compose.yaml or docker-compose.yml")
+
+
+def load_weights(task_dir: Path | str) -> dict[str, float] | None:
+    """The optional weights.json (test name -> weight); None when the task has none."""
+    source = Path(task_dir) / "weights.json"
+    if not source.is_file():
+        return None
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TaskError(f"{source}: cannot read it as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise TaskError(f"{source}: must be a JSON object of test name -> weight")
+    weights = {}
+    for name, weight in data.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+            raise TaskError(f"{source}: weight of {name!r} must be a number >= 0, not {weight!r}")
+        weights[str(name)] = float(weight)
+    return weights
+
+
+_NOT_IN_IMAGE_NAME = re.compile(r"[^a-z0-9_.-]")
+
+
+def _docker_task_name(task_name: str) -> str:
+    if not isinstance(task_name, str) or not task_name.strip():
+        raise TaskError(f"task name must be a non-empty string, not {task_name!r}")
+    name = task_name.strip().lower().replace(".", "-")
+    return _NOT_IN_IMAGE_NAME.sub("-", name)
+
+
+def name_prefix(task_name: str) -> str:
+    """``tb__<task>``: dots become dashes, lowercased (T_BENCH_TASK_DOCKER_NAME_PREFIX)."""
+    return f"tb__{_docker_task_name(task_name)}"
+
+
+def image_name(task_name: str) -> str:
+    """``tb__<task>__client``: the client image built from the task (dots -> dashes)."""
+    return f"{name_prefix(task_name)}__client"
