@@ -7,7 +7,7 @@ from pathlib import Path
 from flask import request
 
 from termpool.config import Settings
-from termpool.paths import PathError, resolve_inside
+from termpool.paths import PathError, resolve_log_dir, resolve_task_path
 
 MAX_ID_LENGTH = 256
 
@@ -54,7 +54,7 @@ def task_meta(body: dict, cfg: Settings) -> dict:
         raise BadRequest("task_meta.task_name is required")
     path = meta.get("task_path", name)
     try:
-        task_dir = resolve_inside(cfg.dataset_dir, path, allow_absolute=True)
+        task_dir = resolve_task_path(cfg.dataset_dir, path)
     except PathError as exc:
         raise BadRequest(f"task_meta.task_path: {exc}") from None
     if not (task_dir / "task.yaml").is_file():
@@ -77,7 +77,7 @@ def run_ctx(body: dict, cfg: Settings) -> dict:
         resolved: Path = cfg.default_log_dir
     else:
         try:
-            resolved = resolve_inside(cfg.output_root, log_dir, allow_absolute=True)
+            resolved = resolve_log_dir(cfg.output_root, log_dir)
         except PathError as exc:
             raise BadRequest(f"run_ctx.log_dir: {exc}") from None
     return {**ctx, "log_dir": str(resolved)}

@@ -20,7 +20,7 @@ from tasks.evaluation import EvaluationError, run_tests
 from tasks.session_helper import prepare_container
 from tasks.shell_tools import run_tool, tool_schemas
 from termpool.config import settings
-from termpool.paths import resolve_inside
+from termpool.paths import resolve_task_path
 from termpool.state import Store
 from termpool.task_spec import load_task
 
@@ -69,7 +69,7 @@ def _describe(exc: Exception) -> str:
 
 
 def _task_dir(run: dict) -> Path:
-    return resolve_inside(settings().dataset_dir, run["task_meta"]["task_path"], allow_absolute=True)
+    return resolve_task_path(settings().dataset_dir, run["task_meta"]["task_path"])
 
 
 def _timeouts(run: dict):

@@ -139,7 +139,9 @@ class Store:
 
     @classmethod
     def from_url(cls, url: str) -> "Store":
-        return cls(redis.Redis.from_url(url, decode_responses=True, health_check_interval=30))
+        # Blocking waits (wait_job) poll every few seconds: the socket timeout must exceed that.
+        return cls(redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                        socket_timeout=30, socket_connect_timeout=5))
 
     def ping(self) -> bool:
         return bool(self.r.ping())
