@@ -48,7 +48,11 @@ def create_app(cfg: Settings | None = None) -> Flask:
     _guard(app, cfg)
     errors.register(app)
 
+    from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
+    from app.runs_api import bp as runs_bp
 
     app.register_blueprint(pool_bp)
+    app.register_blueprint(runs_bp)
+    init_metrics(app)
     return app
