@@ -55,4 +55,8 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.register_blueprint(pool_bp)
     app.register_blueprint(runs_bp)
     init_metrics(app)
+
+    from cli.dataset import dataset_cli
+
+    app.cli.add_command(dataset_cli)
     return app

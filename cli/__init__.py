@@ -1,0 +1,1 @@
+"""Operator commands, run through Flask's CLI: `flask --app app dataset ...`."""
