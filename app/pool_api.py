@@ -28,6 +28,8 @@ def fail(status: int, error: str, **fields):
 def _job_reply(job: dict, **success_fields):
     if job.get("state") == "succeeded":
         return ok(**success_fields)
+    if job.get("error_code") == "BACKEND_UNAVAILABLE":
+        return fail(503, f"Docker is unreachable: {job.get('error')}", code="BACKEND_UNAVAILABLE")
     if job.get("state") in ("queued", "running"):
         return fail(500, f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})")
     return fail(500, job.get("error") or "job failed")

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
+import requests.exceptions
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
@@ -54,7 +56,7 @@ def _job(fn=None, *, failed_run_state=None):
         except Exception as exc:
             if failed_run_state:
                 store().set_state_if_live(run_id, failed_run_state, error=_describe(exc))
-            store().job_finished(job_id, error=_describe(exc))
+            store().job_finished(job_id, error=_describe(exc), error_code=_error_code(exc))
             raise
         if final:
             store().job_finished(job_id, result=result)
@@ -66,6 +68,16 @@ def _job(fn=None, *, failed_run_state=None):
 def _describe(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if isinstance(exc, (EvaluationError, RunClosed, TimeoutError)) else f"{type(exc).__name__}: {text}"
+
+
+def _error_code(exc: Exception) -> str:
+    """BACKEND_UNAVAILABLE when the Docker engine could not be reached (the facade answers 503)."""
+    unreachable = (requests.exceptions.ConnectionError, ConnectionError)
+    if isinstance(exc, unreachable) or isinstance(exc.__cause__ or exc.__context__, unreachable):
+        return "BACKEND_UNAVAILABLE"
+    if isinstance(exc, docker.errors.DockerException) and "Error while fetching server API version" in str(exc):
+        return "BACKEND_UNAVAILABLE"
+    return ""
 
 
 def _task_dir(run: dict) -> Path:
@@ -147,8 +159,12 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
     run = _live_run(run_id)
     container = _client_container(run)
     started = time.monotonic()
-    observation = run_tool(container, tool_call.get("name"), tool_call.get("arguments"), _RunSessions(run_id),
-                           expose_kill=settings().expose_kill_tool)
+    store().transition(run_id, ("ready", "evaluated"), "busy")
+    try:
+        observation = run_tool(container, tool_call.get("name"), tool_call.get("arguments"), _RunSessions(run_id),
+                               expose_kill=settings().expose_kill_tool)
+    finally:
+        store().transition(run_id, ("busy",), "ready")
     artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
     return observation
 

@@ -89,6 +89,15 @@ return 1
 """
 
 
+_TRANSITION = """
+local state = redis.call('HGET', KEYS[1], 'state')
+for i = 2, #ARGV do
+  if state == ARGV[i] then redis.call('HSET', KEYS[1], 'state', ARGV[1]) return 1 end
+end
+return 0
+"""
+
+
 def new_run_id() -> str:
     return "run-" + secrets.token_hex(8)
 
@@ -136,6 +145,7 @@ class Store:
         self.r = client
         self._allocate = client.register_script(_ALLOCATE)
         self._release = client.register_script(_RELEASE)
+        self._transition = client.register_script(_TRANSITION)
 
     @classmethod
     def from_url(cls, url: str) -> "Store":
@@ -202,6 +212,10 @@ class Store:
             return False
         self.update_run(run_id, state=state, **fields)
         return True
+
+    def transition(self, run_id: str, from_states: tuple, to_state: str) -> bool:
+        """Atomically move a run to to_state only if it is in one of from_states."""
+        return bool(self._transition(keys=[PREFIX + "run:" + run_id], args=[to_state, *from_states]))
 
     def release(self, run_id: str, reason: str = "closed") -> bool:
         """Free the run's capacity slot and mark it closing; False if already released."""
