@@ -1,8 +1,260 @@
-"""Prometheus metrics of the facade, served at /metrics."""
+"""Prometheus metrics of the facade, served at /metrics.
+
+Two kinds of series:
+
+* Request series (latency histogram, request and error counters), recorded by the process
+  that answered. Under gunicorn (several worker processes) they go through prometheus_client's
+  multiprocess mode: each process writes its values to files in PROMETHEUS_MULTIPROC_DIR
+  (app/gunicorn_conf.py sets that up) and a scrape sums every process's files, so whichever
+  worker answers /metrics reports the same totals. Without that variable (flask run, tests
+  in one process) they live in the process's memory.
+* Pool gauges (live runs, pending closes, queue depths, live hosts), read from Redis by a
+  custom collector at scrape time, so they are right whichever process answers and cost a
+  couple of Redis round trips per scrape.
+
+Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
+``runs.create_run``, ...), never by the raw path; a request that matched no route is
+``unmatched``.
+"""
 from __future__ import annotations
 
-from flask import Flask
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import redis
+from flask import Flask, Response, current_app, g, request
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, multiprocess
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from termpool.config import QUEUE_KINDS, Settings
+from termpool.state import HOST_ALIVE_SECONDS, PREFIX
+
+log = logging.getLogger(__name__)
+
+# From a millisecond allocate to a reset that builds an image or an evaluation of minutes.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0, 600.0, 1800.0)
+UNMATCHED = "unmatched"
+SKIPPED_ENDPOINTS = {"metrics"}  # scrapes would only measure themselves
+# Celery's Redis transport keeps a message with priority p (p > 0) in "<queue>\x06\x16<p>".
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (3, 6, 9)
+KEYS_PER_QUEUE = 1 + len(KOMBU_PRIORITY_STEPS)
+MAINTENANCE_QUEUE = "termpool.maintenance"  # tasks.celery_app.MAINTENANCE_QUEUE
+SCRAPE_REDIS_TIMEOUT = 2.0
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory when prometheus_client runs in multiprocess mode."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    return path if path and os.path.isdir(path) else None
+
+
+# ---- request metrics ----------------------------------------------------------------------
+@dataclass
+class RequestMetrics:
+    latency: Histogram
+    requests: Counter
+    errors: Counter
+
+    def metrics(self):
+        return (self.latency, self.requests, self.errors)
+
+
+_REQUEST_METRICS: RequestMetrics | None = None
+
+
+def request_metrics() -> RequestMetrics:
+    """The process's request metrics, made once (a second set would fight over the same
+    multiprocess files); registered in no global registry, each app collects them itself."""
+    global _REQUEST_METRICS
+    if _REQUEST_METRICS is None:
+        _REQUEST_METRICS = RequestMetrics(
+            latency=Histogram("termpool_http_request_duration_seconds",
+                              "Time to answer a request, by Flask endpoint (the pool or runs API operation).",
+                              ["endpoint", "method"], buckets=LATENCY_BUCKETS, registry=None),
+            requests=Counter("termpool_http_requests",
+                             "Requests answered, by Flask endpoint and exact status code.",
+                             ["endpoint", "method", "status"], registry=None),
+            errors=Counter("termpool_http_errors",
+                           "Error replies (status >= 400) by endpoint, status class and the reply's "
+                           "`code` field (none when it has none).",
+                           ["endpoint", "status_class", "code"], registry=None),
+        )
+    return _REQUEST_METRICS
+
+
+class _InProcess(Collector):
+    """Single-process mode: hand out the in-memory request metrics."""
+
+    def __init__(self, metrics: RequestMetrics):
+        self._metrics = metrics
+
+    def collect(self):
+        for metric in self._metrics.metrics():
+            yield from metric.collect()
+
+
+def _error_code(response: Response) -> str:
+    """The `code` field of a JSON error reply, or "none"; only small JSON bodies are read."""
+    if not response.is_json or response.is_streamed:
+        return "none"
+    length = response.content_length
+    if length is not None and length > 64 * 1024:
+        return "none"
+    body = response.get_json(silent=True)
+    code = body.get("code") if isinstance(body, dict) else None
+    if isinstance(code, str) and code and len(code) <= 64:
+        return code
+    return "none"
+
+
+def _instrument(app: Flask, metrics: RequestMetrics) -> None:
+    def start_timer():
+        g._termpool_started = time.perf_counter()
+
+    # First of all before_request hooks, so requests the guard refuses are timed too.
+    app.before_request_funcs.setdefault(None, []).insert(0, start_timer)
+
+    @app.after_request
+    def record(response: Response):
+        endpoint = request.endpoint or UNMATCHED
+        if endpoint in SKIPPED_ENDPOINTS:
+            return response
+        started = g.get("_termpool_started")
+        try:
+            method = request.method if request.method in _METHODS else "other"
+            if started is not None:
+                metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
+            status = response.status_code
+            metrics.requests.labels(endpoint, method, str(status)).inc()
+            if status >= 400:
+                metrics.errors.labels(endpoint, f"{status // 100}xx", _error_code(response)).inc()
+        except Exception:  # metrics must never break a reply
+            log.exception("recording request metrics failed")
+        return response
+
+
+_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
+
+
+# ---- pool gauges from Redis ---------------------------------------------------------------
+def queue_keys(queue: str) -> list[str]:
+    """The Redis lists that hold a Celery queue's messages (one per priority step)."""
+    return [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+
+
+class PoolCollector(Collector):
+    """Gauges read from the state store at scrape time: two Redis round trips in all."""
+
+    def __init__(self, cfg: Settings, client: redis.Redis | None = None):
+        self.cfg = cfg
+        self._client = client
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            # A private client with short timeouts: a stuck Redis must not stall the scrape.
+            self._client = redis.Redis.from_url(self.cfg.redis_url, decode_responses=True,
+                                                socket_timeout=SCRAPE_REDIS_TIMEOUT,
+                                                socket_connect_timeout=SCRAPE_REDIS_TIMEOUT)
+        return self._client
+
+    def describe(self):
+        return []  # never collect at registration time
+
+    def collect(self):
+        up = GaugeMetricFamily("termpool_redis_up", "1 when this scrape could read the state store from Redis.")
+        try:
+            families = self._read()
+        except redis.exceptions.RedisError as exc:
+            log.warning("metrics: cannot read pool state from Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _read(self) -> list:
+        r = self.client
+        live = r.zrangebyscore(PREFIX + "hosts", time.time() - HOST_ALIVE_SECONDS, "+inf")
+        hosts = sorted(set(live) | {self.cfg.host_id})
+        pipe = r.pipeline(transaction=False)
+        for host in hosts:
+            pipe.hgetall(f"{PREFIX}host:{host}:keys")
+            pipe.scard(f"{PREFIX}host:{host}:closing")
+            for kind in QUEUE_KINDS:
+                for key in queue_keys(f"termpool.{host}.{kind}"):
+                    pipe.llen(key)
+        for key in queue_keys(MAINTENANCE_QUEUE):
+            pipe.llen(key)
+        replies = iter(pipe.execute())
+
+        runs = GaugeMetricFamily("termpool_live_runs", "Live runs (leases holding a capacity slot), by worker "
+                                 "host and task key.", labels=["host", "task_key"])
+        tasks = GaugeMetricFamily("termpool_active_tasks", "Distinct task keys with live runs, by worker host.",
+                                  labels=["host"])
+        total = GaugeMetricFamily("termpool_live_runs_total", "Live runs on a worker host, all task keys.",
+                                  labels=["host"])
+        closes = GaugeMetricFamily("termpool_pending_closes", "Runs released whose teardown has not finished, "
+                                   "by worker host.", labels=["host"])
+        depth = GaugeMetricFamily("termpool_queue_depth", "Messages waiting in a Celery queue (LLEN of its Redis "
+                                  "lists).", labels=["queue", "host", "kind"])
+        for host in hosts:
+            keys = next(replies)
+            for task_key, n in sorted(keys.items()):
+                runs.add_metric([host, task_key], int(n))
+            tasks.add_metric([host], len(keys))
+            total.add_metric([host], sum(int(n) for n in keys.values()))
+            closes.add_metric([host], int(next(replies)))
+            for kind in QUEUE_KINDS:
+                waiting = sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE))
+                depth.add_metric([f"termpool.{host}.{kind}", host, kind], waiting)
+        depth.add_metric([MAINTENANCE_QUEUE, "", "maintenance"],
+                         sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE)))
+
+        hosts_up = GaugeMetricFamily("termpool_live_hosts", "Worker hosts whose heartbeat is recent.")
+        hosts_up.add_metric([], len(live))
+        limits = GaugeMetricFamily("termpool_capacity_limit", "Capacity settings of the pool, per worker host.",
+                                   labels=["limit"])
+        limits.add_metric(["max_tasks"], self.cfg.max_tasks)
+        limits.add_metric(["max_runs_per_task"], self.cfg.max_runs_per_task)
+        return [runs, tasks, total, closes, depth, hosts_up, limits]
+
+
+# ---- the endpoint -------------------------------------------------------------------------
+def _registry(app: Flask) -> CollectorRegistry:
+    """What one scrape collects: every process's request metrics plus the pool gauges."""
+    state = app.extensions["termpool_metrics"]
+    path = multiprocess_dir()
+    if path is None:
+        return state["registry"]
+    registry = CollectorRegistry(auto_describe=False)
+    multiprocess.MultiProcessCollector(registry, path=path)
+    registry.register(state["pool"])
+    return registry
+
+
+def metrics_view():
+    registry = _registry(current_app)
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return Response(encoder(registry), status=200, headers={"Content-Type": content_type})
 
 
 def init_metrics(app: Flask) -> None:
     """Register the /metrics endpoint and request instrumentation."""
+    cfg = app.extensions["termpool"].cfg
+    disable_created_metrics()  # *_created series: noise here, and absent in multiprocess mode anyway
+    metrics = request_metrics()
+    pool = PoolCollector(cfg)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_InProcess(metrics))
+    registry.register(pool)
+    app.extensions["termpool_metrics"] = {"registry": registry, "pool": pool, "request_metrics": metrics}
+    _instrument(app, metrics)
+    app.add_url_rule("/metrics", endpoint="metrics", view_func=metrics_view, methods=["GET"])

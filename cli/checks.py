@@ -1,0 +1,181 @@
+"""Find the task directories of a dataset and list what is wrong with each (`dataset check`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from termpool.task_spec import (COMPOSE_FILE_NAMES, TaskError, compose_file, image_name, load_task,
+                                load_weights)
+
+MAX_DEPTH = 3  # dataset/collection/sub-collection/task at most
+
+
+def is_task_dir(path: Path) -> bool:
+    return (path / "task.yaml").is_file()
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def find_tasks(root: Path) -> list[Path]:
+    """Task directories under root, sorted by path.
+
+    root may be a task itself. Otherwise every visible subdirectory is a task, except one
+    without task.yaml that holds task directories below it: a collection (e.g. the adapted
+    benchmarks, dataset/<benchmark>/<task>), searched the same way. A subdirectory that is
+    neither is listed as a task too, so `check` says what it lacks.
+    """
+    root = Path(root)
+    if is_task_dir(root):
+        return [root]
+    found: list[Path] = []
+
+    def walk(folder: Path, depth: int) -> None:
+        for sub in _subdirs(folder):
+            if is_task_dir(sub):
+                found.append(sub)
+            elif depth < MAX_DEPTH and _holds_tasks(sub, depth + 1):
+                walk(sub, depth + 1)
+            else:
+                found.append(sub)
+
+    walk(root, 1)
+    return found
+
+
+def _holds_tasks(folder: Path, depth: int) -> bool:
+    for sub in _subdirs(folder):
+        if is_task_dir(sub) or (depth < MAX_DEPTH and _holds_tasks(sub, depth + 1)):
+            return True
+    return False
+
+
+def task_label(task_dir: Path, root: Path) -> str:
+    """The task's path relative to the dataset root (its name when root is the task)."""
+    try:
+        rel = task_dir.relative_to(root).as_posix()
+    except ValueError:
+        rel = ""
+    return rel if rel and rel != "." else task_dir.name
+
+
+@dataclass
+class TaskReport:
+    path: Path
+    label: str
+    problems: list[str] = field(default_factory=list)
+
+
+def _strip(message: str, task_dir: Path) -> str:
+    """TaskError messages start with the (long) task path: keep what follows it."""
+    text = str(message)
+    for prefix in (str(task_dir / "task.yaml") + ": ", str(task_dir) + ": "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def _compose_problems(task_dir: Path) -> list[str]:
+    try:
+        path = compose_file(task_dir)
+    except TaskError:
+        return [f"no {' or '.join(COMPOSE_FILE_NAMES)}"]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{path.name}: cannot read it: {exc}"]
+    except yaml.YAMLError as exc:
+        return [f"{path.name}: invalid YAML: {' '.join(str(exc).split())}"]
+    if not isinstance(data, dict):
+        return [f"{path.name}: must be a YAML mapping, not {type(data).__name__}"]
+    services = data.get("services")
+    if not isinstance(services, dict) or not services:
+        return [f"{path.name}: has no services"]
+    problems = []
+    for name, service in services.items():
+        if not isinstance(service, dict):
+            problems.append(f"{path.name}: service {name!r} is not a mapping")
+            continue
+        if "build" not in service:
+            if not service.get("image"):
+                problems.append(f"{path.name}: service {name!r} has neither build nor image")
+            continue
+        problems += _build_problems(task_dir, path.name, name, service["build"])
+    return problems
+
+
+def _build_problems(task_dir: Path, compose_name: str, service: str, build) -> list[str]:
+    if isinstance(build, str):
+        context, dockerfile = build, "Dockerfile"
+    elif isinstance(build, dict):
+        context = build.get("context", ".")
+        dockerfile = build.get("dockerfile", "Dockerfile")
+        if "dockerfile_inline" in build:
+            dockerfile = None
+    else:
+        return [f"{compose_name}: service {service!r}: build must be a path or a mapping"]
+    if not isinstance(context, str) or "$" in context or "://" in context:
+        return []  # variables or a remote context: nothing to check on disk
+    context_dir = (task_dir / context).resolve()
+    if not context_dir.is_dir():
+        return [f"{compose_name}: service {service!r}: build context {context!r} is not a directory"]
+    if isinstance(dockerfile, str) and "$" not in dockerfile and not (context_dir / dockerfile).is_file():
+        where = "" if context in (".", "./") else f" in {context}"
+        return [f"service {service!r}: no {dockerfile}{where} (its build context)"]
+    return []
+
+
+def check_task(task_dir: Path, root: Path) -> TaskReport:
+    report = TaskReport(task_dir, task_label(task_dir, root))
+    problems = report.problems
+    has_yaml = (task_dir / "task.yaml").is_file()
+    has_grader = (task_dir / "run-tests.sh").is_file()
+    if not has_yaml:
+        problems.append("no task.yaml")
+    else:
+        try:
+            load_task(task_dir)
+        except TaskError as exc:
+            if has_grader or "run-tests.sh" not in str(exc):
+                problems.append(_strip(exc, task_dir))
+    if not has_grader:
+        problems.append("no run-tests.sh (the grader)")
+    if not (task_dir / "tests").is_dir():
+        problems.append("no tests/ folder")
+    problems += _compose_problems(task_dir)
+    try:
+        load_weights(task_dir)
+    except TaskError as exc:
+        problems.append(_strip(exc, task_dir).replace(str(task_dir / "weights.json") + ": ", "weights.json: "))
+    return report
+
+
+def check_tasks(root: Path, tasks: list[Path], on_done=None) -> list[TaskReport]:
+    reports = []
+    for task_dir in tasks:
+        reports.append(check_task(task_dir, root))
+        if on_done:
+            on_done(task_dir)
+    _image_collisions(reports)
+    return reports
+
+
+def _image_collisions(reports: list[TaskReport]) -> None:
+    """Two task names that map to one image name would share (and overwrite) images."""
+    owners: dict[str, list[TaskReport]] = {}
+    for report in reports:
+        try:
+            owners.setdefault(image_name(report.path.name), []).append(report)
+        except TaskError as exc:
+            report.problems.append(str(exc))
+    for image, same in owners.items():
+        if len(same) > 1:
+            for report in same:
+                others = ", ".join(o.label for o in same if o is not report)
+                report.problems.append(f"image name {image} is also that of {others}")

@@ -1,0 +1,64 @@
+"""`dataset prebuild`: build every task's images ahead of the first episode.
+
+Calls tasks.environment.ensure_image directly, the same code a build worker runs, with the
+same per-host Redis lock, so a prebuild and a worker never build one image twice at once.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from termpool.config import Settings
+
+
+@dataclass
+class BuildResult:
+    task: str
+    path: Path
+    status: str  # built / failed
+    image: str = ""
+    seconds: float = 0.0
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "path": str(self.path), "status": self.status, "image": self.image,
+                "seconds": round(self.seconds, 1), "error": self.error}
+
+
+def lock_client(cfg: Settings) -> redis.Redis:
+    """The Redis client whose locks serialise builds of one image on this host; checked now."""
+    client = redis.Redis.from_url(cfg.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    client.ping()
+    return client
+
+
+def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: redis.Redis) -> BuildResult:
+    from tasks.environment import ensure_image  # imports the docker SDK: only when building
+
+    started = time.monotonic()
+    try:
+        image = ensure_image(task_dir.name, task_dir, cfg, timeout, locks)
+    except Exception as exc:  # one task's failure is a row of the report, not the end of it
+        text = str(exc).strip() or type(exc).__name__
+        if not isinstance(exc, (RuntimeError, TimeoutError)):
+            text = f"{type(exc).__name__}: {text}"
+        return BuildResult(label, task_dir, "failed", seconds=time.monotonic() - started, error=text)
+    return BuildResult(label, task_dir, "built", image=image, seconds=time.monotonic() - started)
+
+
+def build_all(tasks: list[tuple[Path, str]], cfg: Settings, timeout: float, jobs: int, locks: redis.Redis,
+              on_done=None) -> list[BuildResult]:
+    """Build N at a time; results in the order of tasks."""
+    results: dict[Path, BuildResult] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="prebuild") as pool:
+        futures = {pool.submit(build_one, path, label, cfg, timeout, locks): path for path, label in tasks}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_done:
+                on_done(result)
+    return [results[path] for path, _ in tasks]
