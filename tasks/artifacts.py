@@ -16,12 +16,23 @@ def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", part).strip(".") or "_"
 
 
-def run_dir(log_dir: str, task_name: str, uid: str, run_id: str) -> Path:
-    """<log_dir>/<task_name>/<task_name>.<uid>.<run_id>, with the two mounted folders."""
+MOUNTED = ("sessions", "agent-logs")
+
+
+def run_dir(log_dir: str, task_name: str, uid: str, run_id: str, mounts_from: Path | None = None) -> Path:
+    """<log_dir>/<task_name>/<task_name>.<uid>.<run_id>, with the two mounted folders.
+
+    A run on a warm-pool container links them to the folders that container was started with.
+    """
     task = _safe(task_name)
     path = Path(log_dir) / task / f"{task}.{_safe(uid)}.{run_id}"
-    for sub in ("sessions", "agent-logs"):
-        (path / sub).mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    for sub in MOUNTED:
+        if mounts_from is not None:
+            if not (path / sub).exists():
+                (path / sub).symlink_to(mounts_from / sub)
+            continue
+        (path / sub).mkdir(exist_ok=True)
         # The task's container user may be anyone; these are its log mounts.
         os.chmod(path / sub, 0o777)
     return path

@@ -36,6 +36,7 @@ class RunEnv:
     project: str
     client: str  # client container name
     run_dir: str
+    warm_id: str = ""  # set when the client came from the warm pool (its labels name this id)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -175,7 +176,11 @@ def _build_with_compose(task_name: str, task_dir: Path, compose: dict, image: st
 
 # ---- start ----------------------------------------------------------------------------------
 def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: float):
-    """Start the run's services; return (RunEnv, client container). Cleans up on failure."""
+    """Start the run's services; return (RunEnv, client container). Cleans up on failure.
+
+    `run` needs run_id, task_key and task_meta.task_name; a warm-pool container is started
+    the same way under its warm id.
+    """
     task_name = run["task_meta"]["task_name"]
     compose = load_compose(task_dir)
     name = run_name(task_name, run["run_id"])
@@ -190,6 +195,20 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     except BaseException:
         remove_run_resources(run["run_id"], name)
         raise
+
+
+def warm_capable(task_dir: Path, cfg: Settings) -> bool:
+    """Only one-service template tasks are pre-started: their container needs nothing run-specific."""
+    return cfg.warm_pool_size > 0 and is_template(load_compose(task_dir), cfg)
+
+
+def client_if_running(name: str):
+    """The named container when it exists and runs, else None (a warm one that died)."""
+    try:
+        container = docker_client().containers.get(name)
+    except docker.errors.NotFound:
+        return None
+    return container if container.status == "running" else None
 
 
 def _substitute(value, env: dict):

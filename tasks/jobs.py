@@ -6,6 +6,7 @@ the state store so the facade (and pollers) see the outcome whatever the queue d
 from __future__ import annotations
 
 import functools
+import secrets
 import logging
 import threading
 import time
@@ -130,26 +131,97 @@ def ensure_image(self, *, host, run_id, job_id):
 def start_run(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     if run.get("env"):  # a second reset replaces the old environment
-        environment.remove_run_resources(run_id, run["env"].get("project", ""))
+        _remove_env(run_id, run["env"])
         store().drop_sessions(run_id)
-    meta, ctx = run["task_meta"], run.get("run_ctx") or {}
+    meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = load_task(task_dir)
-    log_dir = ctx.get("log_dir") or str(settings().default_log_dir)
-    run_path = artifacts.run_dir(log_dir, meta["task_name"], str(ctx.get("uid", "0")), run_id)
-    env, container = environment.start(run, task_dir, run_path, settings(), _timeouts(run).reset_session)
-    try:
-        prepare_container(container)
-    except BaseException:
-        environment.remove_run_resources(run_id, env.project)
-        raise
+    warm = environment.warm_capable(task_dir, settings())
+    env = _claim_warm(run, host) if warm else None
+    if env is None:
+        env = _start_cold(run, task_dir)
+    if warm:
+        self.app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"],
+                                                       "task_name": meta["task_name"]})
     instruction = meta.get("instruction") or spec.instruction
     reply = {"user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
              "tool_schemas": tool_schemas(settings().expose_kill_tool)}
     if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), error="", score=None, tests=None, **reply):
-        environment.remove_run_resources(run_id, env.project)  # closed while starting
+        _remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
+
+
+def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
+    ctx = run.get("run_ctx") or {}
+    log_dir = ctx.get("log_dir") or str(settings().default_log_dir)
+    return artifacts.run_dir(log_dir, run["task_meta"]["task_name"], str(ctx.get("uid", "0")), run["run_id"],
+                             mounts_from)
+
+
+def _start_cold(run: dict, task_dir: Path) -> environment.RunEnv:
+    env, container = environment.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
+    try:
+        prepare_container(container)
+    except BaseException:
+        _remove_env(run["run_id"], env.to_dict())
+        raise
+    return env
+
+
+def _claim_warm(run: dict, host: str) -> environment.RunEnv | None:
+    """A pre-started container of this task, handed to this run alone (LPOP), if one is alive."""
+    while True:
+        entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
+        if entry is None:
+            return None
+        if environment.client_if_running(entry["client"]) is not None:
+            run_path = _run_path(run, mounts_from=Path(entry["run_dir"]))
+            return environment.RunEnv("direct", entry["project"], entry["client"], str(run_path),
+                                      warm_id=entry["warm_id"])
+        environment.remove_run_resources(entry["warm_id"])  # died while pooled
+        store().warm_forget(entry["warm_id"])
+
+
+def _remove_env(run_id: str, env: dict) -> int:
+    removed = environment.remove_run_resources(run_id, env.get("project", ""))
+    if env.get("warm_id"):
+        removed += environment.remove_run_resources(env["warm_id"])
+        store().warm_forget(env["warm_id"])
+    return removed
+
+
+@shared_task(name="pool.refill_warm", bind=True)
+def refill_warm(self, *, host, task_path, task_name):
+    """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
+    cfg = settings()
+    lock = store().r.lock(f"tp:warm-lock:{host}:{task_path}", timeout=cfg.timeouts.reset_session + 60,
+                          blocking=False)
+    if not lock.acquire():
+        return 0
+    started = 0
+    try:
+        task_dir = resolve_task_path(cfg.dataset_dir, task_path)
+        while store().warm_count(host, task_path) < cfg.warm_pool_size:
+            warm_id = "warm-" + secrets.token_hex(8)
+            pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
+            env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
+                                               cfg.timeouts.reset_session)
+            try:
+                prepare_container(container)
+            except BaseException:
+                environment.remove_run_resources(warm_id)
+                raise
+            store().warm_push(host, task_path, {"warm_id": warm_id, "client": env.client, "project": env.project,
+                                                "run_dir": str(_warm_dir(cfg, warm_id))})
+            started += 1
+    finally:
+        lock.release()
+    return started
+
+
+def _warm_dir(cfg, warm_id: str) -> Path:
+    return artifacts.run_dir(str(cfg.output_root / ".warm"), "pool", "0", warm_id)
 
 
 # ---- tool calls -----------------------------------------------------------------------------
@@ -198,9 +270,8 @@ def evaluate(self, *, host, run_id, job_id):
 @_job
 def close_run(self, *, host, run_id, job_id):
     run = store().get_run(run_id) or {}
-    project = (run.get("env") or {}).get("project", "")
     try:
-        removed = environment.remove_run_resources(run_id, project)
+        removed = _remove_env(run_id, run.get("env") or {})
     except Exception as exc:
         store().mark_closed(run_id, error=_describe(exc))
         raise
@@ -209,6 +280,8 @@ def close_run(self, *, host, run_id, job_id):
 
 
 def _run_is_live(run_id: str) -> bool:
+    if run_id.startswith("warm-"):
+        return store().warm_known(run_id)
     run = store().get_run(run_id) if run_id else None
     return bool(run) and run.get("state") != "closed"
 

@@ -314,6 +314,33 @@ class Store:
             if job and job.get("state") == "running" and job.get("node") and not self.node_alive(job["node"]):
                 self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job")
 
+    # ---- warm pool ----------------------------------------------------------------------
+    # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries); LPOP hands each
+    # to exactly one run. tp:warmid:<id> says the warm container is still wanted ("pooled" or
+    # the run that claimed it), so the reconcile sweep leaves it alone.
+    def warm_push(self, host: str, pool: str, entry: dict) -> None:
+        pipe = self.r.pipeline()
+        pipe.set(PREFIX + "warmid:" + entry["warm_id"], "pooled")
+        pipe.rpush(f"{PREFIX}warm:{host}:{pool}", json.dumps(entry))
+        pipe.execute()
+
+    def warm_claim(self, host: str, pool: str, run_id: str) -> dict | None:
+        raw = self.r.lpop(f"{PREFIX}warm:{host}:{pool}")
+        if raw is None:
+            return None
+        entry = json.loads(raw)
+        self.r.set(PREFIX + "warmid:" + entry["warm_id"], run_id)
+        return entry
+
+    def warm_count(self, host: str, pool: str) -> int:
+        return self.r.llen(f"{PREFIX}warm:{host}:{pool}")
+
+    def warm_known(self, warm_id: str) -> bool:
+        return bool(self.r.exists(PREFIX + "warmid:" + warm_id))
+
+    def warm_forget(self, warm_id: str) -> None:
+        self.r.delete(PREFIX + "warmid:" + warm_id)
+
     # ---- shell sessions -----------------------------------------------------------------
     def session(self, run_id: str, sid: str) -> dict:
         return self.r.hgetall(f"{PREFIX}sess:{run_id}:{sid}")
