@@ -4,13 +4,14 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from celery import Celery
 
 from tasks import dispatch
 from termpool.config import Settings
-from termpool.state import Allocation, Store
+from termpool.state import PREFIX, Allocation, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 
@@ -22,6 +23,24 @@ class UnknownLease(LookupError):
 
 class NotReady(RuntimeError):
     """The run cannot take this operation in its current state."""
+
+
+class RunClosed(RuntimeError):
+    """The run has been released; it takes no more operations (runs API)."""
+
+
+TOOL_STATES = ("ready", "busy", "evaluating", "evaluated")  # states with a started environment
+
+
+@dataclass
+class Submission:
+    """What POST /v1/runs answers: the run, its start job, and whether it was a repeat."""
+
+    run_id: str
+    job_id: str | None
+    state: str
+    reused: bool
+    jobs: dict | None = None  # the episode's job ids by step, when this request started it
 
 
 @dataclass
@@ -114,3 +133,57 @@ class Engine:
             if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
                 return max(float(timeout), 0.0)
         return 30.0
+
+    # ---- the runs API (submit and poll) -----------------------------------------------------
+    def submit(self, task_key: str, request_id: str, start: dict, episode: dict) -> Submission:
+        """Allocate (CapacityError when full) and start the run as one episode chain.
+
+        `start` holds the run fields a start reads (task_meta, run_ctx, task_timeouts);
+        `episode` the keyword arguments of dispatch.enqueue_episode (script, evaluate, close).
+        A retried request (same task_key and request_id) gets the run and start job of the
+        first one: the start is claimed with HSETNX on the run record, so two concurrent
+        duplicates cannot both start it. A run allocated by /allocate with that request_id
+        and never reset is started here.
+        """
+        lease = self.allocate(task_key, request_id)
+        run = self.store.require_run(lease.run_id)
+        job_id = str(uuid.uuid4())
+        if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
+            return Submission(lease.run_id, self._start_job_of(lease.run_id), run["state"], True)
+        self.store.update_run(lease.run_id, state="starting", error="", **start)
+        jobs = dispatch.enqueue_episode(self.celery, self.store, lease.run_id, lease.host, job_id, **episode)
+        return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
+
+    def live_run(self, run_id: str, allowed: tuple = TOOL_STATES) -> dict:
+        """A run that can take an operation now, marked as used.
+
+        UnknownLease when there is no such run, RunClosed once released, NotReady in any
+        state but `allowed` (starting, failed, or allocated by the pool API and never reset):
+        a tool call queued before the start ends would race it on another queue.
+        """
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise UnknownLease(run_id)
+        if run["state"] in ("closing", "closed"):
+            raise RunClosed(f"run {run_id} is {run['state']}")
+        if run["state"] not in allowed:
+            raise NotReady(f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "
+                           f"(state {' / '.join(allowed)})")
+        if not self.store.touch(run_id):  # released between the read and now
+            raise RunClosed(f"run {run_id} is closing")
+        return run
+
+    def last_job(self, run_id: str, kind: str) -> str | None:
+        """The newest job of this kind on a run (a close may come from DELETE, /close, the reaper)."""
+        for job_id in reversed(self.store.run_jobs(run_id)):
+            if (self.store.get_job(job_id) or {}).get("kind") == kind:
+                return job_id
+        return None
+
+    def _claim_start(self, run_id: str, job_id: str) -> bool:
+        """True for exactly one submission of a run: HSETNX is atomic in Redis."""
+        return bool(self.store.r.hsetnx(PREFIX + "run:" + run_id, "start_job", job_id))
+
+    def _start_job_of(self, run_id: str) -> str | None:
+        """The start job a repeated submission answers with: the claimed one, else the newest."""
+        return self.store.r.hget(PREFIX + "run:" + run_id, "start_job") or self.last_job(run_id, "start")

@@ -17,11 +17,14 @@ MAINTENANCE_QUEUE = "termpool.maintenance"
 TASK_KINDS = {
     "pool.ensure_image": "build",
     "pool.start_run": "lifecycle",
+    "pool.refill_warm": "lifecycle",
     "pool.exec_tool": "exec",
     "pool.run_script": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",
+    "pool.release_run": "teardown",
+    "pool.episode_failed": "teardown",
 }
 
 
@@ -45,7 +48,7 @@ def route_task(name, args, kwargs, options, task=None, **kw):
 
 
 def make_celery(cfg: Settings) -> Celery:
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs"])
+    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs", "tasks.episode"])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,

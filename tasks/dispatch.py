@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 
-from celery import Celery
+from celery import Celery, chain
 
-from termpool.state import Store
+from termpool.state import PREFIX, RECORD_TTL, Store
 
 REPR_LIMIT = 200  # Flower shows arguments; file contents and scripts are cut to this
 
@@ -59,3 +59,72 @@ def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> 
 
 def enqueue_close(celery: Celery, store: Store, run_id: str, host: str) -> str:
     return enqueue(celery, store, "close", "pool.close_run", run_id, host)
+
+
+# ---- one-shot episodes ------------------------------------------------------------------------
+EPISODE_FAILED_TASK = "pool.episode_failed"
+RELEASE_TASK = "pool.release_run"
+
+
+def episode_key(start_job: str) -> str:
+    """Redis list of an episode's job ids in chain order, read by its error callback."""
+    return f"{PREFIX}episode:{start_job}"
+
+
+def close_signature(celery: Celery, run_id: str, host: str, job_id: str):
+    """The teardown step of an existing close job (also used by the episode's error callback)."""
+    return _signature(celery, "pool.close_run", host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
+
+
+def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evaluate: bool, close: bool) -> dict:
+    """Create every step's job record up front, so the whole episode is visible before it runs."""
+    store.create_job(start_job, run_id, "start")
+    return {
+        "start": start_job,
+        "tool_calls": [new_job(store, run_id, "tool_call") for _ in script],
+        "evaluation": new_job(store, run_id, "evaluation") if evaluate else None,
+        "close": new_job(store, run_id, "close") if close else None,
+    }
+
+
+def _episode_steps(celery: Celery, run_id: str, host: str, jobs: dict, script: list) -> list:
+    ids = dict(host=host, run_id=run_id)
+    start = jobs["start"]
+    steps = [_signature(celery, "pool.ensure_image", final=False, job_id=start, **ids).set(task_id=f"{start}.image"),
+             _signature(celery, "pool.start_run", job_id=start, **ids).set(task_id=start)]
+    for job_id, call in zip(jobs["tool_calls"], script):
+        steps.append(_signature(celery, "pool.exec_tool", job_id=job_id, tool_call=call, **ids).set(task_id=job_id))
+    if jobs["evaluation"]:
+        evaluation = jobs["evaluation"]
+        steps.append(_signature(celery, "pool.evaluate", job_id=evaluation, **ids).set(task_id=evaluation))
+    if jobs["close"]:
+        # The capacity slot is freed by a release step that opens the close job, as /close does.
+        close = jobs["close"]
+        steps.append(_signature(celery, RELEASE_TASK, final=False, job_id=close, **ids).set(task_id=f"{close}.release"))
+        steps.append(close_signature(celery, run_id, host, close))
+    return steps
+
+
+def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_job: str, script: list,
+                    evaluate: bool = False, close: bool = False) -> dict:
+    """A whole episode as one Celery chain: start, the script's tool calls, evaluation, close.
+
+    Every step has its own job record. A failing step stops the chain; the error callback
+    (tasks/episode.py) then fails the steps that will never run and, if close was asked for,
+    tears the run down, so nothing is left queued or running. Returns the job ids by step.
+
+    Cost: each step's message carries the rest of the chain (about 1 KB a step plus the tool
+    call's arguments), so n steps move O(n^2) bytes through Redis; the runs API caps n.
+    """
+    jobs = _episode_jobs(store, run_id, start_job, script, evaluate, close)
+    order = [jobs["start"], *jobs["tool_calls"], *[j for j in (jobs["evaluation"], jobs["close"]) if j]]
+    store.r.rpush(episode_key(start_job), *order)
+    store.r.expire(episode_key(start_job), RECORD_TTL)
+    steps = _episode_steps(celery, run_id, host, jobs, script)
+    # Every step's message carries the rest of the chain, each step with this callback: keep it small.
+    on_error = celery.signature(EPISODE_FAILED_TASK, immutable=True, kwargs=dict(
+        host=host, run_id=run_id, start_job=start_job, close_job=jobs["close"] or ""))
+    workflow = chain(*steps, app=celery)
+    workflow.link_error(on_error)
+    workflow.apply_async()
+    return jobs

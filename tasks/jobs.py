@@ -52,6 +52,7 @@ def _job(fn=None, *, failed_run_state=None):
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
         if store().job_state(job_id) == "queued":
             store().job_started(job_id, self.request.hostname or "")
+        store().touch(run_id)  # a run whose job is working is in use, whoever polls it
         try:
             result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
         except Exception as exc:
@@ -276,6 +277,7 @@ def close_run(self, *, host, run_id, job_id):
         store().mark_closed(run_id, error=_describe(exc))
         raise
     store().mark_closed(run_id)
+    store().fail_queued_jobs(run_id, f"run {run_id} was closed before this job ran")
     return {"containers_removed": removed}
 
 

@@ -292,6 +292,15 @@ class Store:
         raw = self.r.hgetall(PREFIX + "job:" + job_id) if job_id else {}
         return _decode(raw) if raw else None
 
+    def fail_queued_jobs(self, run_id: str, reason: str) -> int:
+        """End the jobs of a run that never started (their queue message was lost or skipped)."""
+        ended = 0
+        for job_id in self.run_jobs(run_id):
+            if self.job_state(job_id) == "queued":
+                self.job_finished(job_id, error=reason)
+                ended += 1
+        return ended
+
     def run_jobs(self, run_id: str) -> list[str]:
         return self.r.lrange(PREFIX + "run:" + run_id + ":jobs", 0, -1)
 

@@ -1,0 +1,205 @@
+"""The OpenAPI 3.1 document of both faces (POOL_API.md), served at GET /openapi.json.
+
+Kept as Python data next to the code rather than generated from it: the pool API's shapes
+are a compatibility contract that must not drift with refactors, and the test suite checks
+that every route the app serves is described here.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+JSON = "application/json"
+RUN_STATES = ["allocated", "starting", "ready", "busy", "evaluating", "evaluated", "closing", "closed", "failed"]
+JOB_STATES = ["queued", "running", "succeeded", "failed"]
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(required: list[str] | None = None, **props) -> dict:
+    schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _body(schema: dict, required: bool = True) -> dict:
+    return {"required": required, "content": {JSON: {"schema": schema}}}
+
+
+def _reply(description: str, schema: dict) -> dict:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _error(description: str) -> dict:
+    return _reply(description, _ref("Error"))
+
+
+def _ok(**props) -> dict:
+    return _obj(["ok", *props], ok={"const": True}, **props)
+
+
+def _op(summary: str, responses: dict, body: dict | None = None, params: list | None = None, tag: str = "pool") -> dict:
+    op = {"summary": summary, "tags": [tag], "responses": responses}
+    if body is not None:
+        op["requestBody"] = body
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _path_param(name: str, description: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}}
+
+
+STR = {"type": "string"}
+NUM = {"type": "number"}
+LEASE = _obj(["lease_id"], lease_id={"type": "string", "description": "The run id from /allocate."})
+BAD_LEASE = _error("lease_id missing or not a string, or another field is malformed")
+
+
+def _schemas() -> dict:
+    from app.runs_api import MAX_SCRIPT_STEPS  # here, not at import time: runs_api imports this module
+
+    return {
+        "Error": _obj(["ok", "error"], ok={"const": False}, error=STR,
+                      code={"type": "string", "description": "Machine-readable reason, where one is listed."}),
+        "TaskMeta": _obj(["task_name"], task_name=STR,
+                         task_path={"type": "string", "description": "Relative to DATASET_DIR; defaults to task_name."},
+                         instruction=STR),
+        "RunCtx": _obj(uid=STR, group_index={"type": "integer"}, sample_index={"type": "integer"},
+                       log_dir={"type": "string", "description": "Relative to TBENCH_OUTPUT_ROOT."}),
+        "TaskTimeouts": {**_obj(ensure_image=NUM, reset_session=NUM, close_session=NUM, eval=NUM),
+                         "description": "Seconds; a value that is not a positive number is ignored."},
+        "ToolCall": _obj(["name"], name={"type": "string", "minLength": 1},
+                         arguments={"type": "object", "description": "Absent counts as {}."}),
+        "Tests": {"type": "object", "additionalProperties": {"enum": ["passed", "failed"]},
+                  "description": "Test name -> outcome."},
+        "Run": _obj(["run_id", "task_key", "state", "host", "jobs"], run_id=STR, task_key=STR,
+                    state={"enum": RUN_STATES}, host=STR, created_at=NUM, last_used_at=_nullable(NUM),
+                    user_msg=_nullable(STR), tool_schemas=_nullable({"type": "array", "items": {"type": "object"}}),
+                    score=_nullable(NUM), tests=_nullable(_ref("Tests")), error=_nullable(STR),
+                    jobs={"type": "array", "items": STR, "description": "Job ids, oldest first."}),
+        "Job": _obj(["job_id", "run_id", "kind", "state"], job_id=STR, run_id=STR,
+                    kind={"enum": ["start", "tool_call", "evaluation", "close"]}, state={"enum": JOB_STATES},
+                    result={"description": "start: {user_msg, tool_schemas}; tool_call: the observation text; "
+                                           "evaluation: {score, tests}; close: {containers_removed}."},
+                    error=_nullable(STR), queued_at=NUM, started_at=_nullable(NUM), finished_at=_nullable(NUM)),
+        "RunRequest": _obj(
+            ["task_meta"], task_meta=_ref("TaskMeta"), run_ctx=_ref("RunCtx"), task_timeouts=_ref("TaskTimeouts"),
+            task_key={"type": "string", "description": "Capacity key; defaults to task_meta.task_name."},
+            request_id={"type": "string", "description": "Same task_key and request_id within 300 s: same run."},
+            script={"type": "array", "maxItems": MAX_SCRIPT_STEPS, "items": _ref("ToolCall"),
+                    "description": "Tool calls run after the start, in order, each as its own job."},
+            evaluate={"type": "boolean", "default": False, "description": "Run the tests after the script."},
+            close={"type": "boolean", "default": False, "description": "Close the run at the end, or on a failure."}),
+    }
+
+
+def _pool_paths() -> dict:
+    lease_ops = {
+        "/heartbeat": ("Mark the lease as used.", LEASE, _ok(), {"500": _error("Unknown run_lease_id")}),
+        "/exec_tool": ("Run one tool call and wait for its observation.",
+                       _obj(["lease_id", "tool_call"], lease_id=STR, tool_call=_ref("ToolCall")),
+                       _ok(observation=STR), {"500": _error("Unknown lease or run not reset")}),
+        "/evaluate": ("Run the task's tests and wait for the score.", LEASE, _ok(score=NUM),
+                      {"500": _error("Tests timed out, output unparseable, or run not reset")}),
+        "/close": ("Release the lease; the teardown may finish after the reply.", LEASE,
+                   _ok(found={"type": "boolean", "description": "False when unknown or already closed."}), {}),
+    }
+    paths = {
+        "/healthz": {"get": _op("Liveness.", {"200": _reply("Alive", _ok())})},
+        "/status": {"get": _op("Capacity and live runs per task key.", {
+            "200": _reply("Pool status", _ok(pool=_obj(
+                max_tasks={"type": "integer"}, active_tasks={"type": "integer"},
+                max_runs_per_task={"type": "integer"}, total_active_runs={"type": "integer"},
+                pending_closes={"type": "integer"}, tasks={"type": "object"}))),
+            "500": _error("Internal error")})},
+        "/allocate": {"post": _op("Lease a run slot for a task key.", {
+            "200": _reply("Leased", _ok(lease_id=STR, reused={"type": "boolean"})),
+            "400": _error("task_key is required"),
+            "429": _error("No capacity; code TASK_SLOTS_EXHAUSTED or RUN_SLOTS_EXHAUSTED")},
+            _body(_obj(["task_key"], task_key=STR, request_id=STR)))},
+        "/reset": {"post": _op("Start (or restart) the run's environment and wait for it.", {
+            "200": _reply("Started", _ok(user_msg=STR, tool_schemas={"type": "array", "items": {"type": "object"}})),
+            "400": BAD_LEASE, "500": _error("The start failed; error says why")},
+            _body(_obj(["lease_id", "task_meta"], lease_id=STR, task_meta=_ref("TaskMeta"),
+                       run_ctx=_ref("RunCtx"), task_timeouts=_ref("TaskTimeouts"))))},
+    }
+    for path, (summary, body, success, failures) in lease_ops.items():
+        responses = {"200": _reply("Done", success), "400": BAD_LEASE, **failures}
+        paths[path] = {"post": _op(summary, responses, _body(body))}
+    return paths
+
+
+def _runs_paths() -> dict:
+    run_id = _path_param("run_id", "The run (lease) id.")
+    accepted = _reply("Accepted; poll the job", _ok(job_id=STR))
+    unknown_run = _error("Unknown run (code UNKNOWN_RUN)")
+    wrong_state = _error("Run not started (RUN_NOT_READY) or closing/closed (RUN_CLOSED)")
+    submitted = _ok(run_id=STR, job_id=_nullable(STR), state={"enum": RUN_STATES}, reused={"type": "boolean"},
+                    jobs=_obj(start=STR, tool_calls={"type": "array", "items": STR},
+                              evaluation=_nullable(STR), close=_nullable(STR)))
+    from app.runs_api import MAX_WAIT
+
+    wait = {"name": "wait", "in": "query", "required": False,
+            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT},
+            "description": "Hold the request until the job has ended or this many seconds have passed."}
+    return {
+        "/v1/runs": {"post": _op("Allocate and start a run; optionally a whole episode in one request.", {
+            "202": _reply("Accepted; job_id is the start job, jobs lists every step", submitted),
+            "400": _error("Bad input"), "429": _error("No capacity, as /allocate")}, _body(_ref("RunRequest")),
+            tag="runs")},
+        "/v1/runs/{run_id}": {
+            "get": _op("A run's record.", {"200": _reply("The run", _ok(run=_ref("Run"))), "404": unknown_run},
+                       params=[run_id], tag="runs"),
+            "delete": _op("Release the run and tear it down (idempotent).", {
+                "202": _reply("Released; job_id is the teardown", _ok(job_id=STR, found={"const": True})),
+                "200": _reply("Already closing or closed; job_id is the newest close job",
+                              _ok(job_id=_nullable(STR), found={"const": False}, state={"enum": RUN_STATES})),
+                "404": unknown_run}, params=[run_id], tag="runs")},
+        "/v1/runs/{run_id}/tool_calls": {"post": _op("Queue one tool call.", {
+            "202": accepted, "400": _error("Bad tool call"), "404": unknown_run, "409": wrong_state},
+            _body(_ref("ToolCall")), [run_id], tag="runs")},
+        "/v1/runs/{run_id}/evaluation": {"post": _op("Queue the task's tests.", {
+            "202": accepted, "404": unknown_run, "409": wrong_state}, params=[run_id], tag="runs")},
+        "/v1/jobs/{job_id}": {"get": _op("A job's record, optionally long-polled.", {
+            "200": _reply("The job (maybe still queued or running when wait ran out)", _ok(job=_ref("Job"))),
+            "400": _error("wait is not a number from 0 to 60"), "404": _error("Unknown job (code UNKNOWN_JOB)")},
+            params=[_path_param("job_id", "The job id."), wait], tag="runs")},
+        "/metrics": {"get": _op("Prometheus metrics (text exposition format).", {
+            "200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            tag="meta")},
+        "/openapi.json": {"get": _op("This document.", {"200": {"description": "OpenAPI 3.1",
+                                                                 "content": {JSON: {"schema": {"type": "object"}}}}},
+                                     tag="meta")},
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _document() -> dict:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "termpool", "version": "1",
+                 "description": "A pool of terminal-bench environments. The pool API is byte-compatible with the "
+                                "reference pool server and blocks until each operation ends; the runs API (/v1) "
+                                "answers at once with ids to poll. Every reply is JSON with `ok`."},
+        "tags": [{"name": "pool", "description": "The pool API (blocking)"},
+                 {"name": "runs", "description": "The runs API (submit and poll)"},
+                 {"name": "meta"}],
+        "paths": {**_pool_paths(), **_runs_paths()},
+        "components": {"schemas": _schemas(),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "Only when API_TOKEN is set."}}},
+    }
+
+
+def document() -> dict:
+    """A copy, so a caller (or a test) cannot change what later requests are served."""
+    return copy.deepcopy(_document())
