@@ -11,7 +11,7 @@ from celery import Celery
 
 from tasks import dispatch
 from termpool.config import Settings
-from termpool.state import PREFIX, Allocation, Store
+from termpool.state import Allocation, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 
@@ -182,8 +182,8 @@ class Engine:
 
     def _claim_start(self, run_id: str, job_id: str) -> bool:
         """True for exactly one submission of a run: HSETNX is atomic in Redis."""
-        return bool(self.store.r.hsetnx(PREFIX + "run:" + run_id, "start_job", job_id))
+        return self.store.claim_start(run_id, job_id)
 
     def _start_job_of(self, run_id: str) -> str | None:
         """The start job a repeated submission answers with: the claimed one, else the newest."""
-        return self.store.r.hget(PREFIX + "run:" + run_id, "start_job") or self.last_job(run_id, "start")
+        return self.store.start_job(run_id) or self.last_job(run_id, "start")

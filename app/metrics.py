@@ -31,7 +31,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from termpool.config import QUEUE_KINDS, Settings
-from termpool.state import HOST_ALIVE_SECONDS, PREFIX
+from termpool.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def queue_keys(queue: str) -> list[str]:
 
 
 class PoolCollector(Collector):
-    """Gauges read from the state store at scrape time: two Redis round trips in all."""
+    """Gauges read from the state store at scrape time (a few Redis round trips)."""
 
     def __init__(self, cfg: Settings, client: redis.Redis | None = None):
         self.cfg = cfg
@@ -181,13 +181,13 @@ class PoolCollector(Collector):
         yield from families
 
     def _read(self) -> list:
-        r = self.client
-        live = r.zrangebyscore(PREFIX + "hosts", time.time() - HOST_ALIVE_SECONDS, "+inf")
+        store = Store(self.client)
+        live = store.live_hosts()
         hosts = sorted(set(live) | {self.cfg.host_id})
-        pipe = r.pipeline(transaction=False)
+        status = {host: store.host_status(host) for host in hosts}
+        # Queue depths are the broker's lists, not run state: read them in one pipeline.
+        pipe = self.client.pipeline(transaction=False)
         for host in hosts:
-            pipe.hgetall(f"{PREFIX}host:{host}:keys")
-            pipe.scard(f"{PREFIX}host:{host}:closing")
             for kind in QUEUE_KINDS:
                 for key in queue_keys(f"termpool.{host}.{kind}"):
                     pipe.llen(key)
@@ -206,12 +206,11 @@ class PoolCollector(Collector):
         depth = GaugeMetricFamily("termpool_queue_depth", "Messages waiting in a Celery queue (LLEN of its Redis "
                                   "lists).", labels=["queue", "host", "kind"])
         for host in hosts:
-            keys = next(replies)
-            for task_key, n in sorted(keys.items()):
-                runs.add_metric([host, task_key], int(n))
-            tasks.add_metric([host], len(keys))
-            total.add_metric([host], sum(int(n) for n in keys.values()))
-            closes.add_metric([host], int(next(replies)))
+            for task_key, value in status[host]["tasks"].items():
+                runs.add_metric([host, task_key], value["active_runs"])
+            tasks.add_metric([host], status[host]["active_tasks"])
+            total.add_metric([host], status[host]["total_active_runs"])
+            closes.add_metric([host], status[host]["pending_closes"])
             for kind in QUEUE_KINDS:
                 waiting = sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE))
                 depth.add_metric([f"termpool.{host}.{kind}", host, kind], waiting)

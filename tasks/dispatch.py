@@ -9,7 +9,7 @@ import uuid
 
 from celery import Celery, chain
 
-from termpool.state import PREFIX, RECORD_TTL, Store
+from termpool.state import Store
 
 REPR_LIMIT = 200  # Flower shows arguments; file contents and scripts are cut to this
 
@@ -66,11 +66,6 @@ EPISODE_FAILED_TASK = "pool.episode_failed"
 RELEASE_TASK = "pool.release_run"
 
 
-def episode_key(start_job: str) -> str:
-    """Redis list of an episode's job ids in chain order, read by its error callback."""
-    return f"{PREFIX}episode:{start_job}"
-
-
 def close_signature(celery: Celery, run_id: str, host: str, job_id: str):
     """The teardown step of an existing close job (also used by the episode's error callback)."""
     return _signature(celery, "pool.close_run", host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
@@ -118,8 +113,7 @@ def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_
     """
     jobs = _episode_jobs(store, run_id, start_job, script, evaluate, close)
     order = [jobs["start"], *jobs["tool_calls"], *[j for j in (jobs["evaluation"], jobs["close"]) if j]]
-    store.r.rpush(episode_key(start_job), *order)
-    store.r.expire(episode_key(start_job), RECORD_TTL)
+    store.set_episode_jobs(start_job, order)
     steps = _episode_steps(celery, run_id, host, jobs, script)
     # Every step's message carries the rest of the chain, each step with this callback: keep it small.
     on_error = celery.signature(EPISODE_FAILED_TASK, immutable=True, kwargs=dict(

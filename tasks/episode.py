@@ -11,7 +11,7 @@ import logging
 
 from celery import shared_task
 
-from tasks.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature, episode_key
+from tasks.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 from tasks.jobs import _job, store
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,10 @@ def episode_failed(self, *, host, run_id, start_job, close_job=""):
     """Error callback of an episode chain: fail the steps that will not run, close if asked.
 
     Called once, after the failing step's own job record has been marked failed. The
-    episode's job ids come from Redis (dispatch.episode_key), not from the callback's
+    episode's job ids come from Redis (Store.set_episode_jobs), not from the callback's
     arguments: a copy of the callback rides in every step's message.
     """
-    job_ids = store().r.lrange(episode_key(start_job), 0, -1)
+    job_ids = store().episode_jobs(start_job)
     jobs = [store().get_job(job_id) or {"job_id": job_id, "state": "gone"} for job_id in job_ids]
     cause = _settle_failed_step(jobs)
     for job in jobs:

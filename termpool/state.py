@@ -301,6 +301,24 @@ class Store:
                 ended += 1
         return ended
 
+    def claim_start(self, run_id: str, job_id: str) -> bool:
+        """True for exactly one submission of a run (HSETNX is atomic)."""
+        return bool(self.r.hsetnx(PREFIX + "run:" + run_id, "start_job", job_id))
+
+    def start_job(self, run_id: str) -> str | None:
+        return self.r.hget(PREFIX + "run:" + run_id, "start_job")
+
+    def set_episode_jobs(self, start_job: str, job_ids: list[str]) -> None:
+        """An episode's job ids in chain order, for its error callback."""
+        key = PREFIX + "episode:" + start_job
+        pipe = self.r.pipeline()
+        pipe.rpush(key, *job_ids)
+        pipe.expire(key, RECORD_TTL)
+        pipe.execute()
+
+    def episode_jobs(self, start_job: str) -> list[str]:
+        return self.r.lrange(PREFIX + "episode:" + start_job, 0, -1)
+
     def run_jobs(self, run_id: str) -> list[str]:
         return self.r.lrange(PREFIX + "run:" + run_id + ":jobs", 0, -1)
 
