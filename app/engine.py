@@ -86,7 +86,7 @@ class Engine:
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
         self.store.update_run(run["run_id"], state="starting", task_meta=task_meta, run_ctx=run_ctx,
                               task_timeouts=task_timeouts, error="")
-        return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"])
+        return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
     def tool_call(self, run: dict, call: dict) -> str:
         self._require_started(run)
@@ -151,7 +151,8 @@ class Engine:
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
             return Submission(lease.run_id, self._start_job_of(lease.run_id), run["state"], True)
         self.store.update_run(lease.run_id, state="starting", error="", **start)
-        jobs = dispatch.enqueue_episode(self.celery, self.store, lease.run_id, lease.host, job_id, **episode)
+        jobs = dispatch.enqueue_episode(self.celery, self.store, lease.run_id, lease.host, job_id,
+                                        start["task_meta"]["task_path"], **episode)
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
     def live_run(self, run_id: str, allowed: tuple = TOOL_STATES) -> dict:

@@ -33,13 +33,20 @@ def new_job(store: Store, run_id: str, kind: str) -> str:
     return job_id
 
 
-def enqueue_start(celery: Celery, store: Store, run_id: str, host: str) -> str:
-    """Reset: make sure the task's images exist (build queue), then start the run (lifecycle)."""
-    job_id = new_job(store, run_id, "start")
+def _start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
+    """Make sure the task's images exist (build queue), then start the run (lifecycle). Once
+    this host has built the task's images the build step is skipped: one queue hop less."""
     ids = dict(host=host, run_id=run_id, job_id=job_id)
-    workflow = (_signature(celery, "pool.ensure_image", final=False, **ids).set(task_id=f"{job_id}.image")
-                | _signature(celery, "pool.start_run", **ids).set(task_id=job_id))
-    workflow.apply_async()
+    start = _signature(celery, "pool.start_run", **ids).set(task_id=job_id)
+    if store.image_ready(host, task_path):
+        return [start]
+    return [_signature(celery, "pool.ensure_image", final=False, **ids).set(task_id=f"{job_id}.image"), start]
+
+
+def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_path: str) -> str:
+    """Reset: images, then the run's services; one job for the client."""
+    job_id = new_job(store, run_id, "start")
+    chain(*_start_steps(celery, store, run_id, host, job_id, task_path), app=celery).apply_async()
     return job_id
 
 
@@ -82,11 +89,11 @@ def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evalu
     }
 
 
-def _episode_steps(celery: Celery, run_id: str, host: str, jobs: dict, script: list) -> list:
+def _episode_steps(celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list,
+                   task_path: str) -> list:
     ids = dict(host=host, run_id=run_id)
     start = jobs["start"]
-    steps = [_signature(celery, "pool.ensure_image", final=False, job_id=start, **ids).set(task_id=f"{start}.image"),
-             _signature(celery, "pool.start_run", job_id=start, **ids).set(task_id=start)]
+    steps = _start_steps(celery, store, run_id, host, start, task_path)
     for job_id, call in zip(jobs["tool_calls"], script):
         steps.append(_signature(celery, "pool.exec_tool", job_id=job_id, tool_call=call, **ids).set(task_id=job_id))
     if jobs["evaluation"]:
@@ -100,8 +107,8 @@ def _episode_steps(celery: Celery, run_id: str, host: str, jobs: dict, script: l
     return steps
 
 
-def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_job: str, script: list,
-                    evaluate: bool = False, close: bool = False) -> dict:
+def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_job: str, task_path: str,
+                    script: list, evaluate: bool = False, close: bool = False) -> dict:
     """A whole episode as one Celery chain: start, the script's tool calls, evaluation, close.
 
     Every step has its own job record. A failing step stops the chain; the error callback
@@ -114,7 +121,7 @@ def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_
     jobs = _episode_jobs(store, run_id, start_job, script, evaluate, close)
     order = [jobs["start"], *jobs["tool_calls"], *[j for j in (jobs["evaluation"], jobs["close"]) if j]]
     store.set_episode_jobs(start_job, order)
-    steps = _episode_steps(celery, run_id, host, jobs, script)
+    steps = _episode_steps(celery, store, run_id, host, jobs, script, task_path)
     # Every step's message carries the rest of the chain, each step with this callback: keep it small.
     on_error = celery.signature(EPISODE_FAILED_TASK, immutable=True, kwargs=dict(
         host=host, run_id=run_id, start_job=start_job, close_job=jobs["close"] or ""))

@@ -229,11 +229,14 @@ def _start_direct(service: dict, env: dict, labels: dict, name: str, cfg: Settin
     volumes = [v for v in service.get("volumes") or [] if isinstance(v, str)]
     check_volumes(volumes)
     command = service.get("command")
-    return docker_client().containers.run(
-        env["T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME"], command=command, name=name, detach=True,
+    # create + start, not run(): run() would try to pull a missing image from a registry.
+    container = docker_client().containers.create(
+        env["T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME"], command=command, name=name,
         environment={**cfg.proxy_env, **environment}, volumes=volumes, labels=labels,
         mem_limit=cfg.container_memory_limit, memswap_limit=cfg.container_memory_limit,
         privileged=False, init=True)
+    container.start()
+    return container
 
 
 def _override(task_name: str, compose: dict, labels: dict, name: str, cfg: Settings) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import docker.errors
 import requests.exceptions
-from celery import shared_task
+from celery import chain, shared_task
 from celery.signals import worker_ready, worker_shutdown
 
 from tasks import artifacts, environment
@@ -40,6 +40,10 @@ class RunClosed(RuntimeError):
     pass
 
 
+class HandedOver(Exception):
+    """The job was re-queued to other tasks, which will end it."""
+
+
 def _job(fn=None, *, failed_run_state=None):
     """Record the job's start and end around a task body; the last step of a chain ends it.
 
@@ -55,6 +59,8 @@ def _job(fn=None, *, failed_run_state=None):
         store().touch(run_id)  # a run whose job is working is in use, whoever polls it
         try:
             result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
+        except HandedOver:
+            return None  # another task carries this job on
         except Exception as exc:
             if failed_run_state:
                 store().set_state_if_live(run_id, failed_run_state, error=_describe(exc))
@@ -123,13 +129,15 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
-    return environment.ensure_image(run["task_meta"]["task_name"], _task_dir(run), settings(),
-                                    timeouts.ensure_image, store().r)
+    image = environment.ensure_image(run["task_meta"]["task_name"], _task_dir(run), settings(),
+                                     timeouts.ensure_image, store().r)
+    store().mark_image_ready(host, run["task_meta"]["task_path"])
+    return image
 
 
 @shared_task(name="pool.start_run", bind=True)
 @_job(failed_run_state="failed")
-def start_run(self, *, host, run_id, job_id):
+def start_run(self, *, host, run_id, job_id, first_try=True):
     run = _live_run(run_id)
     if run.get("env"):  # a second reset replaces the old environment
         _remove_env(run_id, run["env"])
@@ -140,7 +148,18 @@ def start_run(self, *, host, run_id, job_id):
     warm = environment.warm_capable(task_dir, settings())
     env = _claim_warm(run, host) if warm else None
     if env is None:
-        env = _start_cold(run, task_dir)
+        try:
+            env = _start_cold(run, task_dir)
+        except docker.errors.ImageNotFound:
+            if not first_try:
+                raise
+            # The image was removed since it was built: build it again, then start.
+            store().mark_image_ready(host, meta["task_path"], False)
+            chain(self.app.signature("pool.ensure_image", kwargs=dict(host=host, run_id=run_id, job_id=job_id,
+                                                                       final=False), immutable=True),
+                  self.app.signature("pool.start_run", kwargs=dict(host=host, run_id=run_id, job_id=job_id,
+                                                                    first_try=False), immutable=True)).apply_async()
+            raise HandedOver() from None
     if warm:
         self.app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"],
                                                        "task_name": meta["task_name"]})

@@ -341,6 +341,17 @@ class Store:
             if job and job.get("state") == "running" and job.get("node") and not self.node_alive(job["node"]):
                 self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job")
 
+    # ---- task images --------------------------------------------------------------------
+    def mark_image_ready(self, host: str, task_path: str, ready: bool = True) -> None:
+        key = f"{PREFIX}images:{host}"
+        if ready:
+            self.r.sadd(key, task_path)
+        else:
+            self.r.srem(key, task_path)
+
+    def image_ready(self, host: str, task_path: str) -> bool:
+        return bool(self.r.sismember(f"{PREFIX}images:{host}", task_path))
+
     # ---- warm pool ----------------------------------------------------------------------
     # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries); LPOP hands each
     # to exactly one run. tp:warmid:<id> says the warm container is still wanted ("pooled" or

@@ -124,3 +124,16 @@ def test_second_reset_replaces_environment(router, docker_client):
     assert first and second and not first & second
     assert "No such file" in router.sh(lease, "cat /app/marker")
     finish(router, docker_client, lease)
+
+
+def test_removed_image_is_rebuilt(router, docker_client):
+    lease = router.allocate("hello-file")
+    assert router.reset(lease, "hello-file").status_code == 200
+    router.close(lease)
+    assert wait_for(lambda: not router.run_containers(docker_client, lease), 60)
+    docker_client.images.remove("tb__hello-file__client", force=True)
+    lease = router.allocate("hello-file")
+    reply = router.reset(lease, "hello-file")
+    assert reply.status_code == 200, reply.text
+    assert docker_client.images.get("tb__hello-file__client")
+    finish(router, docker_client, lease)
