@@ -1,0 +1,662 @@
+/*
+ * tp-session: the in-container half of termpool's shell tools.
+ *
+ * Copied into every task container (/.termpool/bin/tp-session) and run through
+ * `docker exec`.  It is linked statically so it works in any Linux image, even
+ * one that has nothing but `sh`.  All session state lives in files under a
+ * session directory inside the container, so a session outlives the Python
+ * worker that started it:
+ *
+ *   DIR/out   everything the command printed (stdout+stderr, or the pty)
+ *   DIR/in    FIFO feeding the command's stdin (non-blocking sessions)
+ *   DIR/pid   "<supervisor pid> <supervisor start time> <command pid>"
+ *   DIR/rc    exit status, written only after all output is in DIR/out
+ *
+ * Subcommands (headers are one text line; raw output bytes follow):
+ *   spawn DIR PTY WAIT -- argv...
+ *       WAIT "-": non-blocking; prints "started" or "exists" (DIR is running).
+ *       WAIT seconds (<0: no limit): blocking; runs in a scratch dir next to
+ *       DIR and prints "done <rc>" + output, or "timeout" after it has moved
+ *       the still-running command to DIR.
+ *   read DIR OFFSET [--if-exited]
+ *       "<running|exited|missing> <end> <rc>" + bytes of out [OFFSET, end).
+ *       With --if-exited the bytes are sent only when the command has ended.
+ *   write DIR TEXT
+ *       Sends TEXT+"\n" to the stdin of a running session, then collects the
+ *       output until quiet for 0.5 s (5 s at most).  Output that was there
+ *       before the write is skipped.  Prints "norun", or
+ *       "<running|exited> <start> <end> <capped 0|1>" + bytes [start, end).
+ *   kill DIR                 -> "killed" or "notrunning"
+ *   mkparents PATH           -> create PATH's parent dirs; "<uid> <gid>" of the caller
+ *   run-timeout SECONDS -- argv...
+ *       Runs argv in the foreground; after SECONDS kills its whole process
+ *       group and exits 124.
+ * Exit status 2 plus a message on stderr means the helper itself failed.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ST_MISSING, ST_RUNNING, ST_EXITED };
+static const char *const state_names[] = {"missing", "running", "exited"};
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tp-session: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Small files (pid, rc) are read whole; returns length or -1. */
+static ssize_t read_small(int dfd, const char *name, char *buf, size_t cap)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n < 0) return -1;
+    buf[n] = 0;
+    return n;
+}
+
+/* Write via a temporary name and rename, so readers never see a half file. */
+static void write_small(int dfd, const char *name, const char *text)
+{
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    write_all(fd, text, strlen(text));
+    close(fd);
+    renameat(dfd, tmp, dfd, name);
+}
+
+/* State letter and start time (field 22) of a process, from /proc. */
+static int proc_stat(pid_t pid, char *state, unsigned long long *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+    if (!p || p[1] != ' ') return -1;
+    p += 2;
+    *state = *p;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p) return -1;
+        p++;
+    }
+    *start = strtoull(p, NULL, 10);
+    return 0;
+}
+
+/*
+ * A session runs while its supervisor lives.  The start time guards against
+ * pid reuse after a container restart; a zombie counts as dead (pid 1 of many
+ * images is `sleep infinity`, which never reaps).
+ */
+static int session_state(int dfd, int *rc)
+{
+    char buf[128];
+    *rc = -1;
+    if (dfd < 0) return ST_MISSING;
+    if (read_small(dfd, "rc", buf, sizeof buf) > 0) {
+        *rc = atoi(buf);
+        return ST_EXITED;
+    }
+    int sup = 0, child = 0;
+    unsigned long long start = 0, st_start;
+    char st;
+    if (read_small(dfd, "pid", buf, sizeof buf) > 0 &&
+        sscanf(buf, "%d %llu %d", &sup, &start, &child) == 3 && sup > 0 &&
+        proc_stat(sup, &st, &st_start) == 0 && st != 'Z' && st_start == start)
+        return ST_RUNNING;
+    /* The supervisor may have finished between the two reads. */
+    if (read_small(dfd, "rc", buf, sizeof buf) > 0) *rc = atoi(buf);
+    return ST_EXITED;
+}
+
+static int open_dir(const char *dir)
+{
+    return open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+static off_t file_size(int fd)
+{
+    struct stat sb;
+    return fstat(fd, &sb) == 0 ? sb.st_size : 0;
+}
+
+/* Send bytes [from, to) of fd to stdout. */
+static void copy_range(int fd, off_t from, off_t to)
+{
+    char buf[65536];
+    while (from < to) {
+        size_t want = (size_t)(to - from) < sizeof buf ? (size_t)(to - from) : sizeof buf;
+        ssize_t n = pread(fd, buf, want, from);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (write_all(1, buf, (size_t)n) < 0) break;
+        from += n;
+    }
+}
+
+/* Remove a session directory (it only ever holds plain files and a FIFO). */
+static int remove_flat(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    return rmdir(dir);
+}
+
+/* ------------------------------------------------------------------ spawn */
+
+static void noop_handler(int sig) { (void)sig; }
+
+/* Child side: undo the supervisor's signal setup, then become the command. */
+static void exec_command(char **argv, int pty)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL); /* ignored dispositions would survive exec */
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    if (pty) setenv("TERM", "xterm", 0); /* what `docker exec -t` would give */
+    execvp(argv[0], argv);
+    if (errno == ENOENT && strcmp(argv[0], "bash") == 0) {
+        argv[0] = "sh"; /* images without bash: `sh -c` is the next best shell */
+        execvp(argv[0], argv);
+    }
+    dprintf(2, "tp-session: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+/*
+ * Copy pty output to DIR/out and DIR/in to the pty until the command exits.
+ * ppoll() with SIGCHLD unblocked only inside the call gives a race-free wakeup
+ * when the child ends.
+ */
+static int pump_pty(int master, int fifo, int outfd, pid_t child, const sigset_t *waitmask)
+{
+    char buf[65536], in[4096];
+    size_t inlen = 0, inpos = 0;
+    int status = 0, master_open = 1;
+    fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
+    for (;;) {
+        pid_t w = waitpid(child, &status, WNOHANG);
+        if (w == child || (w < 0 && errno == ECHILD)) break;
+        struct pollfd fds[2];
+        int n = 0, mi = -1, fi = -1;
+        if (master_open) {
+            fds[n] = (struct pollfd){master, (short)(POLLIN | (inpos < inlen ? POLLOUT : 0)), 0};
+            mi = n++;
+        }
+        if (inpos >= inlen) {
+            fds[n] = (struct pollfd){fifo, POLLIN, 0};
+            fi = n++;
+        }
+        if (ppoll(fds, (nfds_t)n, NULL, waitmask) < 0) continue; /* EINTR: SIGCHLD */
+        if (mi >= 0 && (fds[mi].revents & (POLLIN | POLLHUP | POLLERR))) {
+            ssize_t r = read(master, buf, sizeof buf);
+            if (r > 0) write_all(outfd, buf, (size_t)r);
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) master_open = 0; /* EIO: slave closed */
+        }
+        if (mi >= 0 && (fds[mi].revents & POLLOUT) && inpos < inlen) {
+            ssize_t r = write(master, in + inpos, inlen - inpos);
+            if (r > 0) inpos += (size_t)r;
+        }
+        if (fi >= 0 && (fds[fi].revents & POLLIN)) {
+            ssize_t r = read(fifo, in, sizeof in);
+            inpos = 0;
+            inlen = r > 0 && master_open ? (size_t)r : 0;
+        }
+    }
+    /*
+     * The command has exited, but what it wrote last can still be on its way
+     * through the tty layer: keep reading until EIO (nobody holds the slave
+     * any more) or until a short quiet spell (a background child holds it),
+     * so the tail of the output is never lost.
+     */
+    double deadline = now() + 2.0;
+    while (master_open && now() < deadline) {
+        struct pollfd p = {master, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) break;
+        ssize_t r = read(master, buf, sizeof buf);
+        if (r > 0) write_all(outfd, buf, (size_t)r);
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) break;
+    }
+    return status;
+}
+
+/* The detached process that owns the command for the life of the session. */
+static void supervise(const char *wdir, int pty, int interactive, int ready_fd, char **argv)
+{
+    int devnull = open("/dev/null", O_RDWR);
+    /* Release docker exec's stdio, or `docker exec` would wait for us. */
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    if (devnull > 2) close(devnull);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    sigset_t chld, waitmask;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, &waitmask);
+    sigdelset(&waitmask, SIGCHLD);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = noop_handler; /* SIG_DFL would not interrupt ppoll */
+    sigaction(SIGCHLD, &sa, NULL);
+
+    /* The directory may be renamed later (blocking -> session): use a dir fd. */
+    int dfd = open_dir(wdir);
+    int outfd = openat(dfd, "out", O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (dfd < 0 || outfd < 0) _exit(1);
+    pid_t child;
+    int master = -1, fifo = -1;
+    if (pty) {
+        /* O_RDWR: we hold a writer ourselves, so the FIFO never reports EOF. */
+        fifo = openat(dfd, "in", O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        struct winsize ws = {.ws_row = 24, .ws_col = 80};
+        child = forkpty(&master, NULL, NULL, &ws);
+        if (child == 0) exec_command(argv, 1);
+    } else {
+        child = fork();
+        if (child == 0) {
+            setsid(); /* own session: `kill` can find everything it started */
+            int in = interactive ? openat(dfd, "in", O_RDWR) : open("/dev/null", O_RDONLY);
+            dup2(in, 0);
+            if (in > 2) close(in);
+            /* One file description for both: merged in arrival order. */
+            dup2(outfd, 1);
+            dup2(outfd, 2);
+            exec_command(argv, 0);
+        }
+    }
+    if (child < 0) _exit(1);
+
+    char line[128];
+    unsigned long long start = 0;
+    char st;
+    proc_stat(getpid(), &st, &start);
+    snprintf(line, sizeof line, "%d %llu %d\n", (int)getpid(), start, (int)child);
+    write_small(dfd, "pid", line);
+    write_all(ready_fd, "R", 1);
+
+    int status = 0;
+    if (pty) {
+        status = pump_pty(master, fifo, outfd, child, &waitmask);
+    } else {
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+    }
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    snprintf(line, sizeof line, "%d\n", rc);
+    write_small(dfd, "rc", line); /* last: rc present => out is complete */
+    _exit(0); /* closing ready_fd tells a waiting foreground we are done */
+}
+
+static int cmd_spawn(int argc, char **argv)
+{
+    if (argc < 7 || strcmp(argv[5], "--") != 0)
+        die("usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv...");
+    const char *dir = argv[2];
+    int pty = atoi(argv[3]);
+    int blocking = strcmp(argv[4], "-") != 0;
+    double timeout = blocking ? strtod(argv[4], NULL) : 0;
+    char **cmd = argv + 6;
+    char wdir[4096];
+    int rc;
+
+    if (blocking) {
+        /* Scratch dir: a running session with the same id stays untouched
+         * unless this command outlives its timeout. */
+        snprintf(wdir, sizeof wdir, "%s.run.%d", dir, (int)getpid());
+        remove_flat(wdir);
+    } else {
+        int dfd = open_dir(dir);
+        int st = session_state(dfd, &rc);
+        if (dfd >= 0) close(dfd);
+        if (st == ST_RUNNING) {
+            puts("exists");
+            return 0;
+        }
+        if (remove_flat(dir) < 0) die("cannot remove old session %s: %s", dir, strerror(errno));
+        snprintf(wdir, sizeof wdir, "%s", dir);
+    }
+    if (mkdir(wdir, 0755) < 0) die("mkdir %s: %s", wdir, strerror(errno));
+    int dfd = open_dir(wdir);
+    int outfd = openat(dfd, "out", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (dfd < 0 || outfd < 0) die("cannot create %s/out: %s", wdir, strerror(errno));
+    close(outfd);
+    if (!blocking && mkfifoat(dfd, "in", 0600) < 0) die("mkfifo %s/in: %s", wdir, strerror(errno));
+
+    /* The supervisor holds the write end until it exits: EOF == finished. */
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) die("pipe: %s", strerror(errno));
+    /* The supervisor gets its own session (no terminal, no signals meant for
+     * this exec) and outlives us when we return early.  No double fork: while
+     * we wait for it we are its parent and reap it, so a blocking command
+     * leaves no zombie behind (pid 1 of many images never reaps). */
+    pid_t sup = fork();
+    if (sup < 0) die("fork: %s", strerror(errno));
+    if (sup == 0) {
+        close(p[0]);
+        setsid();
+        supervise(wdir, pty, !blocking, p[1], cmd);
+    }
+    close(p[1]);
+    char c;
+    ssize_t n;
+    while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR) {}
+    if (n != 1) die("the session supervisor failed to start");
+
+    if (!blocking) {
+        puts("started");
+        return 0;
+    }
+    /* Wait for EOF on the pipe.  A byte on stderr every few seconds keeps an
+     * API client that applies a read timeout to the exec stream from giving up
+     * on a long, silent command (the docker SDK turns that timeout off). */
+    double deadline = timeout < 0 ? -1 : now() + timeout;
+    for (;;) {
+        double left = deadline < 0 ? 5.0 : deadline - now();
+        if (left <= 0) break;
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int r = poll(&pf, 1, (int)((left < 5.0 ? left : 5.0) * 1000) + 1);
+        if (r > 0) {
+            n = read(p[0], &c, 1);
+            if (n == 0) {
+                while (waitpid(sup, NULL, 0) < 0 && errno == EINTR) {}
+                int sdfd = open_dir(wdir);
+                session_state(sdfd, &rc);
+                int fd = openat(sdfd, "out", O_RDONLY | O_CLOEXEC);
+                printf("done %d\n", rc);
+                fflush(stdout);
+                copy_range(fd, 0, file_size(fd));
+                remove_flat(wdir);
+                return 0;
+            }
+        } else if (r == 0) {
+            write_all(2, ".", 1);
+        }
+    }
+    /* Timed out: the command carries on as session DIR.  A session already
+     * running under that id is moved aside, left running, and forgotten. */
+    int odfd = open_dir(dir);
+    int st = session_state(odfd, &rc);
+    if (odfd >= 0) close(odfd);
+    if (st == ST_RUNNING) {
+        char aside[4200];
+        snprintf(aside, sizeof aside, "%s.old.%d", dir, (int)getpid());
+        rename(dir, aside);
+    } else {
+        remove_flat(dir);
+    }
+    if (rename(wdir, dir) < 0) die("rename %s: %s", wdir, strerror(errno));
+    puts("timeout");
+    return 0;
+}
+
+/* ------------------------------------------------------------------- read */
+
+static int cmd_read(int argc, char **argv)
+{
+    if (argc < 4) die("usage: read DIR OFFSET [--if-exited]");
+    off_t offset = strtoll(argv[3], NULL, 10);
+    int if_exited = argc > 4 && strcmp(argv[4], "--if-exited") == 0;
+    int rc, dfd = open_dir(argv[2]);
+    /* State first: "exited" then guarantees every byte is already in out. */
+    int st = session_state(dfd, &rc);
+    int fd = dfd < 0 ? -1 : openat(dfd, "out", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) st = ST_MISSING;
+    off_t end = fd < 0 ? 0 : file_size(fd);
+    printf("%s %lld %d\n", state_names[st], (long long)end, rc);
+    fflush(stdout);
+    if (fd >= 0 && !(if_exited && st == ST_RUNNING)) copy_range(fd, offset, end);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ write */
+
+/* Move a cut point back to the start of a UTF-8 sequence that is cut short. */
+static off_t utf8_boundary(int fd, off_t end)
+{
+    unsigned char b[4];
+    off_t from = end > 3 ? end - 3 : 0;
+    ssize_t n = pread(fd, b, (size_t)(end - from), from);
+    for (ssize_t i = n - 1; i >= 0; i--) {
+        if ((b[i] & 0xC0) == 0x80) continue; /* continuation byte */
+        int need = b[i] >= 0xF0 ? 4 : b[i] >= 0xE0 ? 3 : b[i] >= 0xC0 ? 2 : 1;
+        return n - i < need ? from + i : end;
+    }
+    return end;
+}
+
+static int cmd_write(int argc, char **argv)
+{
+    if (argc < 4) die("usage: write DIR TEXT");
+    int rc, dfd = open_dir(argv[2]);
+    int outfd = dfd < 0 ? -1 : openat(dfd, "out", O_RDONLY | O_CLOEXEC);
+    if (session_state(dfd, &rc) != ST_RUNNING || outfd < 0) {
+        puts("norun");
+        return 0;
+    }
+    /* ENXIO here means nobody reads the FIFO: not a live interactive session. */
+    int in = openat(dfd, "in", O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (in < 0) {
+        puts("norun");
+        return 0;
+    }
+    off_t start = utf8_boundary(outfd, file_size(outfd)); /* skip unviewed output */
+    size_t len = strlen(argv[3]);
+    char *text = malloc(len + 1);
+    if (!text) die("out of memory");
+    memcpy(text, argv[3], len);
+    text[len++] = '\n';
+    double t0 = now();
+    size_t done = 0;
+    while (done < len && now() - t0 < 5.0) {
+        ssize_t n = write(in, text + done, len - done);
+        if (n > 0) done += (size_t)n;
+        else if (n < 0 && errno == EAGAIN) {
+            struct pollfd pf = {in, POLLOUT, 0};
+            poll(&pf, 1, 50);
+        } else if (n < 0 && errno != EINTR) break;
+    }
+    free(text);
+    close(in);
+
+    /* Collect until quiet for 0.5 s, the process ended, or 5 s passed. */
+    off_t seen = file_size(outfd);
+    double last = now();
+    int st = ST_RUNNING, capped = 0;
+    for (;;) {
+        sleep_s(0.02);
+        st = session_state(dfd, &rc);
+        if (st != ST_RUNNING) break;
+        off_t size = file_size(outfd);
+        double t = now();
+        if (size != seen) {
+            seen = size;
+            last = t;
+        }
+        if (t - last >= 0.5) break;
+        if (t - t0 >= 5.0) {
+            capped = 1;
+            break;
+        }
+    }
+    off_t end = file_size(outfd);
+    printf("%s %lld %lld %d\n", state_names[st], (long long)start, (long long)end, capped);
+    fflush(stdout);
+    copy_range(outfd, start, end);
+    return 0;
+}
+
+/* ------------------------------------------------------------------- kill */
+
+/* Kill every process in the command's session (it is a session leader), which
+ * also catches jobs an interactive shell moved to other process groups. */
+static int cmd_kill(int argc, char **argv)
+{
+    if (argc < 3) die("usage: kill DIR");
+    int rc, dfd = open_dir(argv[2]);
+    char buf[128];
+    int sup = 0, child = 0;
+    unsigned long long start;
+    if (session_state(dfd, &rc) != ST_RUNNING || read_small(dfd, "pid", buf, sizeof buf) <= 0 ||
+        sscanf(buf, "%d %llu %d", &sup, &start, &child) != 3 || child <= 0) {
+        puts("notrunning");
+        return 0;
+    }
+    kill(-child, SIGKILL);
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid > 0 && pid != sup && getsid(pid) == child) kill(pid, SIGKILL);
+    }
+    if (d) closedir(d);
+    /* Give the supervisor time to drain the output and record the end. */
+    double t0 = now();
+    while (session_state(dfd, &rc) == ST_RUNNING && now() - t0 < 3.0) sleep_s(0.01);
+    puts("killed");
+    return 0;
+}
+
+/* --------------------------------------------------------------- mkparents */
+
+/* Before a file is written by put_archive for a non-root user: create its
+ * missing parent directories as that user, refuse a path that is a directory
+ * (put_archive would replace the whole directory with the file), and report
+ * the numeric ids the archive's file must carry. */
+static int cmd_mkparents(int argc, char **argv)
+{
+    if (argc < 3 || argv[2][0] != '/') die("usage: mkparents /ABSOLUTE/PATH");
+    char path[4096];
+    snprintf(path, sizeof path, "%s", argv[2]);
+    for (char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+        *p = 0;
+        if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "cannot create directory '%s': %s\n", path, strerror(errno));
+            return 1;
+        }
+        *p = '/';
+    }
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "Is a directory: '%s'\n", path);
+        return 1;
+    }
+    printf("%d %d\n", (int)getuid(), (int)getgid());
+    return 0;
+}
+
+/* ------------------------------------------------------------ run-timeout */
+
+static int cmd_run_timeout(int argc, char **argv)
+{
+    if (argc < 5 || strcmp(argv[3], "--") != 0) die("usage: run-timeout SECONDS -- argv...");
+    double limit = strtod(argv[2], NULL);
+    sigset_t chld, old;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, &old);
+    pid_t child = fork();
+    if (child < 0) die("fork: %s", strerror(errno));
+    if (child == 0) {
+        setpgid(0, 0); /* its own group, so the timeout reaches grandchildren */
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        execvp(argv[4], argv + 4);
+        dprintf(2, "tp-session: cannot run %s: %s\n", argv[4], strerror(errno));
+        _exit(127);
+    }
+    setpgid(child, child);
+    double deadline = now() + limit;
+    int status;
+    for (;;) {
+        pid_t w = waitpid(child, &status, WNOHANG);
+        if (w == child) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        double left = deadline - now();
+        if (left <= 0) break;
+        struct timespec ts = {(time_t)left, (long)((left - (time_t)left) * 1e9)};
+        sigtimedwait(&chld, NULL, &ts);
+    }
+    kill(-child, SIGKILL);
+    kill(child, SIGKILL);
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+    fprintf(stderr, "tp-session: timed out after %s s\n", argv[2]);
+    return 124;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|run-timeout ...");
+    const char *c = argv[1];
+    if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
+    if (!strcmp(c, "read")) return cmd_read(argc, argv);
+    if (!strcmp(c, "write")) return cmd_write(argc, argv);
+    if (!strcmp(c, "kill")) return cmd_kill(argc, argv);
+    if (!strcmp(c, "mkparents")) return cmd_mkparents(argc, argv);
+    if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
+    die("unknown subcommand: %s", c);
+    return 2;
+}
