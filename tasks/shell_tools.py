@@ -150,14 +150,20 @@ class _Context:
         stat = json.loads(base64.b64decode(res.headers.get("X-Docker-Container-Path-Stat") or "e30="))
         return bool(int(stat.get("mode", 0)) & (1 << 31))  # Go's os.ModeDir
 
-    def helper(self, args: list[str], *, workdir: str | None = None,
-               environment: dict | None = None) -> tuple[list[str], bytes]:
-        """Run tp-session; returns its header line's fields and the raw bytes after it."""
+    def run_helper(self, args: list[str], workdir: str | None = None,
+                   environment: dict | None = None) -> tuple[bytes, bytes]:
+        """Run tp-session in the container; its stdout and stderr."""
         argv = [HELPER_PATH, *args]
         out, err = self._exec(argv, workdir, environment)
         if out.startswith(b"OCI runtime exec failed") and (b"tp-session" in out or WORKSPACE.encode() in out):
             prepare_container(self.container)  # a container nobody prepared: do it now, once
             out, err = self._exec(argv, workdir, environment)
+        return out, err
+
+    def helper(self, args: list[str], *, workdir: str | None = None,
+               environment: dict | None = None) -> tuple[list[str], bytes]:
+        """Run tp-session; returns its header line's fields and the raw bytes after it."""
+        out, err = self.run_helper(args, workdir, environment)
         head, newline, body = out.partition(b"\n")
         if not newline or not head or out.startswith(b"OCI runtime"):
             detail = (err or out).decode("utf-8", "replace").strip(". \n")
@@ -316,7 +322,7 @@ def shell_write_content_to_file(ctx: _Context, /, content, file_path) -> str:
         else:
             # Create missing parents as the container's user (so they are theirs), check the
             # target, and learn the numeric ids the archive's file must carry.
-            out, err = ctx._exec([HELPER_PATH, "mkparents", path], None, None)
+            out, err = ctx.run_helper(["mkparents", path])
             ids = out.split()
             if len(ids) != 2 or not all(i.isdigit() for i in ids):
                 raise OSError((err or out).decode("utf-8", "replace").strip())

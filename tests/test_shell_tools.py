@@ -497,8 +497,10 @@ def test_numeric_user_and_sh_only_image_unprepared(client, base_image):
     try:
         c.exec_run(["rm", "-f", "/usr/bin/bash", "/bin/bash"], user="root")
         sh = Shell(c)  # never prepared: the first call installs the helper
-        assert sh("shell_exec", id="t", command="echo hi from $(id -u)") == "hi from 1234\n"
-        assert sh("shell_exec", id="t", command="stat -c %u:%g /workspace") == "1234:1234\n"
+        assert sh("shell_write_content_to_file", content="hi", file_path="new/f.txt") == \
+            "Content successfully written to 'new/f.txt' in Docker container."
+        assert sh("shell_exec", id="t", command="echo from $(id -u); cat new/f.txt") == "from 1234\nhi"
+        assert sh("shell_exec", id="t", command="stat -c %u:%g /workspace new new/f.txt") == "1234:1234\n" * 3
         assert sh("shell_exec", id="i", command="read x; echo got $x", block=False) == started("i")
         assert settle_end(sh, "i", sh("shell_write_to_process", id="i", command="it")) == "it\ngot it\n"
     finally:
@@ -513,4 +515,8 @@ def test_run_timeout(container):
     assert time.monotonic() - start < 15
     result = container.exec_run([HELPER_PATH, "run-timeout", "30", "--", "sh", "-c", "echo out; exit 3"])
     assert (result.exit_code, result.output) == (3, b"out\n")
+    # stragglers of the group (they would hold the output stream) are ended with it
+    result = container.exec_run([HELPER_PATH, "run-timeout", "30", "--", "sh", "-c", "sleep 19 & echo done"])
+    assert (result.exit_code, result.output) == (0, b"done\n")
+    assert "sleep 19" not in processes(container)
     assert "sleep 20" not in processes(container)

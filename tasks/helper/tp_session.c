@@ -29,8 +29,9 @@
  *   kill DIR                 -> "killed" or "notrunning"
  *   mkparents PATH           -> create PATH's parent dirs; "<uid> <gid>" of the caller
  *   run-timeout SECONDS -- argv...
- *       Runs argv in the foreground; after SECONDS kills its whole process
- *       group and exits 124.
+ *       Runs argv in the foreground in its own process group; after SECONDS
+ *       kills the group and exits 124, else exits with argv's status (and
+ *       kills what is left of the group, so no straggler holds the output).
  * Exit status 2 plus a message on stderr means the helper itself failed.
  */
 #define _GNU_SOURCE
@@ -634,7 +635,12 @@ static int cmd_run_timeout(int argc, char **argv)
     int status;
     for (;;) {
         pid_t w = waitpid(child, &status, WNOHANG);
-        if (w == child) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (w == child) {
+            /* Leftovers of the group (a server the tests started, say) would
+             * keep docker exec's output stream open: end them too. */
+            kill(-child, SIGKILL);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
         double left = deadline - now();
         if (left <= 0) break;
         struct timespec ts = {(time_t)left, (long)((left - (time_t)left) * 1e9)};
