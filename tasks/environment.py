@@ -7,7 +7,9 @@ the `docker compose` CLI with a generated override that adds termpool's labels a
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +25,8 @@ from termpool.config import Settings
 from termpool.task_spec import compose_file, image_name, name_prefix
 
 CLIENT_SERVICE = "client"
+CTL_MOUNT = "/.termpool/ctl"
+CTL_SOCKET = "ctl.sock"
 _TEMPLATE_SERVICE_KEYS = {"build", "image", "container_name", "command", "environment", "volumes"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 DOCKER_SOCKET = "docker.sock"
@@ -37,6 +41,12 @@ class RunEnv:
     client: str  # client container name
     run_dir: str
     warm_id: str = ""  # set when the client came from the warm pool (its labels name this id)
+    ctl_dir: str = ""  # host folder mounted at CTL_MOUNT: the in-container tool server's socket
+    user: str = ""  # the client container's configured user
+
+    @property
+    def ctl_socket(self) -> str:
+        return f"{self.ctl_dir}/{CTL_SOCKET}" if self.ctl_dir else ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,15 +196,33 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
     env = compose_env(task_name, name, run_dir, client_image(task_name, cfg))
+    ctl = make_ctl_dir(cfg, run["run_id"])
     try:
         if is_template(compose, cfg):
-            container = _start_direct(compose["services"][CLIENT_SERVICE], env, labels, name, cfg)
-            return RunEnv("direct", name, name, str(run_dir)), container
-        container = _start_compose(task_name, task_dir, compose, env, labels, name, run_dir, cfg, timeout)
-        return RunEnv("compose", name, container.name, str(run_dir)), container
+            container = _start_direct(compose["services"][CLIENT_SERVICE], env, labels, name, ctl, cfg)
+            mode = "direct"
+        else:
+            container = _start_compose(task_name, task_dir, compose, env, labels, name, ctl, run_dir, cfg, timeout)
+            mode = "compose"
     except BaseException:
         remove_run_resources(run["run_id"], name)
+        remove_ctl_dir(str(ctl))
         raise
+    user = ((container.attrs or {}).get("Config") or {}).get("User") or ""
+    return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user), container
+
+
+def make_ctl_dir(cfg: Settings, owner_id: str) -> Path:
+    """The host side of the tool server's socket folder; any container user may create the socket."""
+    path = cfg.socket_dir / owner_id
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o777)
+    return path
+
+
+def remove_ctl_dir(path: str) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def warm_capable(task_dir: Path, cfg: Settings) -> bool:
@@ -221,13 +249,14 @@ def _substitute(value, env: dict):
     return value
 
 
-def _start_direct(service: dict, env: dict, labels: dict, name: str, cfg: Settings):
+def _start_direct(service: dict, env: dict, labels: dict, name: str, ctl: Path, cfg: Settings):
     service = _substitute(service, env)
     environment = service.get("environment") or {}
     if isinstance(environment, list):
         environment = dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
     volumes = [v for v in service.get("volumes") or [] if isinstance(v, str)]
     check_volumes(volumes)
+    volumes.append(f"{ctl}:{CTL_MOUNT}")
     command = service.get("command")
     # create + start, not run(): run() would try to pull a missing image from a registry.
     container = docker_client().containers.create(
@@ -239,7 +268,7 @@ def _start_direct(service: dict, env: dict, labels: dict, name: str, cfg: Settin
     return container
 
 
-def _override(task_name: str, compose: dict, labels: dict, name: str, cfg: Settings) -> dict:
+def _override(task_name: str, compose: dict, labels: dict, name: str, cfg: Settings, ctl: Path | None = None) -> dict:
     services = {}
     images = service_images(task_name, compose)
     for svc in compose["services"]:
@@ -251,6 +280,8 @@ def _override(task_name: str, compose: dict, labels: dict, name: str, cfg: Setti
         client = client_service(compose)
         services[client].update(container_name=name, mem_limit=cfg.container_memory_limit,
                                 memswap_limit=cfg.container_memory_limit, init=True)
+        if ctl is not None:
+            services[client]["volumes"] = [f"{ctl}:{CTL_MOUNT}"]
     override = {"services": services}
     if labels:
         override["networks"] = {"default": {"labels": labels}}
@@ -270,8 +301,8 @@ def client_service(compose: dict) -> str:
     return CLIENT_SERVICE if CLIENT_SERVICE in compose["services"] else next(iter(compose["services"]))
 
 
-def _start_compose(task_name, task_dir, compose, env, labels, name, run_dir, cfg, timeout):
-    files = _compose_files(task_dir, cfg, _override(task_name, compose, labels, name, cfg), run_dir)
+def _start_compose(task_name, task_dir, compose, env, labels, name, ctl, run_dir, cfg, timeout):
+    files = _compose_files(task_dir, cfg, _override(task_name, compose, labels, name, cfg, ctl), run_dir)
     env = {**env, **cfg.proxy_env}
     resolved = json.loads(run_compose(["-p", name, *files, "config", "--format", "json"], env, timeout, task_dir))
     check_compose_safety(resolved)
@@ -320,7 +351,7 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
     return removed
 
 
-def reconcile(host: str, is_live) -> list[str]:
+def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     """Remove termpool containers and networks of this host whose run no longer exists."""
     client = docker_client()
     orphans = set()
@@ -334,4 +365,6 @@ def reconcile(host: str, is_live) -> list[str]:
             orphans.add(run_id)
     for run_id in orphans:
         remove_run_resources(run_id)
+        if socket_dir is not None and run_id:
+            remove_ctl_dir(str(socket_dir / run_id))
     return sorted(orphans)

@@ -104,10 +104,11 @@ def _live_run(run_id: str) -> dict:
 
 
 def _client_container(run: dict):
+    """The run's client container as a lightweight model: no inspect call per tool call."""
     env = run.get("env")
     if not env or run["state"] in ("allocated", "starting"):
         raise RuntimeError(f"run {run['run_id']} has not been reset")
-    return docker_client().containers.get(env["client"])
+    return docker_client().containers.prepare_model({"Id": env["client"], "Config": {"User": env.get("user", "")}})
 
 
 class _RunSessions:
@@ -198,8 +199,10 @@ def _claim_warm(run: dict, host: str) -> environment.RunEnv | None:
         if environment.client_if_running(entry["client"]) is not None:
             run_path = _run_path(run, mounts_from=Path(entry["run_dir"]))
             return environment.RunEnv("direct", entry["project"], entry["client"], str(run_path),
-                                      warm_id=entry["warm_id"])
+                                      warm_id=entry["warm_id"], ctl_dir=entry.get("ctl_dir", ""),
+                                      user=entry.get("user", ""))
         environment.remove_run_resources(entry["warm_id"])  # died while pooled
+        environment.remove_ctl_dir(entry.get("ctl_dir", ""))
         store().warm_forget(entry["warm_id"])
 
 
@@ -208,6 +211,7 @@ def _remove_env(run_id: str, env: dict) -> int:
     if env.get("warm_id"):
         removed += environment.remove_run_resources(env["warm_id"])
         store().warm_forget(env["warm_id"])
+    environment.remove_ctl_dir(env.get("ctl_dir", ""))
     return removed
 
 
@@ -230,10 +234,11 @@ def refill_warm(self, *, host, task_path, task_name):
             try:
                 prepare_container(container)
             except BaseException:
-                environment.remove_run_resources(warm_id)
+                _remove_env(warm_id, env.to_dict())
                 raise
             store().warm_push(host, task_path, {"warm_id": warm_id, "client": env.client, "project": env.project,
-                                                "run_dir": str(_warm_dir(cfg, warm_id))})
+                                                "run_dir": str(_warm_dir(cfg, warm_id)), "ctl_dir": env.ctl_dir,
+                                                "user": env.user})
             started += 1
     finally:
         lock.release()
@@ -309,7 +314,7 @@ def _run_is_live(run_id: str) -> bool:
 
 @shared_task(name="pool.reconcile", bind=True)
 def reconcile(self, *, host):
-    removed = environment.reconcile(host, _run_is_live)
+    removed = environment.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
     return removed

@@ -68,6 +68,7 @@ class Settings:
     flower_basic_auth: str
     expose_kill_tool: bool
     warm_pool_size: int
+    socket_dir: Path
     web_workers: int
     web_threads: int
     log_level: str
@@ -129,6 +130,7 @@ def load_settings(env=None) -> Settings:
         flower_basic_auth=_str(env, "FLOWER_BASIC_AUTH"),
         expose_kill_tool=_bool(env, "POOL_EXPOSE_KILL_TOOL"),
         warm_pool_size=_int(env, "WARM_POOL_SIZE", 0),
+        socket_dir=Path(_str(env, "POOL_SOCKET_DIR", "/run/termpool")),
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
