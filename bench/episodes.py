@@ -1,0 +1,347 @@
+"""One benchmark episode through each face: the pool API, the runs API, and the raw Docker SDK
+(the floor). Every episode does the same work on the one-service fixture task hello-file:
+
+    start a container  ->  N x `echo hi`  ->  write /app/hello.txt  ->  run the tests  ->  remove
+
+Each timed operation is recorded in milliseconds in a Recorder; a failed operation is not timed
+but counted as an error (with its message), and the episode's environment is still released.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+from bench.stats import Recorder
+
+TASK = "hello-file"
+TASK_META = {"task_name": TASK, "task_path": TASK, "instruction": "benchmark episode"}
+ECHO_COMMAND = "echo hi"
+ECHO_OUTPUT = "hi"
+HELLO_PATH = "/app/hello.txt"
+HELLO_CONTENT = "Hello, world!\n"  # what the task's tests want: the episode scores 1.0
+WRITTEN_PREFIX = "Content successfully written to"
+HTTP_TIMEOUT = 900.0  # a single request never hangs the benchmark for ever
+JOB_DEADLINE = 900.0  # runs API: longest wait for one job
+
+POOL_OPS = ("allocate", "reset", "tool_call", "write_file", "evaluate", "close")
+RUNS_OPS = ("start", "tool_call", "write_file", "evaluate", "close")
+FLOOR_OPS = ("create_start", "exec", "put_archive", "test_script", "remove")
+FLOOR_EXTRA_OPS = ("copy_tests",)  # measured for the record; not part of any ratio
+
+
+class EpisodeError(RuntimeError):
+    pass
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+def _echo_call(sid: str) -> dict:
+    return {"name": "shell_exec", "arguments": {"id": sid, "command": ECHO_COMMAND, "block": True, "timeout": 60}}
+
+
+def _write_call() -> dict:
+    return {"name": "shell_write_content_to_file", "arguments": {"content": HELLO_CONTENT, "file_path": HELLO_PATH}}
+
+
+def _check_observation(op: str, observation, expected_start: str, exact: bool = False) -> None:
+    text = observation if isinstance(observation, str) else repr(observation)
+    good = text.strip() == expected_start if exact else text.startswith(expected_start)
+    if not good:
+        raise EpisodeError(f"{op}: unexpected observation {text[:200]!r}")
+
+
+def _check_score(op: str, score) -> None:
+    if score != 1.0:
+        raise EpisodeError(f"{op}: score {score!r}, expected 1.0 (hello.txt was written before evaluating)")
+
+
+# ---- pool API -------------------------------------------------------------------------------
+class PoolClient:
+    """The blocking pool API, one keep-alive HTTP session per benchmark thread."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.http = requests.Session()
+
+    def call(self, path: str, body: dict) -> dict:
+        reply = self.http.post(self.url + path, json=body, timeout=HTTP_TIMEOUT)
+        try:
+            data = reply.json()
+        except ValueError:
+            data = None
+        if reply.status_code != 200 or not isinstance(data, dict) or data.get("ok") is not True:
+            raise EpisodeError(f"POST {path} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
+        return data
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def pool_episode(client: PoolClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
+    lease, op = None, "allocate"
+    try:
+        start = time.perf_counter()
+        lease = client.call("/allocate", {"task_key": task_key, "request_id": uuid.uuid4().hex})["lease_id"]
+        rec.add("allocate", _ms_since(start))
+        rec.run(lease)
+
+        op = "reset"
+        start = time.perf_counter()
+        reply = client.call("/reset", {"lease_id": lease, "task_meta": TASK_META})
+        rec.add("reset", _ms_since(start))
+        if not isinstance(reply.get("tool_schemas"), list) or not reply["tool_schemas"]:
+            raise EpisodeError(f"reset: no tool_schemas in {str(reply)[:200]}")
+
+        op = "tool_call"
+        for _ in range(tool_calls):
+            start = time.perf_counter()
+            reply = client.call("/exec_tool", {"lease_id": lease, "tool_call": _echo_call("bench")})
+            rec.add("tool_call", _ms_since(start))
+            _check_observation(op, reply.get("observation"), ECHO_OUTPUT, exact=True)
+
+        op = "write_file"
+        start = time.perf_counter()
+        reply = client.call("/exec_tool", {"lease_id": lease, "tool_call": _write_call()})
+        rec.add("write_file", _ms_since(start))
+        _check_observation(op, reply.get("observation"), WRITTEN_PREFIX)
+
+        op = "evaluate"
+        start = time.perf_counter()
+        reply = client.call("/evaluate", {"lease_id": lease})
+        rec.add("evaluate", _ms_since(start))
+        _check_score(op, reply.get("score"))
+
+        op = "close"
+        start = time.perf_counter()
+        reply = client.call("/close", {"lease_id": lease})
+        rec.add("close", _ms_since(start))
+        lease = None
+        if reply.get("found") is not True:
+            raise EpisodeError(f"close: found={reply.get('found')!r} for a live lease")
+        return True
+    except Exception as exc:  # every failure is data, not a crash of the benchmark
+        rec.error(f"pool {op}: {type(exc).__name__}: {exc}")
+        return False
+    finally:
+        if lease:
+            try:
+                client.call("/close", {"lease_id": lease})
+            except Exception as exc:
+                rec.error(f"pool close after a failure: {type(exc).__name__}: {exc}")
+
+
+# ---- runs API -------------------------------------------------------------------------------
+class RunsClient:
+    """The submit-and-poll runs API (/v1): submit, then long-poll the job until it has ended."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.http = requests.Session()
+
+    def submit(self, method: str, path: str, body: dict | None = None) -> dict:
+        reply = self.http.request(method, self.url + path, json=body, timeout=HTTP_TIMEOUT)
+        try:
+            data = reply.json()
+        except ValueError:
+            data = None
+        if reply.status_code not in (200, 202) or not isinstance(data, dict) or data.get("ok") is not True:
+            raise EpisodeError(f"{method} {path} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
+        return data
+
+    def wait(self, job_id: str) -> dict:
+        """The job's record once it has ended; raises when it failed or never ended."""
+        deadline = time.monotonic() + JOB_DEADLINE
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EpisodeError(f"job {job_id} did not end within {JOB_DEADLINE:g} s")
+            wait = max(1, min(60, int(left)))
+            reply = self.http.get(f"{self.url}/v1/jobs/{job_id}", params={"wait": wait}, timeout=wait + 60)
+            try:
+                data = reply.json()
+            except ValueError:
+                data = None
+            if reply.status_code != 200 or not isinstance(data, dict) or not isinstance(data.get("job"), dict):
+                raise EpisodeError(f"GET /v1/jobs/{job_id} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
+            job = data["job"]
+            if job.get("state") == "succeeded":
+                return job
+            if job.get("state") == "failed":
+                raise EpisodeError(f"job {job_id} ({job.get('kind')}) failed: {job.get('error')}")
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def runs_api_available(url: str) -> tuple[bool, str]:
+    """Probe POST /v1/runs with an empty body: a route that exists refuses it with 400."""
+    try:
+        reply = requests.post(url + "/v1/runs", json={}, timeout=30)
+    except requests.RequestException as exc:
+        return False, f"probe failed: {exc}"
+    if reply.status_code in (404, 405):
+        return False, f"POST /v1/runs answers HTTP {reply.status_code}: the runs API is not implemented yet"
+    if reply.status_code in (200, 202):  # it accepted an empty run: do not leave it behind
+        try:
+            run_id = reply.json().get("run_id")
+            if run_id:
+                requests.delete(f"{url}/v1/runs/{run_id}", timeout=30)
+        except Exception:
+            pass
+        return True, "POST /v1/runs accepted an empty body (expected 400: task_meta missing)"
+    return True, f"POST /v1/runs with an empty body answers HTTP {reply.status_code}"
+
+
+def runs_episode(client: RunsClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
+    run_id, op = None, "start"
+    try:
+        start = time.perf_counter()
+        reply = client.submit("POST", "/v1/runs", {"task_key": task_key, "request_id": uuid.uuid4().hex,
+                                                   "task_meta": TASK_META})
+        run_id = reply["run_id"]
+        rec.run(run_id)
+        job = client.wait(reply["job_id"])
+        rec.add("start", _ms_since(start))
+        result = job.get("result") or {}
+        if not isinstance(result, dict) or not result.get("tool_schemas"):
+            raise EpisodeError(f"start: no tool_schemas in the start job's result {str(result)[:200]}")
+
+        op = "tool_call"
+        for _ in range(tool_calls):
+            start = time.perf_counter()
+            reply = client.submit("POST", f"/v1/runs/{run_id}/tool_calls", _echo_call("bench"))
+            job = client.wait(reply["job_id"])
+            rec.add("tool_call", _ms_since(start))
+            _check_observation(op, job.get("result"), ECHO_OUTPUT, exact=True)
+
+        op = "write_file"
+        start = time.perf_counter()
+        reply = client.submit("POST", f"/v1/runs/{run_id}/tool_calls", _write_call())
+        job = client.wait(reply["job_id"])
+        rec.add("write_file", _ms_since(start))
+        _check_observation(op, job.get("result"), WRITTEN_PREFIX)
+
+        op = "evaluate"
+        start = time.perf_counter()
+        reply = client.submit("POST", f"/v1/runs/{run_id}/evaluation")
+        job = client.wait(reply["job_id"])
+        rec.add("evaluate", _ms_since(start))
+        _check_score(op, (job.get("result") or {}).get("score"))
+
+        op = "close"
+        start = time.perf_counter()
+        client.submit("DELETE", f"/v1/runs/{run_id}")
+        rec.add("close", _ms_since(start))
+        run_id = None
+        return True
+    except Exception as exc:
+        rec.error(f"runs {op}: {type(exc).__name__}: {exc}")
+        return False
+    finally:
+        if run_id:
+            try:
+                client.submit("DELETE", f"/v1/runs/{run_id}")
+            except Exception as exc:
+                rec.error(f"runs DELETE after a failure: {type(exc).__name__}: {exc}")
+
+
+# ---- the floor: the raw Docker SDK doing the same work --------------------------------------
+def _tar(files: dict[str, bytes], mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def tests_tar(task_dir: Path) -> bytes:
+    """The task's run-tests.sh and tests/ folder, laid out under /tests as the grader expects."""
+    files = {"tests/run-tests.sh": (task_dir / "run-tests.sh").read_bytes()}
+    for item in sorted((task_dir / "tests").iterdir()):
+        if item.is_file():
+            files[f"tests/{item.name}"] = item.read_bytes()
+    return _tar(files, 0o755)
+
+
+class Floor:
+    """What termpool's reset, tool call, write, evaluate and close cost at the least: the same
+    container options as termpool's direct start (tasks/environment.py), straight SDK calls."""
+
+    def __init__(self, docker_client, image: str, mem_limit: str, task_dir: Path, workdir: Path, label: dict):
+        self.docker = docker_client
+        self.image = image
+        self.mem_limit = mem_limit
+        self.workdir = workdir
+        self.label = label
+        self.hello_tar = _tar({HELLO_PATH.lstrip("/"): HELLO_CONTENT.encode()})
+        self.tests_tar = tests_tar(task_dir)
+
+    def episode(self, rec: Recorder, tool_calls: int) -> bool:
+        name = f"tpbench-floor-{uuid.uuid4().hex[:12]}"
+        run_dir = self.workdir / name
+        (run_dir / "sessions").mkdir(parents=True, exist_ok=True)
+        (run_dir / "agent-logs").mkdir(parents=True, exist_ok=True)
+        container, op = None, "create_start"
+        try:
+            start = time.perf_counter()
+            container = self.docker.containers.create(
+                self.image, command=["sh", "-c", "sleep infinity"], name=name, labels=self.label,
+                environment={"TEST_DIR": "/tests"},
+                volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
+                mem_limit=self.mem_limit, memswap_limit=self.mem_limit, privileged=False, init=True)
+            container.start()
+            rec.add("create_start", _ms_since(start))
+
+            op = "exec"
+            for _ in range(tool_calls):
+                start = time.perf_counter()
+                result = container.exec_run(["bash", "-c", ECHO_COMMAND])
+                rec.add("exec", _ms_since(start))
+                if (result.output or b"").decode(errors="replace").strip() != ECHO_OUTPUT:
+                    raise EpisodeError(f"exec: unexpected output {result.output[:200]!r}")
+
+            op = "put_archive"
+            start = time.perf_counter()
+            ok = container.put_archive("/", self.hello_tar)
+            rec.add("put_archive", _ms_since(start))
+            if not ok:
+                raise EpisodeError("put_archive refused")
+
+            op = "copy_tests"
+            start = time.perf_counter()
+            if not container.put_archive("/", self.tests_tar):
+                raise EpisodeError("put_archive of the tests refused")
+            rec.add("copy_tests", _ms_since(start))
+
+            op = "test_script"
+            start = time.perf_counter()
+            result = container.exec_run(["bash", "/tests/run-tests.sh"], user="root", environment={"TEST_DIR": "/tests"})
+            rec.add("test_script", _ms_since(start))
+            output = (result.output or b"").decode(errors="replace")
+            if result.exit_code != 0 or "2 passed" not in output:
+                raise EpisodeError(f"test_script: exit {result.exit_code}, output {output[-300:]!r}")
+
+            op = "remove"
+            start = time.perf_counter()
+            container.remove(force=True, v=True)
+            rec.add("remove", _ms_since(start))
+            container = None
+            return True
+        except Exception as exc:
+            rec.error(f"floor {op}: {type(exc).__name__}: {exc}")
+            return False
+        finally:
+            if container is not None:
+                try:
+                    container.remove(force=True, v=True)
+                except Exception as exc:
+                    rec.error(f"floor remove after a failure: {type(exc).__name__}: {exc}")

@@ -1,0 +1,60 @@
+"""The benchmark harness's smoke run (bench/README.md): `python -m bench.run --quick` starts its
+own stack, drives whole episodes through both HTTP faces and the raw Docker SDK at concurrency
+1 and 8, and must finish with no error and no leaked container. Timings are never asserted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.episodes import FLOOR_OPS, POOL_OPS, RUNS_OPS
+from tests.stack import ROOT
+
+
+def _runs_api_has_routes() -> bool:
+    """The runs API counts as present once its blueprint defines routes (POOL_API.md section 2)."""
+    from app.runs_api import bp
+
+    return bool(bp.deferred_functions)
+
+
+def _assert_stats(stats: dict, where: str) -> None:
+    assert stats["n"] > 0, f"{where}: no sample"
+    for key in ("p50", "p95", "max"):
+        assert isinstance(stats[key], (int, float)) and stats[key] >= 0, f"{where}: {key} = {stats[key]!r}"
+    assert stats["p50"] <= stats["p95"] <= stats["max"], f"{where}: {stats}"
+
+
+def test_bench_quick_run(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+
+    result = json.loads((tmp_path / "latest.json").read_text())
+    assert result["exit_code"] == 0
+    assert result["errors"]["count_with_warmup"] == 0, result["errors"]
+    assert result["leaked_containers"] == []
+    assert sorted(result["levels"], key=int) == ["1", "8"]
+
+    faces = {"pool": POOL_OPS, "floor": FLOOR_OPS}
+    if _runs_api_has_routes():
+        assert result["runs_api"]["available"] is True, result["runs_api"]
+        faces["runs"] = RUNS_OPS
+    for level, entry in result["levels"].items():
+        for face, ops in faces.items():
+            assert entry[face]["episodes"] > 0, (level, face)
+            if face != "floor":  # the raw SDK's own hiccups are reported, not termpool's failure
+                assert entry[face]["episodes_failed"] == 0, (level, face, entry[face]["errors"])
+            assert entry[face]["episodes_per_s"] > 0
+            for op in ops:
+                _assert_stats(entry[face]["ops"][op], f"c={level} {face} {op}")
+        for face in faces:
+            if face != "floor":
+                for name, cmp in entry["ratios"][face].items():
+                    assert cmp["p50"] is not None, (level, face, name)
+        memory = entry["memory"]
+        assert memory["total_mb"] > 0 and {"facade", "redis", "exec", "lifecycle"} <= set(memory["by_kind_mb"])
+
+    assert result["targets"], "the issue's targets are reported"
+    assert (tmp_path / "latest.png").stat().st_size > 10_000
+    assert (tmp_path / "latest.md").read_text().startswith("termpool benchmark")
