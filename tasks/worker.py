@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 
@@ -17,13 +18,18 @@ from termpool.config import QUEUE_KINDS, settings
 POOLS = {"build": "prefork"}
 
 
+def node_name(kind: str, host: str, pid: int | None = None) -> str:
+    """Unique per process even where every container's pid is 1 (compose replicas)."""
+    return f"{kind}-{socket.gethostname()}-{pid or os.getpid()}@{host}"
+
+
 def worker_argv(kind: str) -> list[str]:
     cfg = settings()
     queues = [queue_name(cfg.host_id, kind)]
     if kind == "teardown":
         queues.append(MAINTENANCE_QUEUE)
     argv = ["worker", "-Q", ",".join(queues), "-P", POOLS.get(kind, "threads"),
-            "-c", str(cfg.concurrency[kind]), "-n", f"{kind}-{os.getpid()}@{cfg.host_id}",
+            "-c", str(cfg.concurrency[kind]), "-n", node_name(kind, cfg.host_id),
             "--without-gossip", "--without-mingle", "-E", "-l", cfg.log_level]
     if kind == "build":
         argv += ["--time-limit", str(int(cfg.timeouts.ensure_image) + 60)]

@@ -81,7 +81,8 @@ class Router:
         self.sh(lease, "bash /tmp/solution.sh")
 
     def run_containers(self, docker_client, lease: str) -> list:
-        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"})
+        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"},
+                                             ignore_removed=True)
 
 
 @pytest.fixture(scope="session")

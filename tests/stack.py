@@ -15,6 +15,8 @@ from pathlib import Path
 import redis
 import requests
 
+from tasks.worker import node_name
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
 WORKER_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
@@ -84,7 +86,8 @@ class Stack:
 
     def wait_worker(self, kind: str) -> None:
         pid = self.procs[kind].pid
-        self._wait(lambda: self.redis.exists(f"tp:node:{kind}-{pid}@{self.host_id}"), f"{kind} worker", 60)
+        node = node_name(kind, self.host_id, pid)
+        self._wait(lambda: self.redis.exists(f"tp:node:{node}"), f"{kind} worker", 60)
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
