@@ -61,7 +61,12 @@ def make_celery(cfg: Settings) -> Celery:
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
-        task_track_started=True,
+        # Job records in the state store (queued/started/finished, result, error, keyed by the
+        # Celery task id) are what clients poll; storing every result and STARTED state in the
+        # backend as well would cost two more Redis writes and publishes per tool call.
+        task_ignore_result=True,
+        task_track_started=False,
+        # Task events for Flower, "sent" included: queued jobs and their queue show there too.
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,

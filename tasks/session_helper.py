@@ -3,11 +3,16 @@
 tp-session (tasks/helper/tp_session.c) is a small static binary that runs inside each client
 container and keeps the shell sessions' state in files there (see the C source for its
 protocol), so sessions survive restarts of every worker process.
+
+`tp-session serve` is its optional daemon: started once per container, it answers tool calls
+over a unix socket in CTL_DIR (a host directory bind-mounted there), which is much cheaper than a
+`docker exec` per call. It lives in the container, so it too outlives the workers.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import re
 import shutil
 import subprocess
@@ -15,6 +20,8 @@ import tarfile
 import threading
 import time
 from pathlib import Path
+
+import requests
 
 HELPER_DIR = Path(__file__).resolve().parent / "helper"
 BUILD_SCRIPT = HELPER_DIR / "build.sh"
@@ -25,6 +32,10 @@ BINARY = HELPER_DIR / "tp-session"
 HELPER_PATH = "/.termpool/bin/tp-session"
 SESSIONS_ROOT = "/.termpool/sessions"
 WORKSPACE = "/workspace"
+CTL_DIR = "/.termpool/ctl"  # bind-mounted from the host (mode 0777): the serve socket lives here
+CTL_SOCKET = f"{CTL_DIR}/ctl.sock"
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _cached: tuple[float, bytes] | None = None  # (mtime, binary bytes)
@@ -88,11 +99,13 @@ def _tar_member(tar: tarfile.TarFile, name: str, mode: int, data: bytes | None =
         tar.addfile(info, io.BytesIO(data))
 
 
-def prepare_container(container) -> None:
+def prepare_container(container, serve: bool = False) -> None:
     """Install the helper at HELPER_PATH, create SESSIONS_ROOT (mode 1777) and WORKSPACE.
 
     One put_archive; plus one exec (chown) only when the configured user is a name rather
-    than a number, because the archive can only carry numeric owners.
+    than a number, because the archive can only carry numeric owners. With `serve`, also start
+    the helper's server on CTL_SOCKET (one more exec; see start_server); a server that cannot
+    start is logged, not raised: the tools then fall back to one `docker exec` per call.
     """
     user = container_user(container)
     uid = gid = 0
@@ -118,3 +131,24 @@ def prepare_container(container) -> None:
         if result.exit_code != 0:
             raise RuntimeError(f"chown {user} {WORKSPACE} failed: "
                                f"{(result.output or b'').decode('utf-8', 'replace').strip()}")
+    if serve:
+        try:
+            start_server(container)
+        except Exception as exc:
+            if isinstance(exc, requests.exceptions.ConnectionError):
+                raise  # Docker unreachable: the caller's business
+            log.warning("tp-session serve did not start in %s: %s", container.id, exc)
+
+
+def start_server(container) -> None:
+    """Start `tp-session serve CTL_SOCKET` in the container; returns once it is listening.
+
+    No `user=`: the server, and so every command it runs, is the container's configured user,
+    exactly as a plain `docker exec` would be. A server already running makes this a no-op. The
+    server detaches itself, so the exec ends at once; it prints only when it fails.
+    """
+    api = container.client.api
+    exec_id = api.exec_create(container.id, [HELPER_PATH, "serve", CTL_SOCKET], stdout=True, stderr=True)["Id"]
+    out = api.exec_start(exec_id)
+    if out:
+        raise RuntimeError(out.decode("utf-8", "replace").strip())

@@ -1,6 +1,8 @@
 """The terminal tools of spec/TOOLS.md, run in a task's client container.
 
-Every tool call is one `docker exec` of the tp-session helper (tasks/helper/tp_session.c);
+Every tool call runs the tp-session helper (tasks/helper/tp_session.c) once in the container:
+through its server's unix socket when the caller names one (`ctl_socket`, a host path; a few
+milliseconds), else, or when nobody answers there, as one `docker exec` (tens of milliseconds).
 shell_write_content_to_file is one put_archive. The sessions' processes and output live in
 the container (/.termpool/sessions/<sid>/); the caller's `sessions` store keeps only what the
 observations need between calls (kind, read offset, whether the end was reported):
@@ -16,10 +18,15 @@ import base64
 import copy
 import io
 import json
+import logging
 import math
+import os
 import posixpath
 import re
+import socket
+import struct
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +34,9 @@ import docker.errors
 import requests
 
 from tasks.session_helper import (HELPER_PATH, WORKSPACE, container_user, is_root, prepare_container,
-                                  session_dir)
+                                  session_dir, start_server)
+
+log = logging.getLogger(__name__)
 
 # tool_schemas.json is a byte-for-byte copy of the tool schemas of camel-ai's TerminalToolkit
 # (https://github.com/camel-ai/camel, Apache License 2.0); policies see them word for word.
@@ -100,12 +109,18 @@ def _is_infrastructure_error(exc: BaseException) -> bool:
     return module == "redis" or module.startswith("redis.")
 
 
-def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False) -> str:
+def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
+             ctl_socket: str | None = None) -> str:
     """Run one tool call in `container` and return the observation text.
 
     `arguments` are passed exactly as the model wrote them; errors become
     `[TOOL_ERROR] ...` observations (TOOLS.md / POOL_API.md); connection failures to Docker or
     Redis propagate.
+
+    `container` may be a bare model (`containers.prepare_model({"Id": ..., "Config": {"User":
+    ...}})`): only its id, client and Config.User are used. `ctl_socket` is the host path of the
+    container's tp-session server socket (prepare_container(serve=True)); when nobody answers
+    there, the call goes through `docker exec` and the server is restarted in the background.
     """
     tool = _TOOLS.get(name) if isinstance(name, str) else None
     if tool is None or (tool is shell_kill_process and not expose_kill):
@@ -115,7 +130,7 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False)
             arguments = {}
         if not isinstance(arguments, dict):
             raise TypeError(f"arguments must be an object, not {type(arguments).__name__}")
-        return tool(_Context(container, sessions), **arguments)
+        return tool(_Context(container, sessions, ctl_socket), **arguments)
     except Exception as exc:
         if _is_infrastructure_error(exc):
             raise
@@ -124,9 +139,10 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False)
 
 # ---- plumbing -----------------------------------------------------------------------------
 class _Context:
-    def __init__(self, container, sessions):
+    def __init__(self, container, sessions, ctl_socket: str | None = None):
         self.container = container
         self.sessions = sessions
+        self.ctl_socket = ctl_socket
 
     def session(self, sid: str) -> dict:
         record = self.sessions.get(sid) or {}
@@ -152,7 +168,23 @@ class _Context:
 
     def run_helper(self, args: list[str], workdir: str | None = None,
                    environment: dict | None = None) -> tuple[bytes, bytes]:
-        """Run tp-session in the container; its stdout and stderr."""
+        """Run tp-session in the container; its stdout and stderr (both in the first through
+        the server, which merges them)."""
+        if self.ctl_socket:
+            request = _request(args, workdir, environment)
+            out = _ask_server(self.ctl_socket, request)
+            if out is not None and _unprepared(out):
+                prepare_container(self.container)  # /workspace or the helper was removed
+                out = _ask_server(self.ctl_socket, request)
+            if out is not None:
+                return out, b""
+            try:
+                return self._run_helper_exec(args, workdir, environment)
+            finally:
+                _restart_server(self.container, self.ctl_socket)
+        return self._run_helper_exec(args, workdir, environment)
+
+    def _run_helper_exec(self, args, workdir, environment) -> tuple[bytes, bytes]:
         argv = [HELPER_PATH, *args]
         out, err = self._exec(argv, workdir, environment)
         if out.startswith(b"OCI runtime exec failed") and (b"tp-session" in out or WORKSPACE.encode() in out):
@@ -165,10 +197,102 @@ class _Context:
         """Run tp-session; returns its header line's fields and the raw bytes after it."""
         out, err = self.run_helper(args, workdir, environment)
         head, newline, body = out.partition(b"\n")
-        if not newline or not head or out.startswith(b"OCI runtime"):
+        if not newline or not head or out.startswith((b"OCI runtime", b"tp-session: ")):
             detail = (err or out).decode("utf-8", "replace").strip(". \n")
             raise RuntimeError(f"tp-session {args[0]} failed: {detail or 'no output'}")
         return head.decode("ascii", "replace").split(), body
+
+
+# ---- the server's socket (protocol: cmd_serve in tp_session.c) ---------------------------
+_CONNECT_TIMEOUT = 2.0  # a live server accepts at once (the kernel queues the connection)
+_REPLY_MAX = 64 << 20  # beyond this the reply is cut (the helper stops at the closed socket)
+_RESTART_EVERY = 5.0  # seconds between restarts of one socket's server
+
+
+def _wire(text: str) -> bytes:
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: U+FFFD, what docker's JSON decoding makes of them
+        data = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+    if b"\0" in data:
+        raise ValueError("embedded null byte")
+    return data
+
+
+def _request(args, workdir, environment) -> bytes:
+    fields = [workdir or "", *(f"{k}={v}" for k, v in (environment or {}).items()), "", *args]
+    payload = b"".join(_wire(f) + b"\0" for f in fields)
+    return b"TPS1" + struct.pack(">I", len(payload)) + payload
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    if len(os.fsencode(path)) < 100:
+        sock.connect(path)
+        return
+    # Longer than sun_path holds: reach it through an O_PATH descriptor of its directory.
+    fd = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        sock.connect(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
+
+
+def _ask_server(path: str, request: bytes) -> bytes | None:
+    """The helper's reply through the server at `path`; None when nobody answered (no socket,
+    no server, or the connection dropped before a byte came back): the request never ran."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(_CONNECT_TIMEOUT)
+        try:
+            _connect(sock, path)
+            # No read timeout: a blocking command may run `timeout` seconds, or without limit.
+            sock.settimeout(None)
+            sock.sendall(request)
+        except OSError:
+            return None
+        reply = bytearray()
+        while len(reply) < _REPLY_MAX:
+            try:
+                chunk = sock.recv(min(1 << 20, _REPLY_MAX - len(reply)))
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        return bytes(reply) or None
+    finally:
+        sock.close()
+
+
+def _unprepared(out: bytes) -> bool:
+    """The server could not run the request because /workspace or the helper is gone."""
+    return out.startswith((b"tp-session: chdir ", b"tp-session: cannot run the helper ")) and \
+        b"No such file or directory" in out.split(b"\n", 1)[0]
+
+
+_restart_lock = threading.Lock()
+_restarts: dict[str, float] = {}
+
+
+def _restart_server(container, path: str) -> None:
+    """(Re)start the container's server in a background thread, at most every few seconds per
+    socket: the call that found it gone has already been served by docker exec."""
+    now = time.monotonic()
+    with _restart_lock:
+        if now - _restarts.get(path, -math.inf) < _RESTART_EVERY:
+            return
+        if len(_restarts) > 1000:  # one entry per socket ever restarted: forget the old ones
+            for key in [k for k, t in _restarts.items() if now - t >= _RESTART_EVERY]:
+                del _restarts[key]
+        _restarts[path] = now
+
+    def restart():
+        try:
+            start_server(container)
+        except Exception as exc:
+            log.warning("restarting tp-session serve for %s failed: %s", path, exc)
+
+    threading.Thread(target=restart, name="tp-serve-restart", daemon=True).start()
 
 
 def _text(value) -> str:

@@ -1,19 +1,31 @@
 """The terminal tools (spec/TOOLS.md) against real containers of the test base image.
 
-Observation texts are compared exactly: the policy learned to read them.
+Observation texts are compared exactly: the policy learned to read them. Every tool test runs
+in both transports: one `docker exec` per call ("exec"), and the container's tp-session server
+over a unix socket in a host directory mounted at CTL_DIR ("socket"; a call that falls back to
+docker exec fails the test there).
 """
 from __future__ import annotations
 
 import json
+import socket
+import statistics
+import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import docker
 import pytest
 
 from tasks import shell_tools
-from tasks.session_helper import HELPER_PATH, prepare_container, session_dir
+from tasks.session_helper import CTL_DIR, CTL_SOCKET, HELPER_PATH, SESSIONS_ROOT, prepare_container, session_dir
 from tasks.shell_tools import run_tool, tool_schemas
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ["exec", "socket"]
 
 SPEC_SCHEMAS = Path("/work/shared/spec/tool_schemas.json")
 
@@ -52,17 +64,31 @@ class DictSessions:
         self.backing.setdefault(sid, {}).update(fields)
 
 
-class Shell:
-    """One run's view of the tools: a container and its sessions store."""
+def _fell_back(*args, **kwargs):
+    pytest.fail("the tool call fell back to docker exec")
 
-    def __init__(self, container, backing=None, expose_kill=False):
+
+class Shell:
+    """One run's view of the tools: a container, its sessions store and, in socket mode, the host
+    path of its server's socket. Unless `fallback`, a socket-mode call must not use docker exec."""
+
+    def __init__(self, container, backing=None, expose_kill=False, ctl_socket=None, fallback=False):
         self.container = container
         self.backing = {} if backing is None else backing
         self.sessions = DictSessions(self.backing)
         self.expose_kill = expose_kill
+        self.ctl_socket = ctl_socket
+        self.fallback = fallback
 
     def __call__(self, name, **arguments):
-        return run_tool(self.container, name, arguments, self.sessions, expose_kill=self.expose_kill)
+        if self.ctl_socket and not self.fallback:
+            with mock.patch.object(shell_tools._Context, "_run_helper_exec", _fell_back):
+                return self.call(name, arguments)
+        return self.call(name, arguments)
+
+    def call(self, name, arguments):
+        return run_tool(self.container, name, arguments, self.sessions, expose_kill=self.expose_kill,
+                        ctl_socket=self.ctl_socket)
 
     def view_until(self, sid, done, timeout=15.0):
         """shell_view repeatedly; returns the list of observations up to the first `done` one."""
@@ -129,24 +155,71 @@ def make_container(client, image, **kwargs):
                                  labels={"termpool.test": "1"}, **kwargs)
 
 
+def bare_model(client, container):
+    """What the pool passes to the tools: a model built without an inspect, which must do."""
+    model = client.containers.prepare_model({"Id": container.name,
+                                             "Config": {"User": container.attrs["Config"]["User"]}})
+    model.reload = lambda: pytest.fail("the tools reloaded the container model")
+    return model
+
+
+class Env:
+    """A test container and how the tools reach it (`mode`: "exec" or "socket")."""
+
+    def __init__(self, client, container, mode, ctl_dir=None):
+        self.client = client
+        self.container = container  # a full model, for the tests' own checks
+        self.model = bare_model(client, container)
+        self.mode = mode
+        self.ctl_socket = str(ctl_dir / "ctl.sock") if ctl_dir else None
+
+    def shell(self, backing=None, **kwargs):
+        return Shell(self.model, backing, ctl_socket=self.ctl_socket, **kwargs)
+
+    def exec_shell(self, backing=None, **kwargs):
+        """The same container, one docker exec per call."""
+        return Shell(self.model, backing, **kwargs)
+
+    def remove(self):
+        self.container.remove(force=True)
+
+
+def make_env(client, image, mode, tmp_path_factory, prepare=True, **kwargs) -> Env:
+    """In socket mode a fresh host directory (mode 0777, as the pool makes it) is mounted at
+    CTL_DIR and prepare_container starts the server."""
+    ctl_dir = None
+    if mode == "socket":
+        ctl_dir = tmp_path_factory.mktemp("ctl")
+        ctl_dir.chmod(0o777)
+        kwargs["volumes"] = {str(ctl_dir): {"bind": CTL_DIR, "mode": "rw"}}
+    env = Env(client, make_container(client, image, **kwargs), mode, ctl_dir)
+    if prepare:
+        prepare_container(env.model, serve=mode == "socket")
+    return env
+
+
 @pytest.fixture(scope="module")
 def client():
     return docker.from_env()
 
 
-@pytest.fixture(scope="module")
-def container(client, base_image):
-    c = make_container(client, base_image)
+@pytest.fixture(scope="module", params=MODES)
+def env(request, client, base_image, tmp_path_factory):
+    e = make_env(client, base_image, request.param, tmp_path_factory)
     try:
-        prepare_container(c)
-        yield c
+        yield e
     finally:
-        c.remove(force=True)
+        e.remove()
+
+
+@pytest.fixture(scope="module")
+def container(env):
+    return env.container
 
 
 @pytest.fixture
-def sh(container):
-    return Shell(container)
+def sh(env):
+    return env.shell()
 
 
 # ---- schemas ------------------------------------------------------------------------------
@@ -442,16 +515,16 @@ def test_bad_arguments(sh):
 
 
 # ---- state outlives the worker ------------------------------------------------------------
-def test_sessions_survive_worker_restart(container, base_image):
+def test_sessions_survive_worker_restart(env):
     backing = {}
-    first = Shell(container, backing)
+    first = env.shell(backing)
     assert first("shell_exec", id="keep", command="python3 -q", block=False) == started("keep")
     first.view_until("keep", lambda o: o.endswith(">>> "), timeout=10)
     assert first("shell_exec", id="bg", command="sleep 1; echo late", timeout=0.2) == timed_out(0.2, "bg")
     del first
     # A new worker process: a fresh docker client, a fresh store object over the same data.
     fresh_client = docker.from_env()
-    second = Shell(fresh_client.containers.get(container.id), backing)
+    second = Shell(bare_model(fresh_client, env.container), backing, ctl_socket=env.ctl_socket)
     expected = "x = 5; print(x + 1)\n6\n>>> "
     assert settle(second, "keep", second("shell_write_to_process", id="keep", command="x = 5; print(x + 1)"),
                   expected) == expected
@@ -460,8 +533,8 @@ def test_sessions_survive_worker_restart(container, base_image):
     fresh_client.close()
 
 
-def test_kill_is_opt_in(container):
-    sh = Shell(container, expose_kill=True)
+def test_kill_is_opt_in(env, container):
+    sh = env.shell(expose_kill=True)
     assert sh("shell_exec", id="k", command="echo up; sleep 61 & sleep 61", block=False) == started("k")
     sh.view_until("k", lambda o: o == "up\n", timeout=5)
     assert sh("shell_kill_process", id="k") == "Process in session 'k' has been terminated."
@@ -472,11 +545,12 @@ def test_kill_is_opt_in(container):
 
 
 # ---- other images and users ---------------------------------------------------------------
-def test_non_root_user(client, base_image):
-    c = make_container(client, base_image, user="nobody")
+@pytest.mark.parametrize("mode", MODES)
+def test_non_root_user(client, base_image, mode, tmp_path_factory):
+    # named user: one put_archive plus one chown (plus, in socket mode, the server as nobody)
+    e = make_env(client, base_image, mode, tmp_path_factory, user="nobody")
     try:
-        prepare_container(c)  # named user: one put_archive plus one chown
-        sh = Shell(c)
+        sh = e.shell()
         assert sh("shell_exec", id="t", command="id -un; pwd; touch mine && echo ok") == "nobody\n/workspace\nok\n"
         assert sh("shell_write_content_to_file", content="hi", file_path="a/b.txt").startswith("Content successfully")
         assert sh("shell_exec", id="t", command="stat -c '%U %n' a a/b.txt; echo more >> a/b.txt && cat a/b.txt") == \
@@ -489,22 +563,29 @@ def test_non_root_user(client, base_image):
         assert sh("shell_exec", id="s", command="id -un", block=False) == started("s")
         assert drain(sh, "s") == "nobody\n"
     finally:
-        c.remove(force=True)
+        e.remove()
 
 
-def test_numeric_user_and_sh_only_image_unprepared(client, base_image):
-    c = make_container(client, base_image, user="1234:1234")
+@pytest.mark.parametrize("mode", MODES)
+def test_numeric_user_and_sh_only_image_unprepared(client, base_image, mode, tmp_path_factory):
+    e = make_env(client, base_image, mode, tmp_path_factory, prepare=False, user="1234:1234")
+    c = e.container
     try:
         c.exec_run(["rm", "-f", "/usr/bin/bash", "/bin/bash"], user="root")
-        sh = Shell(c)  # never prepared: the first call installs the helper
+        # never prepared: the first call installs the helper (and, in socket mode, finds no
+        # server, so it goes through docker exec and starts the server for the next calls)
+        sh = e.shell(fallback=True)
         assert sh("shell_write_content_to_file", content="hi", file_path="new/f.txt") == \
             "Content successfully written to 'new/f.txt' in Docker container."
         assert sh("shell_exec", id="t", command="echo from $(id -u); cat new/f.txt") == "from 1234\nhi"
         assert sh("shell_exec", id="t", command="stat -c %u:%g /workspace new new/f.txt") == "1234:1234\n" * 3
         assert sh("shell_exec", id="i", command="read x; echo got $x", block=False) == started("i")
         assert settle_end(sh, "i", sh("shell_write_to_process", id="i", command="it")) == "it\ngot it\n"
+        if mode == "socket":
+            wait_for(c, f"[ -S {CTL_SOCKET} ]")
+            assert e.shell()("shell_exec", id="t", command="echo served as $(id -u)") == "served as 1234\n"
     finally:
-        c.remove(force=True)
+        e.remove()
 
 
 # ---- run-timeout (used to run the tests of a task) --------------------------------------
@@ -520,3 +601,211 @@ def test_run_timeout(container):
     assert (result.exit_code, result.output) == (0, b"done\n")
     assert "sleep 19" not in processes(container)
     assert "sleep 20" not in processes(container)
+
+
+# ---- the tp-session server (socket mode) ----------------------------------------------------
+@pytest.fixture(scope="module")
+def served(client, base_image, tmp_path_factory):
+    """A container of its own with a running server, for the tests that break it on purpose."""
+    e = make_env(client, base_image, "socket", tmp_path_factory)
+    try:
+        yield e
+    finally:
+        e.remove()
+
+
+def proc_table(container) -> list[tuple[int, int, str, str]]:
+    """(pid, ppid, state, command line) of every process in the container."""
+    script = ("for d in /proc/[0-9]*; do s=$(cat $d/stat 2>/dev/null) || continue; "
+              "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); echo \"${s#*) } @$c\"; echo \"${d#/proc/}\"; done")
+    lines = container.exec_run(["sh", "-c", script], user="root").output.decode("utf-8", "replace").splitlines()
+    table = []
+    for stat, pid in zip(lines[::2], lines[1::2]):
+        fields, _, cmdline = stat.partition(" @")
+        state, ppid = fields.split()[:2]
+        table.append((int(pid), int(ppid), state, cmdline.strip()))
+    return table
+
+
+def server_pid(container) -> int | None:
+    """The running server: detached, so its parent is pid 1 (a `serve` still starting, or waiting
+    for an old server to go, is the child of its docker exec)."""
+    pids = [pid for pid, ppid, state, cmd in proc_table(container)
+            if state != "Z" and ppid == 1 and cmd == f"{HELPER_PATH} serve {CTL_SOCKET}"]
+    assert len(pids) <= 1, pids
+    return pids[0] if pids else None
+
+
+def wait_for_server(container, not_pid=None, timeout=30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (pid := server_pid(container)) is None or pid == not_pid:
+        assert time.monotonic() < deadline, "the server did not come back"
+        time.sleep(0.1)
+    return pid
+
+
+def raw_request(path, payload: bytes, *, magic=b"TPS1", length=None) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(path)
+        s.sendall(magic + struct.pack(">I", len(payload) if length is None else length) + payload)
+        s.shutdown(socket.SHUT_WR)
+        reply = b""
+        try:
+            while chunk := s.recv(65536):
+                reply += chunk
+        except ConnectionResetError:  # a refusal leaves the rest of the request unread
+            pass
+        return reply
+
+
+def test_same_process_context_in_both_modes(served):
+    """What a command sees (environment, ids, limits, signals, descriptors) does not depend on
+    the transport."""
+    probe = ("env | sort; umask; ulimit -a; pwd; ls -1 /proc/self/fd; "
+             "grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]*|NoNewPrivs|Seccomp|SigBlk|SigIgn):' /proc/self/status")
+    via_socket, via_exec = served.shell(), served.exec_shell()
+    blocking = via_socket("shell_exec", id="p", command=probe)
+    assert blocking == via_exec("shell_exec", id="p", command=probe)
+    assert "\n0\n1\n2\n3\n" in blocking and "\n4\n" not in blocking  # stdio + ls's own: nothing leaked
+    assert "PYTHONUNBUFFERED" not in blocking
+    assert via_socket("shell_exec", id="ps", command=probe, block=False) == started("ps")
+    assert via_exec("shell_exec", id="pe", command=probe, block=False) == started("pe")
+    assert drain(via_socket, "ps") == drain(via_exec, "pe")
+
+
+def test_sessions_are_shared_between_modes(served):
+    backing = {}
+    via_socket, via_exec = served.shell(backing), served.exec_shell(backing)
+    cmd = "read -r v; echo got $v"
+    assert via_socket("shell_exec", id="a", command=cmd, block=False) == started("a")
+    assert via_exec("shell_exec", id="b", command=cmd, block=False) == started("b")
+    assert via_exec("shell_exec", id="a", command="true", block=False).startswith("Error: Session 'a' already")
+    assert settle_end(via_exec, "a", via_exec("shell_write_to_process", id="a", command="x")) == "x\ngot x\n"
+    assert settle_end(via_socket, "b", via_socket("shell_write_to_process", id="b", command="y")) == "y\ngot y\n"
+    assert via_exec("shell_exec", id="slow", command="sleep 1; echo late", timeout=0.2) == timed_out(0.2, "slow")
+    assert via_socket.view_until("slow", lambda o: o != STILL_RUNNING)[-1] == "late\n\n\n--- SESSION COMPLETED ---"
+
+
+def test_server_refuses_bad_requests(served):
+    path = served.ctl_socket
+    assert raw_request(path, b"x\0", magic=b"HTTP") == b"tp-session: not a tp-session request\n"
+    assert raw_request(path, b"", length=64 << 20) == b"tp-session: request size 67108864 out of range\n"
+    assert raw_request(path, b"\0\0read", length=7) == b"tp-session: short request\n"
+    assert raw_request(path, b"\0\0read") == b"tp-session: malformed request\n"
+    assert raw_request(path, b"\0NOEQUALS\0\0read\0") == b"tp-session: malformed environment entry\n"
+    for argv in [b"serve\0/tmp/x.sock\0", b"run-timeout\0" b"1\0--\0id\0", b"/bin/sh\0-c\0id\0", b"", b"\0"]:
+        assert raw_request(path, b"\0\0" + argv).startswith(b"tp-session: refused subcommand"), argv
+    assert raw_request(path, b"/nowhere\0\0read\0/x\0" b"0\0") == \
+        b"tp-session: chdir /nowhere: No such file or directory\n"
+    # a client that connects and goes away at once, or sends half a header
+    for data in [b"", b"TP"]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)
+            s.sendall(data)
+    assert raw_request(path, b"\0\0read\0/nowhere\0" b"0\0") == b"missing 0 -1\n"
+    assert served.shell()("shell_exec", id="t", command="echo still fine") == "still fine\n"
+
+
+def test_socket_is_for_its_owner_only(served):
+    assert Path(served.ctl_socket).stat().st_mode & 0o777 == 0o600
+    connect = f"import socket; socket.socket(socket.AF_UNIX).connect({CTL_SOCKET!r})"
+    result = served.container.exec_run(["python3", "-c", connect], user="nobody")
+    assert result.exit_code != 0 and b"PermissionError" in result.output
+
+
+def test_second_serve_exits_at_once(served):
+    pid = wait_for_server(served.container)
+    start = time.monotonic()
+    result = served.container.exec_run([HELPER_PATH, "serve", CTL_SOCKET])
+    assert (result.exit_code, result.output) == (0, b"")
+    assert time.monotonic() - start < 5
+    prepare_container(served.model, serve=True)  # so is preparing a prepared container again
+    assert server_pid(served.container) == pid
+
+
+def test_server_survives_client_killed_mid_call(served):
+    container = served.container
+    pid = wait_for_server(container)
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import docker
+from tasks.shell_tools import run_tool
+model = docker.from_env().containers.prepare_model({{"Id": {container.name!r}, "Config": {{"User": ""}}}})
+class Sessions:
+    def get(self, sid): return {{}}
+    def set(self, sid, **fields): pass
+run_tool(model, "shell_exec", {{"id": "mid", "command": "touch /tmp/mid-started; sleep 2; seq 1 200000"}},
+         Sessions(), ctl_socket={served.ctl_socket!r})
+"""
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        wait_for(container, "[ -e /tmp/mid-started ]")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert served.shell()("shell_exec", id="t", command="echo next") == "next\n"
+    # the orphaned call finishes on its own: its output goes nowhere, its scratch dir is removed
+    wait_for(container, f"! ls -d {SESSIONS_ROOT}/*.run.* 2>/dev/null")
+    assert "sleep 2" not in processes(container)
+    assert server_pid(container) == pid
+
+
+def test_fallback_and_restart_when_server_dies(served, monkeypatch):
+    monkeypatch.setattr(shell_tools, "_RESTART_EVERY", 0.0)
+    container, backing = served.container, {}
+    sh = served.shell(backing, fallback=True)
+    assert sh("shell_exec", id="s", command="read -r v; echo got $v", block=False) == started("s")
+    for breakage in ["kill -9 {pid}", f"rm {CTL_SOCKET}"]:  # dead server (stale socket file); socket gone
+        pid = wait_for_server(container)
+        container.exec_run(["sh", "-c", breakage.format(pid=pid)], user="root")
+        original = shell_tools._Context._run_helper_exec
+        with mock.patch.object(shell_tools._Context, "_run_helper_exec", autospec=True,
+                               side_effect=original) as via_exec:
+            assert sh("shell_exec", id="t", command="echo via exec") == "via exec\n"
+        assert via_exec.call_count == 1
+        # the call restarted the server in the background: the next calls are served again
+        assert wait_for_server(container, not_pid=pid) != pid
+        assert served.shell(backing)("shell_exec", id="t", command="echo served") == "served\n"
+    # the session started before all this is still there
+    assert settle_end(sh, "s", served.shell(backing)("shell_write_to_process", id="s", command="z")) == "z\ngot z\n"
+
+
+def test_no_zombies_or_stragglers_after_many_calls(served):
+    container = served.container
+    pid = wait_for_server(container)
+    zombies_before = sum(state == "Z" for _, _, state, _ in proc_table(container))
+    sh = served.shell()
+    for i in range(50):
+        if i % 10 == 0:
+            assert sh("shell_exec", id=f"z{i}", command=f"echo {i}", block=False) == started(f"z{i}")
+            assert drain(sh, f"z{i}") == f"{i}\n"
+        elif i % 10 == 5:  # an orphan: the server adopts and reaps it
+            assert sh("shell_exec", id="z", command="sleep 0.2 & echo bg") == "bg\n"
+        else:
+            assert sh("shell_exec", id="z", command="echo hi") == "hi\n"
+    time.sleep(0.5)
+    table = proc_table(container)
+    assert sum(state == "Z" for _, _, state, _ in table) == zombies_before, table
+    assert [p for p in table if p[1] == pid] == [], "the server still has children"
+
+
+def test_socket_calls_are_cheaper_than_docker_exec(served):
+    """Median of 50 blocking `echo hi`, interleaved on one container: through the server, through
+    one docker exec per call, and a bare exec_run for reference."""
+    via_socket, via_exec = served.shell(), served.exec_shell()
+    runs = {
+        "socket": lambda: via_socket("shell_exec", id="b", command="echo hi"),
+        "docker exec": lambda: via_exec("shell_exec", id="b", command="echo hi"),
+        "raw exec_run": lambda: served.container.exec_run(["bash", "-c", "echo hi"]).output.decode(),
+    }
+    times = {name: [] for name in runs}
+    for _ in range(50):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            assert run() == "hi\n"
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    print("median ms of 50:", ", ".join(f"{name} {ms:.1f}" for name, ms in medians.items()))
+    assert medians["socket"] < medians["raw exec_run"]

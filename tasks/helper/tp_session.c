@@ -32,6 +32,9 @@
  *       Runs argv in the foreground in its own process group; after SECONDS
  *       kills the group and exits 124, else exits with argv's status (and
  *       kills what is left of the group, so no straggler holds the output).
+ *   serve SOCKPATH
+ *       A daemon answering the subcommands above over a unix socket, so a tool
+ *       call costs a fork+exec instead of a `docker exec` (see cmd_serve).
  * Exit status 2 plus a message on stderr means the helper itself failed.
  */
 #define _GNU_SOURCE
@@ -45,9 +48,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -415,7 +423,11 @@ static int cmd_spawn(int argc, char **argv)
     }
     /* Wait for EOF on the pipe.  A byte on stderr every few seconds keeps an
      * API client that applies a read timeout to the exec stream from giving up
-     * on a long, silent command (the docker SDK turns that timeout off). */
+     * on a long, silent command (the docker SDK turns that timeout off).  Not
+     * when stderr is stdout (the serve socket): the byte would land in the
+     * output, and that client reads without a timeout. */
+    struct stat so, se;
+    int keepalive = !(fstat(1, &so) == 0 && fstat(2, &se) == 0 && so.st_dev == se.st_dev && so.st_ino == se.st_ino);
     double deadline = timeout < 0 ? -1 : now() + timeout;
     for (;;) {
         double left = deadline < 0 ? 5.0 : deadline - now();
@@ -435,7 +447,7 @@ static int cmd_spawn(int argc, char **argv)
                 remove_flat(wdir);
                 return 0;
             }
-        } else if (r == 0) {
+        } else if (r == 0 && keepalive) {
             write_all(2, ".", 1);
         }
     }
@@ -653,9 +665,199 @@ static int cmd_run_timeout(int argc, char **argv)
     return 124;
 }
 
+/* ------------------------------------------------------------------ serve */
+
+/*
+ * serve SOCKPATH: answer requests over a unix socket, so that a tool call costs
+ * a fork+exec inside the container instead of a `docker exec` (runc exec is
+ * most of that cost).  Started once per container by a plain `docker exec`
+ * (no user override), so it runs as the container's configured user with the
+ * environment, working directory and groups such an exec gets, and everything
+ * it starts inherits exactly those: a call behaves as under `docker exec`.
+ *
+ * Request, client to server:
+ *     "TPS1", N as 4 bytes big-endian, then N bytes of NUL-terminated strings:
+ *     WORKDIR ("" = the server's own), zero or more "KEY=VALUE" to set, "",
+ *     then the subcommand and its arguments.
+ * Reply: the subcommand's stdout and stderr on the same stream; the server
+ * closing the connection ends it.  A refused request gets one line starting
+ * "tp-session: ".  Only the subcommands in `served` are run, and always this
+ * very binary: the server never execs anything else.
+ */
+#define REQUEST_MAX (4u << 20) /* > what execve takes (128 KiB per argument) */
+static const char *const served[] = {"spawn", "read", "write", "kill", "mkparents", NULL};
+static int listen_fd = -1, lock_fd = -1;
+
+static void refuse(int conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dprintf(conn, "tp-session: ");
+    vdprintf(conn, fmt, ap);
+    dprintf(conn, "\n");
+    va_end(ap);
+    _exit(2);
+}
+
+static void read_request(int conn, char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = read(conn, buf, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) refuse(conn, "short request");
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+/* The child for one connection: read the request, become `tp-session SUBCOMMAND ...`. */
+static void serve_one(int conn, const char *self)
+{
+    /* Only the server holds these: a child slow to read its request must not
+     * keep the lock (and so a restarted server) waiting. */
+    close(listen_fd);
+    close(lock_fd);
+    signal(SIGCHLD, SIG_DFL); /* SIG_IGN would survive exec and break waitpid */
+    /* SIGPIPE stays ignored across the exec: a subcommand whose client went
+     * away gets EPIPE and still cleans up (spawn removes its scratch dir).
+     * spawn restores the default for the commands it runs. */
+    struct timeval tv = {10, 0};
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* a silent client cannot pin us */
+    unsigned char head[8];
+    read_request(conn, (char *)head, sizeof head);
+    uint32_t len = (uint32_t)head[4] << 24 | (uint32_t)head[5] << 16 | (uint32_t)head[6] << 8 | head[7];
+    if (memcmp(head, "TPS1", 4) != 0) refuse(conn, "not a tp-session request");
+    if (len == 0 || len > REQUEST_MAX) refuse(conn, "request size %u out of range", len);
+    char *req = malloc(len);
+    if (!req) refuse(conn, "out of memory");
+    read_request(conn, req, len);
+    if (req[len - 1] != 0) refuse(conn, "malformed request");
+    tv.tv_sec = 0;
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+
+    size_t count = 0;
+    for (uint32_t i = 0; i < len; i++) count += req[i] == 0;
+    char **args = calloc(count + 2, sizeof *args); /* self + strings + NULL */
+    if (!args) refuse(conn, "out of memory");
+    char *p = req, *end = req + len, *workdir = p;
+    p += strlen(p) + 1;
+    for (; p < end && *p; p += strlen(p) + 1) {
+        if (!strchr(p, '=')) refuse(conn, "malformed environment entry");
+        putenv(p); /* req lives until the exec */
+    }
+    if (p >= end) refuse(conn, "malformed request");
+    p += strlen(p) + 1;
+    size_t n = 0;
+    args[n++] = (char *)self;
+    for (; p < end; p += strlen(p) + 1) args[n++] = p;
+    int ok = 0;
+    for (const char *const *s = served; n > 1 && *s; s++) ok |= strcmp(args[1], *s) == 0;
+    if (!ok) refuse(conn, "refused subcommand %s", n > 1 ? args[1] : "(none)");
+    if (*workdir && chdir(workdir) < 0) refuse(conn, "chdir %s: %s", workdir, strerror(errno));
+
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC); /* what a docker exec without stdin gets */
+    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(conn, 1) < 0 || dup2(conn, 2) < 0)
+        refuse(conn, "cannot set up stdio: %s", strerror(errno));
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execv(self, args); /* every other fd is close-on-exec */
+    refuse(conn, "cannot run the helper %s: %s", self, strerror(errno));
+}
+
+/* A server answers at addr (connect succeeds: it, or its listen backlog, took us). */
+static int socket_live(const struct sockaddr_un *addr)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int live = fd >= 0 && connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0;
+    if (fd >= 0) close(fd);
+    return live;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    if (argc < 3) die("usage: serve SOCKPATH");
+    const char *path = argv[2];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) die("socket path too long: %s", path);
+    strcpy(addr.sun_path, path);
+    /* Requests run the binary found at this path when they come in, as a
+     * docker exec would: a helper updated by put_archive takes effect at once. */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) die("readlink /proc/self/exe: %s", strerror(errno));
+    self[n] = 0;
+
+    /* One server per socket.  The lock lives as long as the server (the kernel
+     * drops it when the server dies, however it dies), so two starts racing
+     * never unlink each other's live socket, and a socket file nobody holds the
+     * lock for is stale: remove it.  A live socket means we are not needed.  A
+     * held lock without a live socket is a server whose socket file was
+     * removed: it notices within a second or two and exits (see below). */
+    char lockpath[4200];
+    snprintf(lockpath, sizeof lockpath, "%s.lock", path);
+    lock_fd = open(lockpath, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd < 0) die("open %s: %s", lockpath, strerror(errno));
+    for (double t0 = now(); flock(lock_fd, LOCK_EX | LOCK_NB) < 0; sleep_s(0.05)) {
+        if (errno != EWOULDBLOCK) die("flock %s: %s", lockpath, strerror(errno));
+        if (socket_live(&addr)) return 0;
+        if (now() - t0 > 5) die("%s is locked, but nobody serves on %s", lockpath, path);
+    }
+    if (socket_live(&addr)) return 0; /* its lock file was removed: leave it be */
+    unlink(path);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listen_fd < 0) die("socket: %s", strerror(errno));
+    /* Owner only: other users in the container must not run commands as us
+     * (root on the host side can always connect). */
+    mode_t old = umask(0177);
+    int bound = bind(listen_fd, (struct sockaddr *)&addr, sizeof addr);
+    umask(old);
+    if (bound < 0 || listen(listen_fd, 128) < 0) die("cannot listen on %s: %s", path, strerror(errno));
+    struct stat mine, sb;
+    if (stat(path, &mine) < 0) die("stat %s: %s", path, strerror(errno));
+
+    /* Listening already, so a client can connect as soon as this returns.
+     * Detach: the exec that started us ends, and we keep running in a session
+     * of our own with stdio released (docker waits for those to close). */
+    pid_t pid = fork();
+    if (pid < 0) die("fork: %s", strerror(errno));
+    if (pid > 0) _exit(0);
+    setsid();
+    int devnull = open("/dev/null", O_RDWR);
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    if (devnull > 2) close(devnull);
+    /* SIGCHLD ignored: the kernel reaps our children, no zombies.  As a
+     * subreaper we also get (and so reap) the session supervisors that spawn
+     * leaves behind, which would otherwise go to a pid 1 that, in many images
+     * (`sleep infinity`), never reaps. */
+    signal(SIGCHLD, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    for (;;) {
+        /* Nobody can reach us once our socket file is gone or replaced: exit,
+         * so a new server can take the lock. */
+        struct pollfd pf = {listen_fd, POLLIN, 0};
+        if (poll(&pf, 1, 1000) == 0) {
+            if (stat(path, &sb) < 0 || sb.st_ino != mine.st_ino || sb.st_dev != mine.st_dev) _exit(0);
+            continue;
+        }
+        int conn = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            if (errno != EINTR && errno != ECONNABORTED) sleep_s(0.05); /* EMFILE and friends: back off */
+            continue;
+        }
+        /* The request is read in the child, so a slow client never blocks the loop. */
+        pid = fork();
+        if (pid == 0) serve_one(conn, self);
+        close(conn); /* fork failed: the client sees the connection close, unanswered */
+    }
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|run-timeout ...");
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|run-timeout|serve ...");
     const char *c = argv[1];
     if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
     if (!strcmp(c, "read")) return cmd_read(argc, argv);
@@ -663,6 +865,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "kill")) return cmd_kill(argc, argv);
     if (!strcmp(c, "mkparents")) return cmd_mkparents(argc, argv);
     if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
+    if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     die("unknown subcommand: %s", c);
     return 2;
 }
