@@ -48,7 +48,7 @@ def route_task(name, args, kwargs, options, task=None, **kw):
 
 
 def make_celery(cfg: Settings) -> Celery:
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs", "tasks.episode"])
+    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode"])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,

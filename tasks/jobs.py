@@ -6,34 +6,23 @@ the state store so the facade (and pollers) see the outcome whatever the queue d
 from __future__ import annotations
 
 import functools
-import secrets
-import logging
-import threading
 import time
 from pathlib import Path
 
 import docker.errors
 import requests.exceptions
 from celery import chain, shared_task
-from celery.signals import worker_ready, worker_shutdown
 
-from tasks import artifacts, environment
+from tasks import artifacts, environment, warm_pool
+from tasks.runtime import remove_env, store
 from tasks.docker_env import docker_client
 from tasks.evaluation import EvaluationError, run_tests
 from tasks.session_helper import prepare_container
 from tasks.shell_tools import run_tool, tool_schemas
 from termpool.config import settings
 from termpool.paths import resolve_task_path
-from termpool.state import Store
 from termpool.task_spec import load_task
 
-log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 5.0
-
-
-@functools.lru_cache(maxsize=1)
-def store() -> Store:
-    return Store.from_url(settings().redis_url)
 
 
 class RunClosed(RuntimeError):
@@ -141,13 +130,13 @@ def ensure_image(self, *, host, run_id, job_id):
 def start_run(self, *, host, run_id, job_id, first_try=True):
     run = _live_run(run_id)
     if run.get("env"):  # a second reset replaces the old environment
-        _remove_env(run_id, run["env"])
+        remove_env(run_id, run["env"])
         store().drop_sessions(run_id)
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = load_task(task_dir)
     warm = environment.warm_capable(task_dir, settings())
-    env = _claim_warm(run, host) if warm else None
+    env = warm_pool.claim(run, host, _run_path) if warm else None
     if env is None:
         try:
             env = _start_cold(run, task_dir)
@@ -168,7 +157,7 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     reply = {"user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
              "tool_schemas": tool_schemas(settings().expose_kill_tool)}
     if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), error="", score=None, tests=None, **reply):
-        _remove_env(run_id, env.to_dict())  # closed while starting
+        remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
 
@@ -185,71 +174,11 @@ def _start_cold(run: dict, task_dir: Path) -> environment.RunEnv:
     try:
         prepare_container(container)
     except BaseException:
-        _remove_env(run["run_id"], env.to_dict())
+        remove_env(run["run_id"], env.to_dict())
         raise
     return env
 
 
-def _claim_warm(run: dict, host: str) -> environment.RunEnv | None:
-    """A pre-started container of this task, handed to this run alone (LPOP), if one is alive."""
-    while True:
-        entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
-        if entry is None:
-            return None
-        if environment.client_if_running(entry["client"]) is not None:
-            run_path = _run_path(run, mounts_from=Path(entry["run_dir"]))
-            return environment.RunEnv("direct", entry["project"], entry["client"], str(run_path),
-                                      warm_id=entry["warm_id"], ctl_dir=entry.get("ctl_dir", ""),
-                                      user=entry.get("user", ""))
-        environment.remove_run_resources(entry["warm_id"])  # died while pooled
-        environment.remove_ctl_dir(entry.get("ctl_dir", ""))
-        store().warm_forget(entry["warm_id"])
-
-
-def _remove_env(run_id: str, env: dict) -> int:
-    removed = environment.remove_run_resources(run_id, env.get("project", ""))
-    if env.get("warm_id"):
-        removed += environment.remove_run_resources(env["warm_id"])
-        store().warm_forget(env["warm_id"])
-    environment.remove_ctl_dir(env.get("ctl_dir", ""))
-    return removed
-
-
-@shared_task(name="pool.refill_warm", bind=True)
-def refill_warm(self, *, host, task_path, task_name):
-    """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
-    cfg = settings()
-    lock = store().r.lock(f"tp:warm-lock:{host}:{task_path}", timeout=cfg.timeouts.reset_session + 60,
-                          blocking=False)
-    if not lock.acquire():
-        return 0
-    started = 0
-    try:
-        task_dir = resolve_task_path(cfg.dataset_dir, task_path)
-        while store().warm_count(host, task_path) < cfg.warm_pool_size:
-            warm_id = "warm-" + secrets.token_hex(8)
-            pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
-            env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
-                                               cfg.timeouts.reset_session)
-            try:
-                prepare_container(container)
-            except BaseException:
-                _remove_env(warm_id, env.to_dict())
-                raise
-            store().warm_push(host, task_path, {"warm_id": warm_id, "client": env.client, "project": env.project,
-                                                "run_dir": str(_warm_dir(cfg, warm_id)), "ctl_dir": env.ctl_dir,
-                                                "user": env.user})
-            started += 1
-    finally:
-        lock.release()
-    return started
-
-
-def _warm_dir(cfg, warm_id: str) -> Path:
-    return artifacts.run_dir(str(cfg.output_root / ".warm"), "pool", "0", warm_id)
-
-
-# ---- tool calls -----------------------------------------------------------------------------
 @shared_task(name="pool.exec_tool", bind=True)
 @_job
 def exec_tool(self, *, host, run_id, job_id, tool_call):
@@ -296,7 +225,7 @@ def evaluate(self, *, host, run_id, job_id):
 def close_run(self, *, host, run_id, job_id):
     run = store().get_run(run_id) or {}
     try:
-        removed = _remove_env(run_id, run.get("env") or {})
+        removed = remove_env(run_id, run.get("env") or {})
     except Exception as exc:
         store().mark_closed(run_id, error=_describe(exc))
         raise
@@ -305,61 +234,3 @@ def close_run(self, *, host, run_id, job_id):
     return {"containers_removed": removed}
 
 
-def _run_is_live(run_id: str) -> bool:
-    if run_id.startswith("warm-"):
-        return store().warm_known(run_id)
-    run = store().get_run(run_id) if run_id else None
-    return bool(run) and run.get("state") != "closed"
-
-
-@shared_task(name="pool.reconcile", bind=True)
-def reconcile(self, *, host):
-    removed = environment.reconcile(host, _run_is_live, settings().socket_dir)
-    if removed:
-        log.warning("reconcile removed leftovers of runs %s", removed)
-    return removed
-
-
-@shared_task(name="pool.reap", bind=True)
-def reap(self):
-    """Release idle runs and queue their teardown; re-queue teardowns that were lost."""
-    from tasks.dispatch import enqueue_close  # the same path the facade uses
-
-    cfg = settings()
-    hosts = set(store().live_hosts()) | {cfg.host_id}
-    reaped = []
-    for host in hosts:
-        for run_id in store().idle_runs(host, cfg.run_idle_ttl):
-            if store().release(run_id, reason="idle"):
-                enqueue_close(self.app, store(), run_id, host)
-                reaped.append(run_id)
-        for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
-            enqueue_close(self.app, store(), run_id, host)
-    return reaped
-
-
-# ---- worker liveness ------------------------------------------------------------------------
-def _heartbeat(node: str, host: str, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            store().node_heartbeat(node)
-            store().host_heartbeat(host)
-        except Exception:  # Redis away: keep trying, the facade reports 503 meanwhile
-            log.exception("heartbeat failed")
-        stop.wait(HEARTBEAT_SECONDS)
-
-
-_stop_heartbeat = threading.Event()
-
-
-@worker_ready.connect
-def _on_worker_ready(sender=None, **_):
-    node = sender.hostname
-    threading.Thread(target=_heartbeat, args=(node, settings().host_id, _stop_heartbeat), daemon=True,
-                     name="termpool-heartbeat").start()
-    sender.app.send_task("pool.reconcile", kwargs={"host": settings().host_id})
-
-
-@worker_shutdown.connect
-def _on_worker_shutdown(**_):
-    _stop_heartbeat.set()

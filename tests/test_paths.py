@@ -1,6 +1,5 @@
 """Request paths must stay inside their roots (POOL_API.md section 3)."""
 import os
-from pathlib import Path
 
 import pytest
 

@@ -28,6 +28,7 @@
  *       "<running|exited> <start> <end> <capped 0|1>" + bytes [start, end).
  *   kill DIR                 -> "killed" or "notrunning"
  *   mkparents PATH           -> create PATH's parent dirs; "<uid> <gid>" of the caller
+ *   put PATH < content       -> write a file as put_archive would; "ok" (see cmd_put)
  *   run-timeout SECONDS -- argv...
  *       Runs argv in the foreground in its own process group; after SECONDS
  *       kills the group and exits 124, else exits with argv's status (and
@@ -600,26 +601,98 @@ static int cmd_kill(int argc, char **argv)
 /* Before a file is written by put_archive for a non-root user: create its
  * missing parent directories as that user, refuse a path that is a directory
  * (put_archive would replace the whole directory with the file), and report
- * the numeric ids the archive's file must carry. */
-static int cmd_mkparents(int argc, char **argv)
+ * the numeric ids the archive's file must carry.  0, or -1 and why in msg. */
+static int make_parents(const char *target, char *msg, size_t cap)
 {
-    if (argc < 3 || argv[2][0] != '/') die("usage: mkparents /ABSOLUTE/PATH");
     char path[4096];
-    snprintf(path, sizeof path, "%s", argv[2]);
+    snprintf(path, sizeof path, "%s", target);
     for (char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
         *p = 0;
         if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-            fprintf(stderr, "cannot create directory '%s': %s\n", path, strerror(errno));
-            return 1;
+            snprintf(msg, cap, "cannot create directory '%s': %s", path, strerror(errno));
+            return -1;
         }
         *p = '/';
     }
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "Is a directory: '%s'\n", path);
+        snprintf(msg, cap, "Is a directory: '%s'", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_mkparents(int argc, char **argv)
+{
+    char msg[4400];
+    if (argc < 3 || argv[2][0] != '/') die("usage: mkparents /ABSOLUTE/PATH");
+    if (make_parents(argv[2], msg, sizeof msg) < 0) {
+        fprintf(stderr, "%s\n", msg);
         return 1;
     }
     printf("%d %d\n", (int)getuid(), (int)getgid());
+    return 0;
+}
+
+/* -------------------------------------------------------------------- put */
+
+/*
+ * put /PATH < content: through the server, shell_write_content_to_file without
+ * put_archive (which costs as much as a docker exec).  Same result: parents as
+ * mkparents makes them, then the old file (or symlink) replaced by a new one,
+ * mode 0644, owned by the caller (the container's user).  Prints "ok";
+ * "error REASON" when the parents fail; or "denied REASON" when this cannot
+ * be done as the caller in the plain way -- no permission (put_archive runs
+ * as root), a special file, a mount point, a special filesystem -- and the
+ * caller should use put_archive after all, whatever it makes of such a path.
+ */
+static int cmd_put(int argc, char **argv)
+{
+    char msg[4400], dir[4096];
+    if (argc < 3 || argv[2][0] != '/') die("usage: put /ABSOLUTE/PATH < content");
+    const char *path = argv[2];
+    if (make_parents(path, msg, sizeof msg) < 0) {
+        printf("error %s\n", msg);
+        return 0;
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = 0;
+    struct stat sb, parent;
+    const char *why = NULL;
+    if (stat(*dir ? dir : "/", &parent) < 0) {
+        why = strerror(errno);
+    } else if (lstat(path, &sb) == 0) {
+        if (!(S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode)) || sb.st_dev != parent.st_dev)
+            why = "not a plain file";
+        else if (unlink(path) < 0)
+            why = strerror(errno);
+    } else if (errno != ENOENT) {
+        why = strerror(errno);
+    }
+    if (why) {
+        printf("denied %s\n", why);
+        return 0;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        printf("denied %s\n", strerror(errno));
+        return 0;
+    }
+    char buf[65536];
+    ssize_t n;
+    int failed = fchmod(fd, 0644); /* whatever the umask */
+    while (!failed && (n = read(0, buf, sizeof buf)) != 0) {
+        if (n < 0 && errno == EINTR) continue;
+        failed = n < 0 || write_all(fd, buf, (size_t)n) < 0;
+    }
+    if (close(fd) < 0) failed = 1;
+    if (failed) {
+        int err = errno;
+        unlink(path);
+        printf("denied %s\n", strerror(err));
+        return 0;
+    }
+    puts("ok");
     return 0;
 }
 
@@ -679,13 +752,15 @@ static int cmd_run_timeout(int argc, char **argv)
  *     "TPS1", N as 4 bytes big-endian, then N bytes of NUL-terminated strings:
  *     WORKDIR ("" = the server's own), zero or more "KEY=VALUE" to set, "",
  *     then the subcommand and its arguments.
+ * The rest of the client's stream, up to its shutdown(SHUT_WR), is the
+ * subcommand's stdin (put reads it; the others ignore it).
  * Reply: the subcommand's stdout and stderr on the same stream; the server
  * closing the connection ends it.  A refused request gets one line starting
  * "tp-session: ".  Only the subcommands in `served` are run, and always this
  * very binary: the server never execs anything else.
  */
 #define REQUEST_MAX (4u << 20) /* > what execve takes (128 KiB per argument) */
-static const char *const served[] = {"spawn", "read", "write", "kill", "mkparents", NULL};
+static const char *const served[] = {"spawn", "read", "write", "kill", "mkparents", "put", NULL};
 static int listen_fd = -1, lock_fd = -1;
 
 static void refuse(int conn, const char *fmt, ...)
@@ -755,8 +830,8 @@ static void serve_one(int conn, const char *self)
     if (!ok) refuse(conn, "refused subcommand %s", n > 1 ? args[1] : "(none)");
     if (*workdir && chdir(workdir) < 0) refuse(conn, "chdir %s: %s", workdir, strerror(errno));
 
-    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC); /* what a docker exec without stdin gets */
-    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(conn, 1) < 0 || dup2(conn, 2) < 0)
+    /* The commands spawn runs get stdin from their supervisor, never this. */
+    if (dup2(conn, 0) < 0 || dup2(conn, 1) < 0 || dup2(conn, 2) < 0)
         refuse(conn, "cannot set up stdio: %s", strerror(errno));
     sigset_t none;
     sigemptyset(&none);
@@ -857,13 +932,14 @@ static int cmd_serve(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|run-timeout|serve ...");
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|serve ...");
     const char *c = argv[1];
     if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
     if (!strcmp(c, "read")) return cmd_read(argc, argv);
     if (!strcmp(c, "write")) return cmd_write(argc, argv);
     if (!strcmp(c, "kill")) return cmd_kill(argc, argv);
     if (!strcmp(c, "mkparents")) return cmd_mkparents(argc, argv);
+    if (!strcmp(c, "put")) return cmd_put(argc, argv);
     if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     die("unknown subcommand: %s", c);

@@ -1,0 +1,23 @@
+"""What every job module of a worker process shares: the state store and run teardown."""
+from __future__ import annotations
+
+import functools
+
+from tasks import environment
+from termpool.config import settings
+from termpool.state import Store
+
+
+@functools.lru_cache(maxsize=1)
+def store() -> Store:
+    return Store.from_url(settings().redis_url)
+
+
+def remove_env(run_id: str, env: dict) -> int:
+    """Remove a run's containers and networks (its warm container's too) and its socket folder."""
+    removed = environment.remove_run_resources(run_id, env.get("project", ""))
+    if env.get("warm_id"):
+        removed += environment.remove_run_resources(env["warm_id"])
+        store().warm_forget(env["warm_id"])
+    environment.remove_ctl_dir(env.get("ctl_dir", ""))
+    return removed

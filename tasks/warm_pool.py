@@ -1,0 +1,71 @@
+"""The opt-in warm pool (WARM_POOL_SIZE): started containers per one-service task and host.
+
+A reset takes one with LPOP, so no container ever serves two runs; the pool refills in the
+background on the lifecycle queue. Pooled containers carry their warm id as run label (labels
+cannot change later); tp:warmid:<id> keeps them safe from the reconcile sweep.
+"""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from celery import shared_task
+
+from tasks import artifacts, environment
+from tasks.runtime import remove_env, store
+from tasks.session_helper import prepare_container
+from termpool.config import settings
+from termpool.paths import resolve_task_path
+
+
+def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
+    """A pre-started container of this task, handed to this run alone (LPOP), if one is alive."""
+    while True:
+        entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
+        if entry is None:
+            return None
+        if environment.client_if_running(entry["client"]) is not None:
+            run_path = run_path(run, mounts_from=Path(entry["run_dir"]))
+            return environment.RunEnv("direct", entry["project"], entry["client"], str(run_path),
+                                      warm_id=entry["warm_id"], ctl_dir=entry.get("ctl_dir", ""),
+                                      user=entry.get("user", ""))
+        environment.remove_run_resources(entry["warm_id"])  # died while pooled
+        environment.remove_ctl_dir(entry.get("ctl_dir", ""))
+        store().warm_forget(entry["warm_id"])
+
+
+@shared_task(name="pool.refill_warm", bind=True)
+def refill_warm(self, *, host, task_path, task_name):
+    """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
+    cfg = settings()
+    lock = store().r.lock(f"tp:warm-lock:{host}:{task_path}", timeout=cfg.timeouts.reset_session + 60,
+                          blocking=False)
+    if not lock.acquire():
+        return 0
+    started = 0
+    try:
+        task_dir = resolve_task_path(cfg.dataset_dir, task_path)
+        while store().warm_count(host, task_path) < cfg.warm_pool_size:
+            warm_id = "warm-" + secrets.token_hex(8)
+            pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
+            env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
+                                               cfg.timeouts.reset_session)
+            try:
+                prepare_container(container)
+            except BaseException:
+                remove_env(warm_id, env.to_dict())
+                raise
+            store().warm_push(host, task_path, {"warm_id": warm_id, "client": env.client, "project": env.project,
+                                                "run_dir": str(_warm_dir(cfg, warm_id)), "ctl_dir": env.ctl_dir,
+                                                "user": env.user})
+            started += 1
+    finally:
+        lock.release()
+    return started
+
+
+def _warm_dir(cfg, warm_id: str) -> Path:
+    return artifacts.run_dir(str(cfg.output_root / ".warm"), "pool", "0", warm_id)
+
+
+# ---- tool calls -----------------------------------------------------------------------------
