@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -21,12 +22,13 @@ import yaml
 
 from tasks.docker_env import (HOST_LABEL, MANAGED_LABEL, RUN_LABEL, docker_client, run_compose,
                               termpool_labels)
+from tasks.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.task_spec import compose_file, image_name, name_prefix
 
 CLIENT_SERVICE = "client"
-CTL_MOUNT = "/.termpool/ctl"
-CTL_SOCKET = "ctl.sock"
+CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
+CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
 _TEMPLATE_SERVICE_KEYS = {"build", "image", "container_name", "command", "environment", "volumes"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 DOCKER_SOCKET = "docker.sock"
@@ -44,9 +46,6 @@ class RunEnv:
     ctl_dir: str = ""  # host folder mounted at CTL_MOUNT: the in-container tool server's socket
     user: str = ""  # the client container's configured user
 
-    @property
-    def ctl_socket(self) -> str:
-        return f"{self.ctl_dir}/{CTL_SOCKET}" if self.ctl_dir else ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -212,11 +211,16 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user), container
 
 
+def ctl_socket(env: dict) -> str:
+    """Host path of the run's tool-server socket ("" for runs started without one)."""
+    return f"{env['ctl_dir']}/{CTL_SOCKET_NAME}" if env.get("ctl_dir") else ""
+
+
 def make_ctl_dir(cfg: Settings, owner_id: str) -> Path:
     """The host side of the tool server's socket folder; any container user may create the socket."""
     path = cfg.socket_dir / owner_id
     path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o777)
+    os.chmod(path, 0o1777)  # sticky: one container user cannot remove another's socket
     return path
 
 

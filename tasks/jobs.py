@@ -172,7 +172,7 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
 def _start_cold(run: dict, task_dir: Path) -> environment.RunEnv:
     env, container = environment.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
     try:
-        prepare_container(container)
+        prepare_container(container, serve=bool(env.ctl_dir))
     except BaseException:
         remove_env(run["run_id"], env.to_dict())
         raise
@@ -188,7 +188,8 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
     store().transition(run_id, ("ready", "evaluated"), "busy")
     try:
         observation = run_tool(container, tool_call.get("name"), tool_call.get("arguments"), _RunSessions(run_id),
-                               expose_kill=settings().expose_kill_tool)
+                               expose_kill=settings().expose_kill_tool,
+                               ctl_socket=environment.ctl_socket(run["env"]) or None)
     finally:
         store().transition(run_id, ("busy",), "ready")
     artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)

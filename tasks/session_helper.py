@@ -32,7 +32,7 @@ BINARY = HELPER_DIR / "tp-session"
 HELPER_PATH = "/.termpool/bin/tp-session"
 SESSIONS_ROOT = "/.termpool/sessions"
 WORKSPACE = "/workspace"
-CTL_DIR = "/.termpool/ctl"  # bind-mounted from the host (mode 0777): the serve socket lives here
+CTL_DIR = "/.termpool/ctl"  # bind-mounted from the host (mode 1777): the serve socket lives here
 CTL_SOCKET = f"{CTL_DIR}/ctl.sock"
 
 log = logging.getLogger(__name__)

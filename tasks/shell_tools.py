@@ -3,7 +3,8 @@
 Every tool call runs the tp-session helper (tasks/helper/tp_session.c) once in the container:
 through its server's unix socket when the caller names one (`ctl_socket`, a host path; a few
 milliseconds), else, or when nobody answers there, as one `docker exec` (tens of milliseconds).
-shell_write_content_to_file is one put_archive. The sessions' processes and output live in
+shell_write_content_to_file is one `tp-session put` through the server, or else (and for paths
+the server declines) one put_archive. The sessions' processes and output live in
 the container (/.termpool/sessions/<sid>/); the caller's `sessions` store keeps only what the
 observations need between calls (kind, read offset, whether the end was reported):
 
@@ -166,6 +167,18 @@ class _Context:
         stat = json.loads(base64.b64decode(res.headers.get("X-Docker-Container-Path-Stat") or "e30="))
         return bool(int(stat.get("mode", 0)) & (1 << 31))  # Go's os.ModeDir
 
+    def put_file(self, path: str, data: bytes) -> tuple[str, str] | None:
+        """Write a file through the server (`tp-session put`): (status, reason); None when there
+        is no server to ask (it is restarted in the background)."""
+        if not self.ctl_socket:
+            return None
+        out = _ask_server(self.ctl_socket, _request(["put", path], None, None), data)
+        if out is None:
+            _restart_server(self.container, self.ctl_socket)
+            return None
+        status, _, reason = out.decode("utf-8", "replace").partition("\n")[0].partition(" ")
+        return status, reason
+
     def run_helper(self, args: list[str], workdir: str | None = None,
                    environment: dict | None = None) -> tuple[bytes, bytes]:
         """Run tp-session in the container; its stdout and stderr (both in the first through
@@ -237,9 +250,11 @@ def _connect(sock: socket.socket, path: str) -> None:
         os.close(fd)
 
 
-def _ask_server(path: str, request: bytes) -> bytes | None:
-    """The helper's reply through the server at `path`; None when nobody answered (no socket,
-    no server, or the connection dropped before a byte came back): the request never ran."""
+def _ask_server(path: str, request: bytes, stdin: bytes = b"") -> bytes | None:
+    """The helper's reply through the server at `path`; None when the request certainly never
+    ran (no socket, no server, or a reset before any reply: the kernel dropped the connection
+    with the request unread), so the caller may send it another way. A reply that is simply
+    empty (the helper was killed after it took the request) is returned as such, never retried."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(_CONNECT_TIMEOUT)
@@ -247,7 +262,8 @@ def _ask_server(path: str, request: bytes) -> bytes | None:
             _connect(sock, path)
             # No read timeout: a blocking command may run `timeout` seconds, or without limit.
             sock.settimeout(None)
-            sock.sendall(request)
+            sock.sendall(request + stdin)
+            sock.shutdown(socket.SHUT_WR)  # end of the helper's stdin
         except OSError:
             return None
         reply = bytearray()
@@ -255,11 +271,13 @@ def _ask_server(path: str, request: bytes) -> bytes | None:
             try:
                 chunk = sock.recv(min(1 << 20, _REPLY_MAX - len(reply)))
             except ConnectionResetError:
-                break
+                if not reply:
+                    return None
+                break  # a refusal that left part of the request unread: its message came first
             if not chunk:
                 break
             reply += chunk
-        return bytes(reply) or None
+        return bytes(reply)
     finally:
         sock.close()
 
@@ -288,7 +306,12 @@ def _restart_server(container, path: str) -> None:
 
     def restart():
         try:
-            start_server(container)
+            try:
+                start_server(container)
+            except RuntimeError as exc:
+                if not str(exc).startswith("OCI runtime exec failed"):
+                    raise
+                prepare_container(container, serve=True)  # the helper is missing: install it too
         except Exception as exc:
             log.warning("restarting tp-session serve for %s failed: %s", path, exc)
 
@@ -437,9 +460,20 @@ def shell_write_content_to_file(ctx: _Context, /, content, file_path) -> str:
         path = "/" + path.lstrip("/")
         if path == "/" or file_path.endswith("/"):
             raise IsADirectoryError(f"Is a directory: '{path}'")
+        root = is_root(container_user(ctx.container))
+        # Through the server: as the container's user, no put_archive. Where that cannot be done
+        # the plain way ("denied": no permission, a special file or filesystem), or for root
+        # when the parents cannot be made in place, put_archive below does it as before.
+        served = ctx.put_file(path, data)
+        if served is not None:
+            status, reason = served
+            if status == "ok":
+                return WRITTEN.format(path=file_path)
+            if status == "error" and not root:
+                raise OSError(reason)
         # put_archive would replace a directory at `path` by the file, contents and all: refuse.
         uid = gid = 0
-        if is_root(container_user(ctx.container)):
+        if root:
             # put_archive creates missing parents (as root); a HEAD request stats the target.
             if ctx.is_directory(path):
                 raise IsADirectoryError(f"Is a directory: '{path}'")

@@ -51,7 +51,7 @@ def refill_warm(self, *, host, task_path, task_name):
             env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
                                                cfg.timeouts.reset_session)
             try:
-                prepare_container(container)
+                prepare_container(container, serve=bool(env.ctl_dir))
             except BaseException:
                 remove_env(warm_id, env.to_dict())
                 raise

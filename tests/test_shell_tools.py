@@ -7,6 +7,7 @@ docker exec fails the test there).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import statistics
@@ -184,12 +185,12 @@ class Env:
         self.container.remove(force=True)
 
 
-def make_env(client, image, mode, tmp_path_factory, prepare=True, **kwargs) -> Env:
+def make_env(client, image, mode, tmp_path_factory, prepare=True, ctl_name="ctl", **kwargs) -> Env:
     """In socket mode a fresh host directory (mode 0777, as the pool makes it) is mounted at
     CTL_DIR and prepare_container starts the server."""
     ctl_dir = None
     if mode == "socket":
-        ctl_dir = tmp_path_factory.mktemp("ctl")
+        ctl_dir = tmp_path_factory.mktemp(ctl_name)
         ctl_dir.chmod(0o777)
         kwargs["volumes"] = {str(ctl_dir): {"bind": CTL_DIR, "mode": "rw"}}
     env = Env(client, make_container(client, image, **kwargs), mode, ctl_dir)
@@ -460,6 +461,17 @@ def test_write_to_unknown_session(sh):
         "Error: No active non-blocking session found with ID 'ghost'."
 
 
+def test_helper_killed_mid_call_is_an_error_not_a_retry(sh, container):
+    # The command kills the tp-session that runs it (its supervisor's parent): the call ends with
+    # no reply. The command must not be run a second time (socket mode must not fall back).
+    cmd = "echo ran >> /tmp/once; kill -9 $(cut -d' ' -f4 /proc/$PPID/stat); sleep 0.2"
+    assert sh("shell_exec", id="once", command=cmd) == \
+        "[TOOL_ERROR] shell_exec: RuntimeError: tp-session spawn failed: no output"
+    time.sleep(0.5)
+    assert container.exec_run(["cat", "/tmp/once"]).output == b"ran\n"
+    container.exec_run(["sh", "-c", f"rm -rf /tmp/once {SESSIONS_ROOT}/*.run.*"])
+
+
 # ---- shell_write_content_to_file ------------------------------------------------------------
 def test_write_relative_absolute_nested(sh, container):
     content = "héllo\n  wörld\n\tno newline at end"
@@ -472,8 +484,29 @@ def test_write_relative_absolute_nested(sh, container):
     for path in ["/workspace/notes.txt", "/workspace/deep/er/notes.txt"]:
         assert container.exec_run(["cat", path]).output == content.encode()
     assert container.exec_run(["stat", "-c", "%s %a %U", "/tmp/a/b/c/empty"]).output == b"0 644 root\n"
+    assert container.exec_run(["stat", "-c", "%a %U", "/tmp/a", "/tmp/a/b/c"]).output == b"755 root\n" * 2
     assert sh("shell_write_content_to_file", content="v2", file_path="./notes.txt").startswith("Content successfully")
     assert sh("shell_exec", id="t", command="cat notes.txt") == "v2"
+
+
+def test_write_replaces_file_and_symlink(sh, container):
+    container.exec_run(["sh", "-c", "cd /workspace && echo old > target && chmod 755 target && ln target hard && "
+                                    "ln -s target link && ln -s /etc/hostname abslink"])
+    for name in ["target", "link", "abslink"]:
+        assert sh("shell_write_content_to_file", content=name, file_path=name).startswith("Content successfully")
+    out = container.exec_run(["sh", "-c", "cd /workspace && stat -c '%n %F %a' target link abslink hard && "
+                                          "cat target; echo; cat link; echo; cat abslink; echo; cat hard"]).output
+    # a new file each time (put_archive's way): the hard link keeps the old content, links are replaced
+    assert out.decode() == ("target regular file 644\nlink regular file 644\nabslink regular file 644\n"
+                            "hard regular file 755\ntarget\nlink\nabslink\nold\n")
+    assert container.exec_run(["cat", "/etc/hostname"]).output.strip() != b"abslink"
+
+
+def test_write_to_special_file_leaves_it_alone(sh, container):
+    # In socket mode the server declines (not a plain file), so put_archive does what it always
+    # did: it writes beneath the container's mounts; /dev/null stays a device.
+    assert sh("shell_write_content_to_file", content="x", file_path="/dev/null").startswith("Content successfully")
+    assert container.exec_run(["sh", "-c", "[ -c /dev/null ] && echo device"]).output == b"device\n"
 
 
 def test_write_failures(sh, container):
@@ -560,6 +593,9 @@ def test_non_root_user(client, base_image, mode, tmp_path_factory):
             "cannot create directory '/root/x': Permission denied"
         assert sh("shell_write_content_to_file", content="x", file_path="a") == \
             "Error writing to file 'a' in Docker container: Is a directory: '/workspace/a'"
+        # where nobody may not create the file itself, put_archive (as root) does, as it always did
+        assert sh("shell_write_content_to_file", content="x", file_path="/etc/tp-x").startswith("Content successfully")
+        assert e.container.exec_run(["stat", "-c", "%U %a", "/etc/tp-x"]).output == b"nobody 644\n"
         assert sh("shell_exec", id="s", command="id -un", block=False) == started("s")
         assert drain(sh, "s") == "nobody\n"
     finally:
@@ -693,7 +729,8 @@ def test_server_refuses_bad_requests(served):
     assert raw_request(path, b"", length=64 << 20) == b"tp-session: request size 67108864 out of range\n"
     assert raw_request(path, b"\0\0read", length=7) == b"tp-session: short request\n"
     assert raw_request(path, b"\0\0read") == b"tp-session: malformed request\n"
-    assert raw_request(path, b"\0NOEQUALS\0\0read\0") == b"tp-session: malformed environment entry\n"
+    for entry in [b"NOEQUALS", b"=x"]:
+        assert raw_request(path, b"\0" + entry + b"\0\0read\0") == b"tp-session: malformed environment entry\n"
     for argv in [b"serve\0/tmp/x.sock\0", b"run-timeout\0" b"1\0--\0id\0", b"/bin/sh\0-c\0id\0", b"", b"\0"]:
         assert raw_request(path, b"\0\0" + argv).startswith(b"tp-session: refused subcommand"), argv
     assert raw_request(path, b"/nowhere\0\0read\0/x\0" b"0\0") == \
@@ -789,6 +826,43 @@ def test_no_zombies_or_stragglers_after_many_calls(served):
     table = proc_table(container)
     assert sum(state == "Z" for _, _, state, _ in table) == zombies_before, table
     assert [p for p in table if p[1] == pid] == [], "the server still has children"
+
+
+def test_server_repairs_removed_workspace_and_helper(served):
+    container, sh = served.container, served.shell()
+    container.exec_run(["rm", "-rf", "/workspace"])
+    assert sh("shell_exec", id="t", command="pwd; ls -A") == "/workspace\n"
+    container.exec_run(["rm", "-f", HELPER_PATH])
+    assert sh("shell_exec", id="t", command="echo back") == "back\n"
+    container.exec_run(["rm", "-f", HELPER_PATH])
+    assert sh("shell_write_content_to_file", content="x", file_path="f").startswith("Content successfully")
+    assert sh("shell_exec", id="t", command="cat f") == "x"
+
+
+def test_long_socket_path(client, base_image, tmp_path_factory):
+    e = make_env(client, base_image, "socket", tmp_path_factory, ctl_name="c" * 100)
+    try:
+        assert len(e.ctl_socket) > 108  # more than sun_path holds
+        assert e.shell()("shell_exec", id="t", command="echo far") == "far\n"
+    finally:
+        e.remove()
+
+
+def test_writes_go_through_the_server(served):
+    sh, model = served.shell(), served.model
+    model.put_archive = lambda *a, **k: pytest.fail("put_archive used")
+    try:
+        big = "".join(f"line {i}\n" for i in range(100000))  # larger than a socket buffer
+        for path in ["big.txt", "/tmp/new/dir/big.txt", "big.txt"]:
+            assert sh("shell_write_content_to_file", content=big, file_path=path) == \
+                f"Content successfully written to '{path}' in Docker container."
+        assert sh("shell_exec", id="t", command="md5sum < big.txt; md5sum < /tmp/new/dir/big.txt") == \
+            2 * (hashlib.md5(big.encode()).hexdigest() + "  -\n")
+        assert sh("shell_write_content_to_file", content="", file_path="empty") == \
+            "Content successfully written to 'empty' in Docker container."
+        assert served.container.exec_run(["stat", "-c", "%s %a", "/workspace/empty"]).output == b"0 644\n"
+    finally:
+        del model.put_archive
 
 
 def test_socket_calls_are_cheaper_than_docker_exec(served):

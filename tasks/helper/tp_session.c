@@ -817,7 +817,7 @@ static void serve_one(int conn, const char *self)
     char *p = req, *end = req + len, *workdir = p;
     p += strlen(p) + 1;
     for (; p < end && *p; p += strlen(p) + 1) {
-        if (!strchr(p, '=')) refuse(conn, "malformed environment entry");
+        if (!strchr(p + 1, '=') || *p == '=') refuse(conn, "malformed environment entry");
         putenv(p); /* req lives until the exec */
     }
     if (p >= end) refuse(conn, "malformed request");
@@ -840,11 +840,11 @@ static void serve_one(int conn, const char *self)
     refuse(conn, "cannot run the helper %s: %s", self, strerror(errno));
 }
 
-/* A server answers at addr (connect succeeds: it, or its listen backlog, took us). */
+/* A server listens at addr (EAGAIN: it does, with a full backlog). */
 static int socket_live(const struct sockaddr_un *addr)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int live = fd >= 0 && connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int live = fd >= 0 && (connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0 || errno == EAGAIN);
     if (fd >= 0) close(fd);
     return live;
 }
@@ -880,7 +880,7 @@ static int cmd_serve(int argc, char **argv)
     }
     if (socket_live(&addr)) return 0; /* its lock file was removed: leave it be */
     unlink(path);
-    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_fd < 0) die("socket: %s", strerror(errno));
     /* Owner only: other users in the container must not run commands as us
      * (root on the host side can always connect). */
@@ -914,13 +914,13 @@ static int cmd_serve(int argc, char **argv)
         /* Nobody can reach us once our socket file is gone or replaced: exit,
          * so a new server can take the lock. */
         struct pollfd pf = {listen_fd, POLLIN, 0};
-        if (poll(&pf, 1, 1000) == 0) {
-            if (stat(path, &sb) < 0 || sb.st_ino != mine.st_ino || sb.st_dev != mine.st_dev) _exit(0);
-            continue;
-        }
-        int conn = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        int r = poll(&pf, 1, 1000);
+        if (r == 0 && (stat(path, &sb) < 0 || sb.st_ino != mine.st_ino || sb.st_dev != mine.st_dev)) _exit(0);
+        if (r <= 0) continue;
+        int conn = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC); /* a blocking connection */
         if (conn < 0) {
-            if (errno != EINTR && errno != ECONNABORTED) sleep_s(0.05); /* EMFILE and friends: back off */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS)
+                sleep_s(0.05); /* out of resources: back off instead of spinning */
             continue;
         }
         /* The request is read in the child, so a slow client never blocks the loop. */
