@@ -24,6 +24,10 @@ def test_episode_scores(router, docker_client, task, solved, expected):
     lease = router.allocate(task)
     reply = router.reset(lease, task)
     assert reply.status_code == 200, reply.text
+    if task == "hello-file":
+        [container] = router.run_containers(docker_client, lease)
+        assert container.attrs["HostConfig"]["Memory"] == 1024 ** 3
+        assert {m["Destination"] for m in container.attrs["Mounts"]} >= {"/logs", "/agent-logs"}
     body = reply.json()
     assert body["ok"] is True
     assert body["user_msg"] == f"Task name:{task}\nTask instruction: solve {task}"
@@ -59,7 +63,13 @@ def test_sidecar_reachable_by_service_name(router, docker_client):
         c.reload()
         assert c.attrs["HostConfig"]["Privileged"] is False
         assert not any("docker.sock" in (m.get("Source") or "") for m in c.attrs["Mounts"])
+    client = next(c for c in containers if c.labels.get("com.docker.compose.service") == "client")
+    assert client.attrs["HostConfig"]["Memory"] == 1024 ** 3  # CONTAINER_MEMORY_LIMIT=1g in the test stack
+    assert client.attrs["HostConfig"]["MemorySwap"] == 1024 ** 3
+    networks = docker_client.networks.list(filters={"label": f"termpool.run={lease}"})
+    assert networks, "the run's compose network carries termpool's labels"
     finish(router, docker_client, lease)
+    assert not docker_client.networks.list(filters={"label": f"termpool.run={lease}"}), "teardown left a network"
 
 
 def test_interactive_program_through_write_to_process(router, docker_client):
