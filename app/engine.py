@@ -32,6 +32,11 @@ class RunClosed(RuntimeError):
 TOOL_STATES = ("ready", "busy", "evaluating", "evaluated")  # states with a started environment
 
 
+def capacity_message(task_key: str, code: str) -> str:
+    limit = "WORKER_MAX_TASKS" if code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
+    return f"no capacity for task {task_key!r}: {limit} reached"
+
+
 @dataclass
 class Submission:
     """What POST /v1/runs answers: the run, its start job, and whether it was a repeat."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify
 
 from app import validation
-from app.engine import Engine, NotReady, UnknownLease
+from app.engine import Engine, NotReady, UnknownLease, capacity_message
 from termpool.state import CapacityError
 
 bp = Blueprint("pool", __name__)
@@ -53,8 +53,7 @@ def allocate():
     try:
         lease = engine().allocate(task_key, request_id)
     except CapacityError as exc:
-        limit = "WORKER_MAX_TASKS" if exc.code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
-        return fail(429, f"no capacity for task {task_key!r}: {limit} reached", code=exc.code)
+        return fail(429, capacity_message(task_key, exc.code), code=exc.code)
     return ok(lease_id=lease.run_id, reused=lease.reused)
 
 

@@ -26,9 +26,8 @@ Decisions where the spec is silent:
     DELETE was lost can still wait for the teardown.
   * ``?wait`` must be a number from 0 to 60; anything else is a 400, not clamped.
   * Reading a run or one of its jobs is a call on its lease (POOL_API.md: "any call"), so it
-    marks a live run as used: a client polling a long one-shot episode keeps it from being
-    reaped as idle. (Workers do not mark a run as used while its chain runs, so an episode
-    nobody polls can still be reaped after WORKER_RUN_IDLE_TTL.)
+    marks a live run as used. Every job a worker starts marks its run as used too, so a long
+    one-shot episode is not reaped as idle between its steps.
   * The 202 of POST /v1/runs also carries ``reused`` and, when this request started the
     run, ``jobs``: every step's job id (start, tool_calls, evaluation, close), so a client
     can wait on the last one. A repeat may briefly name a start job whose record is still
@@ -44,7 +43,7 @@ import math
 from flask import Blueprint, current_app, jsonify, request
 
 from app import openapi, validation
-from app.engine import Engine, NotReady, RunClosed, Submission, UnknownLease
+from app.engine import Engine, NotReady, RunClosed, Submission, UnknownLease, capacity_message
 from termpool.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
@@ -153,8 +152,7 @@ def create_run():
     try:
         sub = engine().submit(task_key, request_id, start, episode)
     except CapacityError as exc:
-        limit = "WORKER_MAX_TASKS" if exc.code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
-        return fail(429, f"no capacity for task {task_key!r}: {limit} reached", exc.code)
+        return fail(429, capacity_message(task_key, exc.code), exc.code)
     return _submission_reply(sub)
 
 
