@@ -295,15 +295,21 @@ static int pump_pty(int master, int fifo, int outfd, pid_t child, const sigset_t
     return status;
 }
 
-/* The detached process that owns the command for the life of the session. */
-static void supervise(const char *wdir, int pty, int interactive, int ready_fd, char **argv)
+/* Point stdio at /dev/null: `docker exec` (or the socket client) waits until a
+ * detached process has let go of the streams it was started with. */
+static void release_stdio(void)
 {
     int devnull = open("/dev/null", O_RDWR);
-    /* Release docker exec's stdio, or `docker exec` would wait for us. */
     dup2(devnull, 0);
     dup2(devnull, 1);
     dup2(devnull, 2);
     if (devnull > 2) close(devnull);
+}
+
+/* The detached process that owns the command for the life of the session. */
+static void supervise(const char *wdir, int pty, int interactive, int ready_fd, char **argv)
+{
+    release_stdio();
     signal(SIGPIPE, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
     sigset_t chld, waitmask;
@@ -898,11 +904,7 @@ static int cmd_serve(int argc, char **argv)
     if (pid < 0) die("fork: %s", strerror(errno));
     if (pid > 0) _exit(0);
     setsid();
-    int devnull = open("/dev/null", O_RDWR);
-    dup2(devnull, 0);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-    if (devnull > 2) close(devnull);
+    release_stdio();
     /* SIGCHLD ignored: the kernel reaps our children, no zombies.  As a
      * subreaper we also get (and so reap) the session supervisors that spawn
      * leaves behind, which would otherwise go to a pid 1 that, in many images
