@@ -19,7 +19,6 @@ TASK_KINDS = {
     "pool.start_run": "lifecycle",
     "pool.refill_warm": "lifecycle",
     "pool.exec_tool": "exec",
-    "pool.run_script": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",

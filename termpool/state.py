@@ -26,8 +26,9 @@ IDEMPOTENCY_TTL = 300
 RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
 HOST_ALIVE_SECONDS = 30
 NODE_TTL = 15
-LIVE_STATES = ("allocated", "starting", "ready", "busy", "evaluating", "evaluated", "failed")
-JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result")
+# Stored as JSON (structured, or possibly null); every other field is a plain string, so a
+# client's task_key of "null" or "true" stays that string.
+JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score")
 
 
 class CapacityError(Exception):
@@ -105,7 +106,7 @@ def new_run_id() -> str:
 def _encode(fields: dict) -> dict:
     out = {}
     for key, value in fields.items():
-        if key in JSON_FIELDS or isinstance(value, (dict, list, bool)) or value is None:
+        if key in JSON_FIELDS:
             out[key] = json.dumps(value)
         else:
             out[key] = str(value)
@@ -115,14 +116,14 @@ def _encode(fields: dict) -> dict:
 def _decode(raw: dict) -> dict:
     out = {}
     for key, value in raw.items():
-        if key in JSON_FIELDS or value in ("null", "true", "false"):
+        if key in JSON_FIELDS:
             try:
                 out[key] = json.loads(value)
                 continue
             except ValueError:
                 pass
         out[key] = value
-    for key in ("created_at", "last_used_at", "queued_at", "started_at", "finished_at", "score"):
+    for key in ("created_at", "last_used_at", "queued_at", "started_at", "finished_at"):
         if isinstance(out.get(key), str):
             try:
                 out[key] = float(out[key])

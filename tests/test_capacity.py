@@ -77,3 +77,14 @@ def test_idle_runs_and_touch(store):
     store.release(run.run_id)
     assert store.touch(run.run_id) is False
     assert store.idle_runs("h1", idle_ttl=-1) == []
+
+
+@pytest.mark.parametrize("task_key", ["null", "true", "false", "12"])
+def test_task_keys_that_look_like_json_stay_strings(store, task_key):
+    run = store.allocate(task_key, "", ["h1"], max_tasks=1, max_runs=1)
+    assert store.get_run(run.run_id)["task_key"] == task_key
+    store.update_run(run.run_id, score=None, tests={"t": "passed"})
+    record = store.get_run(run.run_id)
+    assert record["score"] is None and record["tests"] == {"t": "passed"}
+    store.update_run(run.run_id, score=0.75)
+    assert store.get_run(run.run_id)["score"] == 0.75
