@@ -253,7 +253,10 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
 
 # ---- evaluation -----------------------------------------------------------------------------
 def _evaluation_failed(run_id: str, error: str, code: str) -> None:
-    store().set_state_if_live(run_id, "ready", error=error, **failures.fields(code))
+    """An evaluation that got going leaves the run ready again, with the reason; one refused
+    at once (a run not started, or closed) leaves the run as it was."""
+    if store().transition(run_id, ("evaluating",), "ready"):
+        store().update_run(run_id, error=error, **failures.fields(code))
 
 
 @shared_task(name="pool.evaluate", bind=True, **RETRY_OPTIONS)
