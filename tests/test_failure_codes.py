@@ -251,7 +251,7 @@ def test_tests_are_never_run_twice(proxied):
     router.close(lease)
 
 
-def test_a_task_error_is_not_retried_and_compose_goes_through_the_proxy(proxied, docker_client):
+def test_a_task_error_is_not_retried(proxied):
     stack, proxy = proxied
     retried = retries(stack, "pool.ensure_image")
     sub = submit(stack, "broken-dockerfile", close=True)
@@ -260,7 +260,10 @@ def test_a_task_error_is_not_retried_and_compose_goes_through_the_proxy(proxied,
     assert start["code"] == "TASK_BUILD_FAILED", start
     assert retries(stack, "pool.ensure_image") == retried
 
-    # A compose task (the CLI reads DOCKER_HOST too) starts and scores through the proxy.
+
+def test_compose_tasks_go_through_the_proxy(proxied):
+    """The compose CLI reads DOCKER_HOST too: a two-service task starts and scores through it."""
+    stack, proxy = proxied
     sub = submit(stack, "sidecar-kv", evaluate=True, close=True, script=solution_script("sidecar-kv"))
     close = finished(stack, sub["jobs"]["close"], limit=400)
     assert close["state"] == "succeeded", close
