@@ -1,7 +1,9 @@
 """Celery tasks: every operation on a run, carried out on the run's host.
 
 Each task carries the job id of the client's request; `_job` records started/finished in
-the state store so the facade (and pollers) see the outcome whatever the queue did.
+the state store so the facade (and pollers) see the outcome whatever the queue did, a
+failure with its code (termpool/failures.py), and retries transient Docker failures of the
+tasks that can safely run again.
 """
 from __future__ import annotations
 
