@@ -11,7 +11,7 @@ from celery import Celery
 
 from tasks import dispatch
 from termpool.config import Settings
-from termpool.state import Allocation, Store
+from termpool.state import NO_FAILURE, Allocation, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 
@@ -90,7 +90,7 @@ class Engine:
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
         self.store.update_run(run["run_id"], state="starting", task_meta=task_meta, run_ctx=run_ctx,
-                              task_timeouts=task_timeouts, error="")
+                              task_timeouts=task_timeouts, **NO_FAILURE)
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
     def tool_call(self, run: dict, call: dict) -> str:
@@ -155,7 +155,7 @@ class Engine:
         job_id = str(uuid.uuid4())
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
             return Submission(lease.run_id, self._start_job_of(lease.run_id), run["state"], True)
-        self.store.update_run(lease.run_id, state="starting", error="", **start)
+        self.store.update_run(lease.run_id, state="starting", **NO_FAILURE, **start)
         jobs = dispatch.enqueue_episode(self.celery, self.store, lease.run_id, lease.host, job_id,
                                         start["task_meta"]["task_path"], **episode)
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)

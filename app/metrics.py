@@ -8,9 +8,11 @@ Two kinds of series:
   (app/gunicorn_conf.py sets that up) and a scrape sums every process's files, so whichever
   worker answers /metrics reports the same totals. Without that variable (flask run, tests
   in one process) they live in the process's memory.
-* Pool gauges (live runs, pending closes, queue depths, live hosts), read from Redis by a
-  custom collector at scrape time, so they are right whichever process answers and cost a
-  couple of Redis round trips per scrape.
+* Pool gauges (live runs, pending closes, queue depths, live hosts) and the workers' job
+  counters (failed jobs by failure code, automatic retries by task and reason), read from
+  Redis by a custom collector at scrape time, so they are right whichever process answers
+  and cost a couple of Redis round trips per scrape. Workers count into Redis hashes
+  (termpool/state.py) as they record a job's failure or retry.
 
 Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is
@@ -27,7 +29,7 @@ import redis
 from flask import Flask, Response, current_app, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, multiprocess
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from termpool.config import QUEUE_KINDS, Settings
@@ -223,7 +225,19 @@ class PoolCollector(Collector):
                                    labels=["limit"])
         limits.add_metric(["max_tasks"], self.cfg.max_tasks)
         limits.add_metric(["max_runs_per_task"], self.cfg.max_runs_per_task)
-        return [runs, tasks, total, closes, depth, hosts_up, limits]
+        return [runs, tasks, total, closes, depth, hosts_up, limits, *self._job_counters(store)]
+
+    @staticmethod
+    def _job_counters(store: Store) -> list:
+        failed = CounterMetricFamily("termpool_job_failures", "Jobs that failed, by failure code (see the failure "
+                                     "taxonomy; steps skipped after a failed one are not counted).", labels=["code"])
+        for code, n in sorted(store.failure_counts().items()):
+            failed.add_metric([code], n)
+        retries = CounterMetricFamily("termpool_job_retries", "Automatic retries of a Celery task after a transient "
+                                      "failure, by task and reason (failure code).", labels=["task", "reason"])
+        for (task, reason), n in sorted(store.retry_counts().items()):
+            retries.add_metric([task, reason], n)
+        return [failed, retries]
 
 
 # ---- the endpoint -------------------------------------------------------------------------

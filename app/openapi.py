@@ -2,12 +2,16 @@
 
 Kept as Python data next to the code rather than generated from it: the pool API's shapes
 are a compatibility contract that must not drift with refactors, and the test suite checks
-that every route the app serves is described here.
+that every route the app serves is described here. The failure codes are the exception:
+their enum and the `x-error-codes` table come from termpool/failures.py via app/error_codes.py.
 """
 from __future__ import annotations
 
 import copy
 import functools
+
+from app import error_codes
+from termpool.failures import CODES
 
 JSON = "application/json"
 RUN_STATES = ["allocated", "starting", "ready", "busy", "evaluating", "evaluated", "closing", "closed", "failed"]
@@ -62,14 +66,22 @@ STR = {"type": "string"}
 NUM = {"type": "number"}
 LEASE = _obj(["lease_id"], lease_id={"type": "string", "description": "The run id from /allocate."})
 BAD_LEASE = _error("lease_id missing or not a string, or another field is malformed")
+UNAVAILABLE = _error("Docker or the run's worker host could not be reached (BACKEND_UNAVAILABLE, HOST_LOST, "
+                     "WORKERS_DOWN): retry")
+
+
+CODE = {"enum": list(CODES), "description": "Failure code; x-error-codes lists each with its kind, "
+                                            "retryability and status per face."}
+RETRYABLE = {"type": "boolean", "description": "True when running the episode again can help (an "
+                                               "infrastructure error or full capacity); false for client "
+                                               "and task errors."}
 
 
 def _schemas() -> dict:
     from app.runs_api import MAX_SCRIPT_STEPS  # here, not at import time: runs_api imports this module
 
     return {
-        "Error": _obj(["ok", "error"], ok={"const": False}, error=STR,
-                      code={"type": "string", "description": "Machine-readable reason, where one is listed."}),
+        "Error": _obj(["ok", "error"], ok={"const": False}, error=STR, code=CODE, retryable=RETRYABLE),
         "TaskMeta": _obj(["task_name"], task_name=STR,
                          task_path={"type": "string", "description": "Relative to DATASET_DIR; defaults to task_name."},
                          instruction=STR),
@@ -85,12 +97,16 @@ def _schemas() -> dict:
                     state={"enum": RUN_STATES}, host=STR, created_at=NUM, last_used_at=_nullable(NUM),
                     user_msg=_nullable(STR), tool_schemas=_nullable({"type": "array", "items": {"type": "object"}}),
                     score=_nullable(NUM), tests=_nullable(_ref("Tests")), error=_nullable(STR),
+                    code=_nullable(CODE), retryable=_nullable(RETRYABLE),
                     jobs={"type": "array", "items": STR, "description": "Job ids, oldest first."}),
         "Job": _obj(["job_id", "run_id", "kind", "state"], job_id=STR, run_id=STR,
                     kind={"enum": ["start", "tool_call", "evaluation", "close"]}, state={"enum": JOB_STATES},
                     result={"description": "start: {user_msg, tool_schemas}; tool_call: the observation text; "
                                            "evaluation: {score, tests}; close: {containers_removed}."},
-                    error=_nullable(STR), queued_at=NUM, started_at=_nullable(NUM), finished_at=_nullable(NUM)),
+                    error=_nullable(STR), code=_nullable(CODE), retryable=_nullable(RETRYABLE),
+                    attempts={"type": ["integer", "null"], "description": "Tries so far: 1, plus one per automatic "
+                                                                          "retry after a transient Docker failure."},
+                    queued_at=NUM, started_at=_nullable(NUM), finished_at=_nullable(NUM)),
         "RunRequest": _obj(
             ["task_meta"], task_meta=_ref("TaskMeta"), run_ctx=_ref("RunCtx"), task_timeouts=_ref("TaskTimeouts"),
             task_key={"type": "string", "description": "Capacity key; defaults to task_meta.task_name."},
@@ -104,12 +120,15 @@ def _schemas() -> dict:
 
 def _pool_paths() -> dict:
     lease_ops = {
-        "/heartbeat": ("Mark the lease as used.", LEASE, _ok(), {"500": _error("Unknown run_lease_id")}),
+        "/heartbeat": ("Mark the lease as used.", LEASE, _ok(),
+                       {"500": _error("Unknown run_lease_id (code UNKNOWN_LEASE)")}),
         "/exec_tool": ("Run one tool call and wait for its observation.",
                        _obj(["lease_id", "tool_call"], lease_id=STR, tool_call=_ref("ToolCall")),
-                       _ok(observation=STR), {"500": _error("Unknown lease or run not reset")}),
+                       _ok(observation=STR), {"500": _error("Unknown lease or run not reset; code says which"),
+                                              "503": UNAVAILABLE}),
         "/evaluate": ("Run the task's tests and wait for the score.", LEASE, _ok(score=NUM),
-                      {"500": _error("Tests timed out, output unparseable, or run not reset")}),
+                      {"500": _error("Tests timed out (TESTS_TIMEOUT), output unparsable (TESTS_UNPARSABLE), "
+                                     "or run not reset"), "503": UNAVAILABLE}),
         "/close": ("Release the lease; the teardown may finish after the reply.", LEASE,
                    _ok(found={"type": "boolean", "description": "False when unknown or already closed."}), {}),
     }
@@ -128,7 +147,8 @@ def _pool_paths() -> dict:
             _body(_obj(["task_key"], task_key=STR, request_id=STR)))},
         "/reset": {"post": _op("Start (or restart) the run's environment and wait for it.", {
             "200": _reply("Started", _ok(user_msg=STR, tool_schemas={"type": "array", "items": {"type": "object"}})),
-            "400": BAD_LEASE, "500": _error("The start failed; error says why")},
+            "400": BAD_LEASE, "500": _error("The start failed; error says why, code what kind of failure"),
+            "503": UNAVAILABLE},
             _body(_obj(["lease_id", "task_meta"], lease_id=STR, task_meta=_ref("TaskMeta"),
                        run_ctx=_ref("RunCtx"), task_timeouts=_ref("TaskTimeouts"))))},
     }
@@ -194,6 +214,7 @@ def _document() -> dict:
                  {"name": "runs", "description": "The runs API (submit and poll)"},
                  {"name": "meta"}],
         "paths": {**_pool_paths(), **_runs_paths()},
+        "x-error-codes": error_codes.rows(),
         "components": {"schemas": _schemas(),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                                       "description": "Only when API_TOKEN is set."}}},

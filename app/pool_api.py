@@ -1,13 +1,15 @@
 """The pool API (POOL_API.md section 1): byte-compatible with the reference pool server.
 
-Every call blocks until its job has ended, then answers the way the reference does.
+Every call blocks until its job has ended, then answers the way the reference does, plus
+`code` and `retryable` on every failure (statuses per code: app/error_codes.py).
 """
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
-from app import validation
+from app import error_codes, validation
 from app.engine import Engine, NotReady, UnknownLease, capacity_message
+from termpool import failures
 from termpool.state import CapacityError
 
 bp = Blueprint("pool", __name__)
@@ -21,18 +23,21 @@ def ok(**fields):
     return jsonify({"ok": True, **fields})
 
 
-def fail(status: int, error: str, **fields):
-    return jsonify({"ok": False, "error": error, **fields}), status
+def fail(code: str, error: str):
+    """A failed reply: its status from the code (app/error_codes.py), `code` and `retryable` added."""
+    return jsonify({"ok": False, "error": error, **failures.fields(code)}), error_codes.pool_status(code)
 
 
 def _job_reply(job: dict, **success_fields):
     if job.get("state") == "succeeded":
         return ok(**success_fields)
-    if job.get("error_code") == "BACKEND_UNAVAILABLE":
-        return fail(503, f"Docker is unreachable: {job.get('error')}", code="BACKEND_UNAVAILABLE")
     if job.get("state") in ("queued", "running"):
-        return fail(500, f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})")
-    return fail(500, job.get("error") or "job failed")
+        return fail("TIMEOUT", f"{job.get('kind', 'job')} did not finish in time "
+                               f"(job {job['job_id']} is {job['state']})")
+    code, error = job.get("code") or "INTERNAL", job.get("error") or "job failed"
+    if code == "BACKEND_UNAVAILABLE":  # a worker could not reach its Docker engine
+        error = f"Docker is unreachable: {error}"
+    return fail(code, error)
 
 
 @bp.get("/healthz")
@@ -53,7 +58,7 @@ def allocate():
     try:
         lease = engine().allocate(task_key, request_id)
     except CapacityError as exc:
-        return fail(429, capacity_message(task_key, exc.code), code=exc.code)
+        return fail(exc.code, capacity_message(task_key, exc.code))
     return ok(lease_id=lease.run_id, reused=lease.reused)
 
 
@@ -106,6 +111,10 @@ def close():
 
 
 @bp.errorhandler(UnknownLease)
+def _unknown_lease(exc):
+    return fail("UNKNOWN_LEASE", str(exc))
+
+
 @bp.errorhandler(NotReady)
-def _server_side(exc):
-    return fail(500, str(exc))
+def _not_ready(exc):
+    return fail("RUN_NOT_READY", str(exc))

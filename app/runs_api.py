@@ -4,7 +4,8 @@ Every operation answers at once with an id; the client polls GET /v1/jobs/<id>, 
 long-polls it with ``?wait=S``. Runs and jobs are the same records the pool API uses, so a
 lease allocated through /allocate is a run here and a run submitted here is a lease there.
 
-Statuses (every body is JSON with ``ok``; failures carry ``error`` and a ``code``):
+Statuses (every body is JSON with ``ok``; failures carry ``error``, a ``code`` and
+``retryable``; a failed job's record carries them too, see app/error_codes.py):
   202  the operation was accepted; its job id is in the reply.
   200  reads, and a repeated DELETE (see below).
   400  bad input (app/errors.py), checked before anything else happens, so a bad request
@@ -44,6 +45,7 @@ from flask import Blueprint, current_app, jsonify, request
 
 from app import openapi, validation
 from app.engine import Engine, NotReady, RunClosed, Submission, UnknownLease, capacity_message
+from termpool import failures
 from termpool.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
@@ -52,8 +54,9 @@ MAX_WAIT = 60.0
 MAX_SCRIPT_STEPS = 1000
 MAX_SCRIPT_BYTES = 1 << 20
 RUN_FIELDS = ("run_id", "task_key", "state", "host", "created_at", "last_used_at", "user_msg", "tool_schemas",
-              "score", "tests", "error")
-JOB_FIELDS = ("job_id", "run_id", "kind", "state", "result", "error", "queued_at", "started_at", "finished_at")
+              "score", "tests", "error", "code", "retryable")
+JOB_FIELDS = ("job_id", "run_id", "kind", "state", "result", "error", "code", "retryable", "attempts", "queued_at",
+              "started_at", "finished_at")
 
 
 def engine() -> Engine:
@@ -65,7 +68,7 @@ def ok(status: int = 200, **fields):
 
 
 def fail(status: int, error: str, code: str):
-    return jsonify({"ok": False, "error": error, "code": code}), status
+    return jsonify({"ok": False, "error": error, **failures.fields(code)}), status
 
 
 # ---- request parsing ------------------------------------------------------------------------
@@ -117,17 +120,22 @@ def _wait_seconds() -> float:
 
 
 # ---- replies --------------------------------------------------------------------------------
+def _with_failure(view: dict, record: dict) -> dict:
+    """error, code and retryable: null unless the record holds a failure (the store keeps "")."""
+    view["error"] = record.get("error") or None
+    view["code"] = record.get("code") or None
+    view["retryable"] = record.get("retryable") if view["code"] else None
+    return view
+
+
 def _run_view(run: dict) -> dict:
-    view = {field: run.get(field) for field in RUN_FIELDS}
-    view["error"] = run.get("error") or None  # the store keeps "" for "no error"
+    view = _with_failure({field: run.get(field) for field in RUN_FIELDS}, run)
     view["jobs"] = engine().store.run_jobs(run["run_id"])
     return view
 
 
 def _job_view(job: dict) -> dict:
-    view = {field: job.get(field) for field in JOB_FIELDS}
-    view["error"] = job.get("error") or None
-    return view
+    return _with_failure({field: job.get(field) for field in JOB_FIELDS}, job)
 
 
 def _submission_reply(sub: Submission):

@@ -213,13 +213,15 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
     ordered = [results[path] for path in tasks]
     summary = orc.summarize(ordered)
 
-    table(["TASK", "OUTCOME", "REWARD", "TESTS", "SECONDS", "DETAIL"],
+    table(["TASK", "OUTCOME", "REWARD", "TESTS", "SECONDS", "CODE", "DETAIL"],
           [[r.task, r.outcome, "" if r.reward is None else f"{r.reward:.2f}", r.tests_passed,
-            f"{r.seconds:.0f}", r.error] for r in ordered])
+            f"{r.seconds:.0f}", r.code, r.error] for r in ordered])
     click.echo("")
     table(["TASKS", "PASSED", "PARTIAL", "FAILED", "ERRORS", "SKIPPED", "MEAN REWARD"],
           [[summary["tasks"], summary["passed"], summary["partial"], summary["failed"], summary["errors"],
             summary["skipped"], "" if summary["mean_reward"] is None else f"{summary['mean_reward']:.3f}"]])
+    if summary["errors_by_code"]:
+        click.echo("\nErrors by code: " + ", ".join(f"{code} {n}" for code, n in summary["errors_by_code"].items()))
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps({

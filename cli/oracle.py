@@ -4,7 +4,9 @@ Per task: POST /v1/runs with the task, a script of two tool calls (write solutio
 /tmp/solution.sh, then `bash /tmp/solution.sh`, blocking), evaluate and close; then follow
 the run's jobs with long polls (GET /v1/jobs/<id>?wait=30) and the run record (GET
 /v1/runs/<id>) until the run is closed (or failed with no job left to wait for, in which
-case the oracle closes it). The reward is the run's score.
+case the oracle closes it). The reward is the run's score. A task that ends without one
+is an error with the failure code of its run (termpool/failures.py), so a report tells
+broken tasks (task codes) from infrastructure trouble worth another run (retryable codes).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class OracleResult:
     state: str = ""
     tests: dict = field(default_factory=dict)
     error: str = ""
+    code: str = ""  # the failure code of an error outcome ("" when the service gave none)
     seconds: float = 0.0
     solution_output: str = ""
     jobs: list = field(default_factory=list)
@@ -52,7 +55,7 @@ class OracleResult:
 
     def to_dict(self) -> dict:
         return {"task": self.task, "task_path": self.task_path, "outcome": self.outcome, "reward": self.reward,
-                "run_id": self.run_id, "state": self.state, "tests": self.tests, "error": self.error,
+                "run_id": self.run_id, "state": self.state, "tests": self.tests, "error": self.error, "code": self.code,
                 "seconds": round(self.seconds, 1), "solution_output": self.solution_output, "jobs": self.jobs}
 
 
@@ -65,9 +68,14 @@ def outcome_of(reward) -> str:
 def summarize(results: list[OracleResult]) -> dict:
     counts = {name: sum(1 for r in results if r.outcome == name) for name in OUTCOMES}
     rewards = [r.reward for r in results if r.reward is not None]
+    codes: dict[str, int] = {}
+    for r in results:
+        if r.outcome == "error":
+            codes[r.code or "none"] = codes.get(r.code or "none", 0) + 1
     return {"tasks": len(results), "passed": counts["passed"], "partial": counts["partial"],
             "failed": counts["failed"], "errors": counts["error"], "skipped": counts["skipped"],
-            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None}
+            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+            "errors_by_code": dict(sorted(codes.items()))}
 
 
 class RunsClient:
@@ -122,6 +130,14 @@ def _error_text(reply: requests.Response) -> str:
     except ValueError:
         return reply.text[:300]
     return str(body.get("error") or body) if isinstance(body, dict) else str(body)[:300]
+
+
+def _error_code(reply: requests.Response) -> str:
+    try:
+        body = reply.json()
+    except ValueError:
+        return ""
+    return str(body.get("code") or "") if isinstance(body, dict) else ""
 
 
 def _expect(reply: requests.Response, status: int) -> None:
@@ -240,13 +256,14 @@ def _submit(client: RunsClient, body: dict, capacity_deadline: float, result: Or
             delay = min(delay * 1.5, 15.0)
             continue
         result.error = f"POST /v1/runs answered {reply.status_code}: {_error_text(reply)}"
+        result.code = _error_code(reply)
         return ""
 
 
 def _fill(result: OracleResult, run: dict, jobs: list[dict]) -> None:
     result.state = run.get("state", "")
     result.tests = run.get("tests") or {}
-    result.jobs = [{k: job.get(k) for k in ("job_id", "kind", "state", "error")} for job in jobs]
+    result.jobs = [{k: job.get(k) for k in ("job_id", "kind", "state", "error", "code", "attempts")} for job in jobs]
     tool_jobs = [job for job in jobs if isinstance(job.get("result"), str)]
     if tool_jobs:
         result.solution_output = tool_jobs[-1]["result"][-2000:]
@@ -259,3 +276,4 @@ def _fill(result: OracleResult, run: dict, jobs: list[dict]) -> None:
     result.outcome = "error"
     result.error = run.get("error") or (failed[0]["error"] if failed else "") or \
         f"the run ended ({result.state}) without a score"
+    result.code = run.get("code") or (failed[0].get("code") if failed else "") or ""

@@ -13,6 +13,7 @@ from celery import shared_task
 
 from tasks.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 from tasks.jobs import _job, store
+from termpool import failures
 
 log = logging.getLogger(__name__)
 
@@ -39,34 +40,38 @@ def episode_failed(self, *, host, run_id, start_job, close_job=""):
     """
     job_ids = store().episode_jobs(start_job)
     jobs = [store().get_job(job_id) or {"job_id": job_id, "state": "gone"} for job_id in job_ids]
-    cause = _settle_failed_step(jobs)
+    cause, code = _settle_failed_step(jobs)
     for job in jobs:
         if job["state"] == "queued" and job["job_id"] != close_job:
-            store().job_finished(job["job_id"], error=f"skipped: {cause}")
-    _note_run_error(run_id, cause)
+            # Skipped steps carry the failed step's code (is the episode worth a retry?) but
+            # are not failures of their own in the failure counts.
+            store().job_finished(job["job_id"], error=f"skipped: {cause}", code=code, counted=False)
+    _note_run_error(run_id, cause, code)
     if close_job and store().job_state(close_job) == "queued":
         store().release(run_id, reason="episode failed")
         close_signature(self.app, run_id, host, close_job).apply_async()
     return cause
 
 
-def _settle_failed_step(jobs: list[dict]) -> str:
-    """Describe the step that stopped the episode; fail it if it died without a record.
+def _settle_failed_step(jobs: list[dict]) -> tuple[str, str]:
+    """Describe the step that stopped the episode, with its code; fail it if it died without
+    a record.
 
     A step killed from outside (a hard time limit, a lost worker process) fails the chain
     without its `_job` wrapper recording the end, so it is still ``running`` here.
     """
     for job in jobs:
         if job["state"] == "running":
-            store().job_finished(job["job_id"], error="the step ended without recording a result")
+            store().job_finished(job["job_id"], error="the step ended without recording a result", code="WORKER_LOST")
             job = store().get_job(job["job_id"]) or job
         if job["state"] == "failed":
-            return f"the episode stopped at its {job.get('kind')} step (job {job['job_id']} failed)"
-    return "the episode stopped at a step that left no failure record"
+            return (f"the episode stopped at its {job.get('kind')} step (job {job['job_id']} failed)",
+                    job.get("code") or "INTERNAL")
+    return "the episode stopped at a step that left no failure record", "INTERNAL"
 
 
-def _note_run_error(run_id: str, cause: str) -> None:
+def _note_run_error(run_id: str, cause: str, code: str) -> None:
     """Keep the reason a run already has (a failed start or evaluation wrote one); else add ours."""
     run = store().get_run(run_id)
     if run is not None and not run.get("error"):
-        store().update_run(run_id, error=cause)
+        store().update_run(run_id, error=cause, **failures.fields(code))

@@ -1,4 +1,8 @@
-"""Run a task's tests in its client container and score them (TASK_FORMAT.md, step 4)."""
+"""Run a task's tests in its client container and score them (TASK_FORMAT.md, step 4).
+
+Two steps, so a caller can retry the first: copying the tests in changes nothing the tests
+look at; running them may (they are the task's code).
+"""
 from __future__ import annotations
 
 import io
@@ -7,19 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.session_helper import HELPER_PATH
-from termpool.pytest_parser import get_parser, score
+from termpool.failures import DockerError, TaskInvalid, TestsTimeout, TestsUnparsable
+from termpool.pytest_parser import UnknownParser, get_parser, score
 from termpool.task_spec import TaskSpec
 
 TESTS_DIR = "/tests"
 TIMED_OUT = 124
-
-
-class EvaluationError(RuntimeError):
-    """The tests ran but gave no score; carries their output for the run's artifacts."""
-
-    def __init__(self, message: str, output: str = ""):
-        super().__init__(message)
-        self.output = output
 
 
 @dataclass
@@ -45,19 +42,35 @@ def test_budget(spec: TaskSpec, eval_timeout: float) -> float:
     return min(eval_timeout, 4 * float(spec.max_test_timeout_sec))
 
 
-def run_tests(container, task_dir: Path, spec: TaskSpec, eval_timeout: float) -> Evaluation:
-    parser = get_parser(spec.parser_name)  # an unknown parser fails before anything runs
+def _parser(spec: TaskSpec):
+    try:
+        return get_parser(spec.parser_name)
+    except UnknownParser as exc:
+        raise TaskInvalid(str(exc)) from None
+
+
+def copy_tests(container, task_dir: Path, spec: TaskSpec) -> None:
+    """Put run-tests.sh and tests/ at /tests; an unknown parser fails before anything is copied."""
+    _parser(spec)
     if not container.put_archive("/", tests_archive(task_dir)):
-        raise RuntimeError("could not copy the tests into the container")
+        raise DockerError("could not copy the tests into the container")
+
+
+def run_tests(container, spec: TaskSpec, eval_timeout: float) -> Evaluation:
+    """Run the copied tests within their budget and parse their output.
+
+    TestsTimeout / TestsUnparsable carry the output, for the run's artifacts.
+    """
+    parser = _parser(spec)
     budget = test_budget(spec, eval_timeout)
     result = container.exec_run(
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", f"{TESTS_DIR}/run-tests.sh"],
         user="root", environment={"TEST_DIR": TESTS_DIR}, demux=False)
     output = (result.output or b"").decode("utf-8", errors="replace")
     if result.exit_code == TIMED_OUT:
-        raise EvaluationError(f"tests timed out: they did not finish within {budget:g} s", output)
+        raise TestsTimeout(f"tests timed out: they did not finish within {budget:g} s", output)
     try:
         tests = parser(output)
     except ValueError as exc:
-        raise EvaluationError(f"test output could not be parsed: {exc}", output) from None
+        raise TestsUnparsable(f"test output could not be parsed: {exc}", output) from None
     return Evaluation(output=output, tests=tests, score=score(tests))

@@ -1,10 +1,13 @@
 """Celery tasks: every operation on a run, carried out on the run's host.
 
 Each task carries the job id of the client's request; `_job` records started/finished in
-the state store so the facade (and pollers) see the outcome whatever the queue did.
+the state store so the facade (and pollers) see the outcome whatever the queue did, a
+failure with its code (termpool/failures.py), and retries transient Docker failures of the
+tasks that can safely run again.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from pathlib import Path
@@ -16,44 +19,92 @@ from celery import chain, shared_task
 from tasks import artifacts, environment, warm_pool
 from tasks.runtime import remove_env, store
 from tasks.docker_env import docker_client
-from tasks.evaluation import EvaluationError, run_tests
+from tasks.evaluation import copy_tests, run_tests
 from tasks.session_helper import prepare_container
 from tasks.shell_tools import run_tool, tool_schemas
+from termpool import failures
 from termpool.config import settings
 from termpool.paths import resolve_task_path
-from termpool.task_spec import load_task
+from termpool.state import NO_FAILURE
+from termpool.task_spec import TaskError, load_task
 
 
+class RunClosed(failures.Failure):
+    code = "RUN_CLOSED"
 
-class RunClosed(RuntimeError):
-    pass
+
+class RunNotStarted(failures.Failure):
+    code = "RUN_NOT_READY"
 
 
 class HandedOver(Exception):
     """The job was re-queued to other tasks, which will end it."""
 
 
-def _job(fn=None, *, failed_run_state=None):
+class Transient(Exception):
+    """Raised in place of a transient failure to have Celery retry the task (autoretry_for)."""
+
+
+# Automatic retries of transient Docker failures: Celery's autoretry with exponential backoff
+# and full jitter (waits of up to 2, 4, 8 s). Only tasks whose work can be redone safely opt in.
+RETRY_OPTIONS = dict(autoretry_for=(Transient,), max_retries=3, retry_backoff=2, retry_backoff_max=30,
+                     retry_jitter=True)
+NO_RETRY = "termpool_no_retry"  # set on an exception raised inside `committed()`
+
+
+@contextlib.contextmanager
+def committed():
+    """From here on the task's work may have had effects (tests started): never retry it."""
+    try:
+        yield
+    except Exception as exc:
+        setattr(exc, NO_RETRY, True)
+        raise
+
+
+def transient(exc: BaseException) -> bool:
+    """A Docker hiccup worth another try: a 5xx answer, a connection reset or refused, an HTTP
+    timeout. Never a task error, nor one of termpool's own time limits (they used the budget)."""
+    if isinstance(exc, failures.Failure):
+        return exc.code == "DOCKER_ERROR"
+    if isinstance(exc, docker.errors.APIError):
+        return exc.is_server_error()
+    return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError))
+
+
+def _job(fn=None, *, on_failure=None, retry=False):
     """Record the job's start and end around a task body; the last step of a chain ends it.
 
-    With failed_run_state, a failure also moves the run to that state (a failed start).
+    A failure is recorded with its code (failures.classify) and then `on_failure(run_id,
+    error, code)` runs (a failed start marks the run failed). With retry=True a transient
+    failure (see `transient`) before the body's `committed()` block is retried by Celery
+    instead: the job stays running, with one attempt more; the task must be declared with
+    RETRY_OPTIONS.
     """
     if fn is None:
-        return functools.partial(_job, failed_run_state=failed_run_state)
+        return functools.partial(_job, on_failure=on_failure, retry=retry)
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
-        if store().job_state(job_id) == "queued":
+        state = store().job_state(job_id)
+        if state == "queued":
             store().job_started(job_id, self.request.hostname or "")
+        elif state == "running" and self.request.retries:
+            store().job_attempt(job_id, self.request.hostname or "")
         store().touch(run_id)  # a run whose job is working is in use, whoever polls it
         try:
             result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
         except HandedOver:
             return None  # another task carries this job on
         except Exception as exc:
-            if failed_run_state:
-                store().set_state_if_live(run_id, failed_run_state, error=_describe(exc))
-            store().job_finished(job_id, error=_describe(exc), error_code=_error_code(exc))
+            code, error = failures.classify(exc), _describe(exc)
+            if retry and not getattr(exc, NO_RETRY, False) and transient(exc) \
+                    and self.request.retries < self.max_retries:
+                store().job_retrying(job_id, self.name, code, error)
+                raise Transient(error) from exc
+            if on_failure:
+                on_failure(run_id, error, code)
+            store().job_finished(job_id, error=error, code=code)
             raise
         if final:
             store().job_finished(job_id, result=result)
@@ -62,23 +113,28 @@ def _job(fn=None, *, failed_run_state=None):
     return wrapper
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException) -> str:
+    """The error text of a failed job: the message, with the exception type where the
+    message alone would not say what failed; cut to failures.ERROR_LIMIT."""
     text = str(exc).strip() or type(exc).__name__
-    return text if isinstance(exc, (EvaluationError, RunClosed, TimeoutError)) else f"{type(exc).__name__}: {text}"
+    if not isinstance(exc, (failures.Failure, TimeoutError)):
+        text = f"{type(exc).__name__}: {text}"
+    return failures.cap(text)
 
 
-def _error_code(exc: Exception) -> str:
-    """BACKEND_UNAVAILABLE when the Docker engine could not be reached (the facade answers 503)."""
-    unreachable = (requests.exceptions.ConnectionError, ConnectionError)
-    if isinstance(exc, unreachable) or isinstance(exc.__cause__ or exc.__context__, unreachable):
-        return "BACKEND_UNAVAILABLE"
-    if isinstance(exc, docker.errors.DockerException) and "Error while fetching server API version" in str(exc):
-        return "BACKEND_UNAVAILABLE"
-    return ""
+def _start_failed(run_id: str, error: str, code: str) -> None:
+    store().set_state_if_live(run_id, "failed", error=error, **failures.fields(code))
 
 
 def _task_dir(run: dict) -> Path:
     return resolve_task_path(settings().dataset_dir, run["task_meta"]["task_path"])
+
+
+def _spec(task_dir: Path):
+    try:
+        return load_task(task_dir)
+    except TaskError as exc:
+        raise failures.TaskInvalid(str(exc)) from exc
 
 
 def _timeouts(run: dict):
@@ -96,7 +152,7 @@ def _client_container(run: dict):
     """The run's client container as a lightweight model: no inspect call per tool call."""
     env = run.get("env")
     if not env or run["state"] in ("allocated", "starting"):
-        raise RuntimeError(f"run {run['run_id']} has not been reset")
+        raise RunNotStarted(f"run {run['run_id']} has not been reset")
     return docker_client().containers.prepare_model({"Id": env["client"], "Config": {"User": env.get("user", "")}})
 
 
@@ -114,8 +170,8 @@ class _RunSessions:
 
 
 # ---- reset ----------------------------------------------------------------------------------
-@shared_task(name="pool.ensure_image", bind=True)
-@_job(failed_run_state="failed")
+@shared_task(name="pool.ensure_image", bind=True, **RETRY_OPTIONS)
+@_job(on_failure=_start_failed, retry=True)
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
@@ -125,8 +181,8 @@ def ensure_image(self, *, host, run_id, job_id):
     return image
 
 
-@shared_task(name="pool.start_run", bind=True)
-@_job(failed_run_state="failed")
+@shared_task(name="pool.start_run", bind=True, **RETRY_OPTIONS)
+@_job(on_failure=_start_failed, retry=True)
 def start_run(self, *, host, run_id, job_id, first_try=True):
     run = _live_run(run_id)
     if run.get("env"):  # a second reset replaces the old environment
@@ -134,7 +190,7 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         store().drop_sessions(run_id)
     meta = run["task_meta"]
     task_dir = _task_dir(run)
-    spec = load_task(task_dir)
+    spec = _spec(task_dir)
     warm = environment.warm_capable(task_dir, settings())
     env = warm_pool.claim(run, host, _run_path) if warm else None
     if env is None:
@@ -156,7 +212,8 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     instruction = meta.get("instruction") or spec.instruction
     reply = {"user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
              "tool_schemas": tool_schemas(settings().expose_kill_tool)}
-    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), error="", score=None, tests=None, **reply):
+    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), score=None, tests=None, **NO_FAILURE,
+                                     **reply):
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
@@ -197,39 +254,51 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
 
 
 # ---- evaluation -----------------------------------------------------------------------------
-@shared_task(name="pool.evaluate", bind=True)
-@_job
+def _evaluation_failed(run_id: str, error: str, code: str) -> None:
+    """An evaluation that got going leaves the run ready again, with the reason; one refused
+    at once (a run not started, or closed) leaves the run as it was."""
+    if store().transition(run_id, ("evaluating",), "ready"):
+        store().update_run(run_id, error=error, **failures.fields(code))
+
+
+@shared_task(name="pool.evaluate", bind=True, **RETRY_OPTIONS)
+@_job(on_failure=_evaluation_failed, retry=True)
 def evaluate(self, *, host, run_id, job_id):
+    """Copying the tests in may be retried; once they have started, never."""
     run = _live_run(run_id)
     container = _client_container(run)
     task_dir = _task_dir(run)
     run_path = Path(run["env"]["run_dir"])
+    spec = _spec(task_dir)
     store().set_state_if_live(run_id, "evaluating")
-    try:
-        result = run_tests(container, task_dir, load_task(task_dir), _timeouts(run).eval)
-    except Exception as exc:
-        if isinstance(exc, EvaluationError):
-            artifacts.write_test_output(run_path, exc.output)
-        artifacts.write_results(run_path, {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc)})
-        store().set_state_if_live(run_id, "ready", error=_describe(exc))
-        raise
+    copy_tests(container, task_dir, spec)
+    with committed():
+        try:
+            result = run_tests(container, spec, _timeouts(run).eval)
+        except Exception as exc:
+            if isinstance(exc, failures.Failure) and exc.output:
+                artifacts.write_test_output(run_path, exc.output)
+            artifacts.write_results(run_path, {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc),
+                                               "code": failures.classify(exc)})
+            raise
     artifacts.write_test_output(run_path, result.output)
     artifacts.write_results(run_path, {"run_id": run_id, "task_name": run["task_meta"]["task_name"],
                                        "score": result.score, "tests": result.tests})
-    store().set_state_if_live(run_id, "evaluated", score=result.score, tests=result.tests, error="")
+    store().set_state_if_live(run_id, "evaluated", score=result.score, tests=result.tests, **NO_FAILURE)
     return {"score": result.score, "tests": result.tests}
 
 
 # ---- teardown and maintenance ---------------------------------------------------------------
-@shared_task(name="pool.close_run", bind=True)
-@_job
+def _teardown_failed(run_id: str, error: str, code: str) -> None:
+    store().mark_closed(run_id, error=error)
+
+
+@shared_task(name="pool.close_run", bind=True, **RETRY_OPTIONS)
+@_job(on_failure=_teardown_failed, retry=True)
 def close_run(self, *, host, run_id, job_id):
+    """Teardown is idempotent (containers found by label), so a transient failure is retried."""
     run = store().get_run(run_id) or {}
-    try:
-        removed = remove_env(run_id, run.get("env") or {})
-    except Exception as exc:
-        store().mark_closed(run_id, error=_describe(exc))
-        raise
+    removed = remove_env(run_id, run.get("env") or {})
     store().mark_closed(run_id)
     store().fail_queued_jobs(run_id, f"run {run_id} was closed before this job ran")
     return {"containers_removed": removed}

@@ -67,6 +67,24 @@ def retryable(code: str) -> bool:
     return known.retryable if known else False
 
 
+def fields(code: str) -> dict:
+    """What every failed reply and job record carries besides `error`."""
+    return {"code": code, "retryable": retryable(code)}
+
+
+ERROR_LIMIT = 4000  # characters of an error text kept in a record or reply
+
+
+def cap(text: str, limit: int = ERROR_LIMIT) -> str:
+    """An error text cut to `limit` characters: its head (the message) and its tail (the end
+    of a log, where the cause usually is)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    marker = f"\n... ({len(text) - limit} characters cut) ...\n"
+    return text[:head] + marker + text[-(limit - head - len(marker)):]
+
+
 class Failure(Exception):
     """An error whose code is known where it is raised."""
 

@@ -11,6 +11,8 @@ Keys (all under ``tp:``):
   job:<id>              hash: a job record; job:<id>:done list, non-empty once it ended
   node:<name>           string with TTL: a worker process is alive
   sess:<run>:<sid>      hash: read offset and kind of a shell session
+  count:failures        hash: failure code -> failed jobs (for /metrics)
+  count:retries         hash: "<task>|<reason code>" -> automatic retries (for /metrics)
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 import redis
 
+from termpool import failures
+
 PREFIX = "tp:"
 IDEMPOTENCY_TTL = 300
 RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
@@ -28,7 +32,12 @@ HOST_ALIVE_SECONDS = 30
 NODE_TTL = 15
 # Stored as JSON (structured, or possibly null); every other field is a plain string, so a
 # client's task_key of "null" or "true" stays that string.
-JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score")
+JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score",
+               "retryable")
+INT_FIELDS = ("attempts",)
+NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
+FAILURE_COUNTS = PREFIX + "count:failures"
+RETRY_COUNTS = PREFIX + "count:retries"
 
 
 class CapacityError(Exception):
@@ -129,6 +138,9 @@ def _decode(raw: dict) -> dict:
                 out[key] = float(out[key])
             except ValueError:
                 pass
+    for key in INT_FIELDS:
+        if isinstance(out.get(key), str) and out[key].isdigit():
+            out[key] = int(out[key])
     return out
 
 
@@ -273,14 +285,35 @@ class Store:
         pipe.execute()
 
     def job_started(self, job_id: str, node: str) -> None:
+        """The job's first attempt began (a retry only moves it to its new node: job_attempt)."""
         self.r.hset(PREFIX + "job:" + job_id, mapping=_encode(
-            {"state": "running", "started_at": time.time(), "node": node}))
+            {"state": "running", "started_at": time.time(), "node": node, "attempts": 1}))
 
-    def job_finished(self, job_id: str, result=None, error: str = "", **extra) -> None:
+    def job_attempt(self, job_id: str, node: str) -> None:
+        self.r.hset(PREFIX + "job:" + job_id, "node", node)
+
+    def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
+        """A transient failure will be retried: the job stays running, one attempt more."""
+        key = PREFIX + "job:" + job_id
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, "attempts", 1)
+        pipe.hset(key, mapping={"retry_code": code, "retry_error": failures.cap(error)})
+        pipe.hincrby(RETRY_COUNTS, f"{task}|{code}", 1)
+        pipe.execute()
+
+    def job_finished(self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True,
+                     **extra) -> None:
+        """End a job. A failure (an error) carries its code and retryable, and is counted by
+        code for /metrics unless `counted` is false (a step skipped for another's failure)."""
         state = "failed" if error else "succeeded"
-        fields = {"state": state, "finished_at": time.time(), "result": result, "error": error, **extra}
+        fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
+        if error:
+            code = code or "INTERNAL"
+            fields.update(failures.fields(code))
         pipe = self.r.pipeline()
         pipe.hset(PREFIX + "job:" + job_id, mapping=_encode(fields))
+        if error and counted:
+            pipe.hincrby(FAILURE_COUNTS, code, 1)
         pipe.rpush(PREFIX + "job:" + job_id + ":done", state)
         pipe.expire(PREFIX + "job:" + job_id, RECORD_TTL)
         pipe.expire(PREFIX + "job:" + job_id + ":done", RECORD_TTL)
@@ -298,7 +331,7 @@ class Store:
         ended = 0
         for job_id in self.run_jobs(run_id):
             if self.job_state(job_id) == "queued":
-                self.job_finished(job_id, error=reason)
+                self.job_finished(job_id, error=reason, code="RUN_CLOSED")
                 ended += 1
         return ended
 
@@ -340,7 +373,16 @@ class Store:
                 return self.get_job(job_id)
             job = self.get_job(job_id)
             if job and job.get("state") == "running" and job.get("node") and not self.node_alive(job["node"]):
-                self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job")
+                self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job",
+                                  code="WORKER_LOST")
+
+    # ---- failure and retry counters (read by /metrics) -----------------------------------
+    def failure_counts(self) -> dict[str, int]:
+        return {code: int(n) for code, n in self.r.hgetall(FAILURE_COUNTS).items()}
+
+    def retry_counts(self) -> dict[tuple[str, str], int]:
+        """(task name, reason code) -> retries."""
+        return {tuple(key.split("|", 1)): int(n) for key, n in self.r.hgetall(RETRY_COUNTS).items() if "|" in key}
 
     # ---- task images --------------------------------------------------------------------
     def mark_image_ready(self, host: str, task_path: str, ready: bool = True) -> None:

@@ -148,10 +148,14 @@ def test_oracle_over_fixtures(tmp_path, stack):
     assert by_task["partial-pass"]["outcome"] == "partial" and by_task["partial-pass"]["reward"] == 0.75
     assert by_task["broken-dockerfile"]["outcome"] == "error" and by_task["broken-dockerfile"]["reward"] is None
     assert "exit 3" in by_task["broken-dockerfile"]["error"]
+    assert by_task["broken-dockerfile"]["code"] == "TASK_BUILD_FAILED" and by_task["hello-file"]["code"] == ""
     assert report["summary"] == {"tasks": 3, "passed": 1, "partial": 1, "failed": 0, "errors": 1, "skipped": 0,
-                                 "mean_reward": 0.875}
+                                 "mean_reward": 0.875, "errors_by_code": {"TASK_BUILD_FAILED": 1}}
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["partial-pass", "partial", "0.75"] for line in lines if line.strip())
+    assert any(line.split()[:2] == ["broken-dockerfile", "error"] and "TASK_BUILD_FAILED" in line.split()
+               for line in lines)
+    assert "Errors by code: TASK_BUILD_FAILED 1" in result.stdout
     # Every run was closed: nothing of the oracle holds capacity.
     status = stack.get("/status").json()["pool"]["tasks"]
     assert not {"hello-file", "partial-pass", "broken-dockerfile"} & set(status)

@@ -31,6 +31,7 @@ def test_lease_required(stack, path):
 def test_unknown_lease(stack):
     body = assert_error(stack.post("/heartbeat", {"lease_id": "run-0000000000000000"}), 500, "Unknown run_lease_id")
     assert body["error"] == "Unknown run_lease_id: run-0000000000000000"
+    assert (body["code"], body["retryable"]) == ("UNKNOWN_LEASE", False)
     assert_error(stack.post("/exec_tool", {"lease_id": "run-x", "tool_call": {"name": "shell_view"}}), 500,
                  "Unknown run_lease_id")
     assert_error(stack.post("/evaluate", {"lease_id": "run-x"}), 500, "Unknown run_lease_id")
@@ -59,7 +60,7 @@ def test_idempotent_allocate_over_http(stack, router):
 def test_capacity_limits(stack, router):
     leases = [router.allocate("cap-task") for _ in range(8)]
     body = assert_error(stack.post("/allocate", {"task_key": "cap-task"}), 429, "")
-    assert body["code"] == "RUN_SLOTS_EXHAUSTED"
+    assert body["code"] == "RUN_SLOTS_EXHAUSTED" and body["retryable"] is True
     status = stack.get("/status").json()["pool"]
     assert status["tasks"]["cap-task"] == {"active_runs": 8}
     assert status["max_tasks"] == 16 and status["max_runs_per_task"] == 8
@@ -106,7 +107,8 @@ def test_exec_tool_validation(stack, router):
                  400, "arguments must be a dict")
     assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_view", "arguments": {"id": "x"}}}),
                  500, "has not been reset")
-    assert_error(stack.post("/evaluate", {"lease_id": lease}), 500, "has not been reset")
+    body = assert_error(stack.post("/evaluate", {"lease_id": lease}), 500, "has not been reset")
+    assert (body["code"], body["retryable"]) == ("RUN_NOT_READY", False)
     router.close(lease)
 
 

@@ -110,6 +110,7 @@ def test_submit_and_poll_episode(stack, docker_client):
 
     start = finished(stack, start_id)
     assert start["state"] == "succeeded" and start["kind"] == "start" and start["run_id"] == run_id, start
+    assert (start["code"], start["retryable"], start["attempts"]) == (None, None, 1), start
     assert start["result"]["user_msg"] == "Task name:hello-file\nTask instruction: solve hello-file"
     assert start["result"]["tool_schemas"][0]["function"]["name"] == "shell_exec"
 
@@ -244,12 +245,14 @@ def test_one_shot_episode_with_failing_start(stack, docker_client, close):
     run_id, steps = sub["run_id"], sub["jobs"]
     start = finished(stack, steps["start"])
     assert start["state"] == "failed" and "fail" in start["error"].lower(), start
+    assert (start["code"], start["retryable"], start["attempts"]) == ("TASK_BUILD_FAILED", False, 1), start
     skipped = [finished(stack, job_id, limit=30) for job_id in [*steps["tool_calls"], steps["evaluation"]]]
     for job in skipped:
         assert job["state"] == "failed" and job["error"].startswith("skipped:") and start["job_id"] in job["error"]
-        assert job["started_at"] is None
+        assert job["started_at"] is None and job["code"] == "TASK_BUILD_FAILED"
     run = get_run(stack, run_id)
     assert run["error"] and run["score"] is None
+    assert run["code"] == "TASK_BUILD_FAILED" and run["error"] == start["error"], run
     if close:
         # The close step still runs (the failure handler sends it): it ends the episode.
         assert finished(stack, steps["close"])["state"] == "succeeded"
