@@ -17,7 +17,7 @@ from tests.stack import Stack
 
 @pytest.fixture(scope="module")
 def swept(base_image, docker_client):
-    s = Stack(beat=True, env={"WARM_POOL_SIZE": "1"}).start()
+    s = Stack(beat=True, durable_redis=True, env={"WARM_POOL_SIZE": "1"}).start()
     yield s
     s.stop()
     # Pooled warm containers outlive the stack by design (they wait for the next run).
@@ -33,24 +33,33 @@ def networks_of(docker_client, lease) -> list:
     return docker_client.networks.list(filters={"label": f"termpool.run={lease}"})
 
 
-def test_orphans_of_a_lost_record_are_removed_within_a_minute(swept, docker_client):
-    router = Router(swept)
+def assert_lost_run_is_swept(stack, docker_client) -> None:
+    router = Router(stack)
     orphan, kept = router.allocate("sidecar-kv"), router.allocate("hello-file")
     for lease, task in ((orphan, "sidecar-kv"), (kept, "hello-file")):
         reply = router.reset(lease, task)
         assert reply.status_code == 200, reply.text
-    ctl_dir = run_env(swept, orphan).get("ctl_dir")
+    ctl_dir = run_env(stack, orphan).get("ctl_dir")
     assert len(router.run_containers(docker_client, orphan)) == 2 and networks_of(docker_client, orphan)
     assert not ctl_dir or Path(ctl_dir).is_dir()
 
-    swept.redis.delete(f"tp:run:{orphan}")  # a Redis that lost the run
+    stack.redis.delete(f"tp:run:{orphan}")  # a Redis that lost the run
 
     assert wait_for(lambda: not router.run_containers(docker_client, orphan), 90), "containers were not swept"
     assert wait_for(lambda: not networks_of(docker_client, orphan), 30), "networks were not swept"
-    assert not ctl_dir or not Path(ctl_dir).exists(), "socket folder was not swept"
+    assert wait_for(lambda: not ctl_dir or not Path(ctl_dir).exists(), 30), "socket folder was not swept"
     # The run Redis still knows was left alone.
     assert router.sh(kept, "echo kept") == "kept\n"
     router.close(kept)
+
+
+def test_orphans_of_a_lost_record_are_removed_within_a_minute(swept, docker_client):
+    assert_lost_run_is_swept(swept, docker_client)
+
+
+def test_beat_keeps_sweeping_after_a_redis_restart(swept, docker_client):
+    swept.restart_redis(down_for=5)
+    assert_lost_run_is_swept(swept, docker_client)
 
 
 def test_sweeps_spare_starting_runs_and_warm_containers(swept, docker_client):
