@@ -15,15 +15,39 @@ loglevel = _cfg.log_level.lower()
 accesslog = "-"
 graceful_timeout = 30
 
+
+# ---- this instance's runtime folder -----------------------------------------------------------
+# One folder per gunicorn instance of a host, named by its port (two instances cannot share
+# one): it holds the Prometheus files and the control socket. A fixed path, not a fresh
+# temporary one, so a master killed without cleanup leaves one folder that its successor on
+# the same port reuses, instead of one more each time.
+def _runtime_dir(port: int) -> str:
+    if os.geteuid() == 0:
+        base = "/run/termpool-web"
+    else:
+        base = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), f"termpool-web-{os.getuid()}")
+    path = os.path.join(base, str(port))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(base).st_uid != os.geteuid():  # a shared /tmp: never use a folder someone else made
+        raise RuntimeError(f"{base} belongs to another user")
+    return path
+
+
+_RUNTIME_DIR = _runtime_dir(_cfg.port)
+
+# gunicornc's control socket: per instance (by default every root gunicorn of a host would
+# share /root/.gunicorn/gunicorn.ctl, each new one taking it over from the last).
+# `gunicornc -s <runtime dir>/gunicorn.ctl` reaches this one.
+control_socket = os.path.join(_RUNTIME_DIR, "gunicorn.ctl")
+
 # ---- Prometheus multiprocess mode (app/metrics.py) ------------------------------------------
 # Every worker process writes its request metrics to files in PROMETHEUS_MULTIPROC_DIR and a
 # scrape sums them all. prometheus_client reads the variable when it is first imported, so it
-# is set here, in the master, before any worker loads the app. Unset: a private folder, made
-# now and removed when gunicorn exits (remembered in the environment, so a config reload on
-# SIGHUP keeps using it).
+# is set here, in the master, before any worker loads the app. Unset: the instance's
+# runtime folder, emptied when the master starts and removed when it exits.
 _PRIVATE_MARK = "TERMPOOL_PRIVATE_PROMETHEUS_DIR"
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ[_PRIVATE_MARK] = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="termpool-prometheus-")
+    os.environ[_PRIVATE_MARK] = os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(_RUNTIME_DIR, "prometheus")
 os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
 
 
@@ -47,3 +71,7 @@ def on_exit(server):
     private = os.environ.get(_PRIVATE_MARK)
     if private and private == os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         shutil.rmtree(private, ignore_errors=True)
+    try:
+        os.rmdir(_RUNTIME_DIR)  # gone when nothing else is left in it (the socket is removed by now)
+    except OSError:
+        pass

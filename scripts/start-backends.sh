@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start dockerd when no Docker engine answers; start a local redis-server when REDIS_URL
-# (default redis://localhost:6379/0) names none that answers.
+# (default redis://localhost:6379/0) names none that answers. That Redis is durable: an
+# append-only file, fsynced every second, in REDIS_DATA_DIR (default /var/lib/termpool/redis),
+# so a Redis restart loses no run.
 set -euo pipefail
 
 if ! docker info >/dev/null 2>&1; then
@@ -12,6 +14,10 @@ fi
 url=${REDIS_URL:-redis://localhost:6379/0}
 if ! python3 -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$url" 2>/dev/null; then
   port=$(python3 -c "import sys,urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)" "$url")
-  redis-server --port "$port" --daemonize yes --save '' --appendonly no --maxmemory-policy noeviction >/dev/null
+  data_dir=${REDIS_DATA_DIR:-/var/lib/termpool/redis}
+  mkdir -p "$data_dir"
+  redis-server --port "$port" --daemonize yes --dir "$data_dir" --save '' \
+    --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \
+    --logfile "$data_dir/redis.log" --pidfile "$data_dir/redis-$port.pid" >/dev/null
   for _ in $(seq 1 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 fi

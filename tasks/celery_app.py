@@ -12,6 +12,7 @@ from kombu import Queue
 from termpool.config import QUEUE_KINDS, Settings, settings
 
 MAINTENANCE_QUEUE = "termpool.maintenance"
+RECONCILE_SECONDS = 30.0
 
 # Which kind of queue each task consumes from.
 TASK_KINDS = {
@@ -68,11 +69,19 @@ def make_celery(cfg: Settings) -> Celery:
         # Task events for Flower, "sent" included: queued jobs and their queue show there too.
         worker_send_task_events=True,
         task_send_sent_event=True,
+        # Redis away (restart, failover): every worker, its queue consumers and beat keep
+        # reconnecting until it is back, however long that takes, instead of exiting.
         broker_connection_retry_on_startup=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
+        broker_channel_error_retry=True,
         broker_transport_options={"visibility_timeout": 4 * 3600},
         worker_hijack_root_logger=False,
         beat_schedule={
             "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
+            # Leftovers of runs Redis no longer knows go within a minute, not at the next
+            # worker start: the fan-out sends pool.reconcile to each live host's teardown queue.
+            "reconcile-hosts": {"task": "pool.reconcile_hosts", "schedule": RECONCILE_SECONDS},
         },
     )
     return app

@@ -1,4 +1,5 @@
-"""Maintenance: the idle reaper (beat), the reconcile sweep, and worker liveness heartbeats."""
+"""Maintenance: the idle reaper (beat), the reconcile sweep (at worker start and every
+RECONCILE_SECONDS from beat), and worker liveness heartbeats."""
 from __future__ import annotations
 
 import logging
@@ -28,6 +29,21 @@ def reconcile(self, *, host):
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
     return removed
+
+
+@shared_task(name="pool.reconcile_hosts", bind=True)
+def reconcile_hosts(self):
+    """Beat's periodic sweep: ask every live host to reconcile its own Docker.
+
+    Each message expires after one period, so a host whose teardown queue is stalled gets
+    one pending sweep, not a backlog.
+    """
+    from tasks.celery_app import RECONCILE_SECONDS
+
+    hosts = store().live_hosts()
+    for host in hosts:
+        self.app.send_task("pool.reconcile", kwargs={"host": host}, expires=RECONCILE_SECONDS)
+    return hosts
 
 
 @shared_task(name="pool.reap", bind=True)

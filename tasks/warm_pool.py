@@ -48,6 +48,7 @@ def refill_warm(self, *, host, task_path, task_name):
         while store().warm_count(host, task_path) < cfg.warm_pool_size:
             warm_id = "warm-" + secrets.token_hex(8)
             pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
+            store().warm_reserve(warm_id, cfg.timeouts.reset_session + 60)
             env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
                                                cfg.timeouts.reset_session)
             try:

@@ -399,6 +399,11 @@ class Store:
     # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries); LPOP hands each
     # to exactly one run. tp:warmid:<id> says the warm container is still wanted ("pooled" or
     # the run that claimed it), so the reconcile sweep leaves it alone.
+    def warm_reserve(self, warm_id: str, ttl: float) -> None:
+        """Claim a warm id before its container exists, so a sweep during the start spares
+        it; warm_push makes the claim permanent, a start that dies lets it expire."""
+        self.r.set(PREFIX + "warmid:" + warm_id, "starting", ex=max(1, int(ttl)))
+
     def warm_push(self, host: str, pool: str, entry: dict) -> None:
         pipe = self.r.pipeline()
         pipe.set(PREFIX + "warmid:" + entry["warm_id"], "pooled")

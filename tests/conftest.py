@@ -80,6 +80,18 @@ class Router:
         self.tool(lease, "shell_write_content_to_file", content=script, file_path="/tmp/solution.sh")
         self.sh(lease, "bash /tmp/solution.sh")
 
+    def solved_episode(self, docker_client, task: str) -> float:
+        """A whole episode with the reference solution; the score, once the teardown is done."""
+        lease = self.allocate(task)
+        reply = self.reset(lease, task)
+        assert reply.status_code == 200, reply.text
+        self.solve(lease, task)
+        reply = self.evaluate(lease)
+        assert reply.status_code == 200, reply.text
+        self.close(lease)
+        assert wait_for(lambda: not self.run_containers(docker_client, lease), 90), "teardown did not run"
+        return reply.json()["score"]
+
     def run_containers(self, docker_client, lease: str) -> list:
         return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"},
                                              ignore_removed=True)

@@ -29,7 +29,8 @@ def free_port() -> int:
 
 
 class Stack:
-    def __init__(self, env: dict | None = None, beat: bool = False, workdir: Path | None = None):
+    def __init__(self, env: dict | None = None, beat: bool = False, workdir: Path | None = None,
+                 durable_redis: bool = False):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="termpool-stack-"))
         self.redis_port = free_port()
         self.port = free_port()
@@ -53,6 +54,12 @@ class Stack:
             **(env or {}),
         }
         self.beat = beat
+        # durable_redis: an append-only file in the workdir, fsynced every second, as the
+        # deployments run it (scripts/start-backends.sh, docker-compose.yml).
+        persistence = (["--dir", str(self.workdir), "--appendonly", "yes", "--appendfsync", "everysec"]
+                       if durable_redis else ["--appendonly", "no"])
+        self.redis_argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+                           *persistence, "--maxmemory-policy", "noeviction"]
         self.procs: dict[str, subprocess.Popen] = {}
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -64,11 +71,24 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start(self) -> "Stack":
-        self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+    def start_redis(self) -> None:
+        self._spawn("redis", self.redis_argv)
         self.redis = redis.Redis(port=self.redis_port, decode_responses=True)
         self._wait(lambda: self.redis.ping(), "redis")
+
+    def restart_redis(self, down_for: float = 0.0) -> None:
+        """SHUTDOWN NOSAVE (an AOF is still flushed), then the same command again."""
+        proc = self.procs.pop("redis")
+        try:
+            self.redis.shutdown(nosave=True)
+        except redis.exceptions.ConnectionError:
+            pass  # the server closes the connection as it goes
+        proc.wait(timeout=60)
+        time.sleep(down_for)
+        self.start_redis()
+
+    def start(self) -> "Stack":
+        self.start_redis()
         for kind in WORKER_KINDS:
             self.start_worker(kind, wait=False)
         if self.beat:
@@ -84,8 +104,9 @@ class Stack:
         if wait:
             self.wait_worker(kind)
 
-    def wait_worker(self, kind: str) -> None:
-        pid = self.procs[kind].pid
+    def wait_worker(self, kind: str, pid: int | None = None) -> None:
+        """Wait for the heartbeat of the worker of this kind (started here, or given by pid)."""
+        pid = pid or self.procs[kind].pid
         node = node_name(kind, self.host_id, pid)
         self._wait(lambda: self.redis.exists(f"tp:node:{node}"), f"{kind} worker", 60)
 

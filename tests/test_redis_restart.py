@@ -1,0 +1,68 @@
+"""A durable Redis restarting under a live pool: no run is lost, every worker reconnects, and a
+call blocked while Redis is away answers 503 instead of hanging."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import Router, leftovers, wait_for
+from tests.stack import Stack
+
+
+@pytest.fixture(scope="module")
+def durable_stack(base_image, docker_client):
+    s = Stack(durable_redis=True).start()
+    yield s
+    s.stop()
+    left = leftovers(docker_client, s.host_id)
+    for name in left:
+        docker_client.containers.get(name).remove(force=True)
+    assert not left, f"containers left behind: {left}"
+
+
+def test_runs_continue_after_redis_restart(durable_stack, docker_client):
+    stack, router = durable_stack, Router(durable_stack)
+    lease = router.allocate("hello-file")
+    assert router.reset(lease, "hello-file").status_code == 200
+    assert router.sh(lease, "echo before") == "before\n"
+
+    stack.restart_redis(down_for=5)
+
+    # The run started before the restart: a tool call (exec pool), the evaluation (eval
+    # pool) and the close (teardown pool) all go through workers that had to reconnect.
+    assert router.sh(lease, "echo after") == "after\n"
+    router.solve(lease, "hello-file")
+    reply = router.evaluate(lease)
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    router.close(lease)
+    assert wait_for(lambda: not router.run_containers(docker_client, lease), 90), "teardown did not run"
+
+    # A new episode of a task this host never built: the build and lifecycle pools too.
+    assert router.solved_episode(docker_client, "partial-pass") == 0.75
+
+
+def test_call_waiting_while_redis_is_away_answers_503(durable_stack):
+    stack, router = durable_stack, Router(durable_stack)
+    lease = router.allocate("hello-file")
+    assert router.reset(lease, "hello-file").status_code == 200
+
+    def blocked_call():
+        reply = stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": {
+            "id": "w", "command": "sleep 8; echo slept", "block": True, "timeout": 60}}}, timeout=120)
+        return reply, time.monotonic()
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(blocked_call)
+        time.sleep(2)  # the facade now waits on the job's done list (BLMOVE)
+        stack.restart_redis(down_for=20)
+        back = time.monotonic()
+        reply, answered = pending.result(timeout=120)
+    assert reply.status_code == 503, reply.text
+    assert reply.json()["code"] == "BACKEND_UNAVAILABLE"
+    assert answered < back, "the call waited for Redis to come back instead of answering"
+
+    # Redis is back: the same run takes calls again.
+    assert wait_for(lambda: router.sh(lease, "echo again") == "again\n", 60)
+    router.close(lease)
