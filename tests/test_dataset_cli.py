@@ -60,6 +60,42 @@ def test_check_lists_problems(tmp_path):
     assert {"task": "broken-task", "problem": "no run-tests.sh (the grader)"} in report["problems"]
 
 
+def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
+    """The same rules the start path applies (tasks/compose_config.py), before any run."""
+    from tests.test_unsafe_tasks import CLIENT
+
+    extra = {
+        "privileged": "    privileged: true\n",
+        "socket": "    volumes: [ '/var/run:/host-run' ]\n",
+        "caps": "    cap_add: [ ALL ]\n",
+        "host-net": "    network_mode: host\n",
+        "host-pid": "    pid: host\n",
+        "devices": "    devices: [ '/dev/kmsg:/dev/kmsg' ]\n",
+        "unset-var": "    environment: [ 'X=${TP_CHECK_UNSET:?TP_CHECK_UNSET is required}' ]\n",
+        "outside": "  side:\n    build: ../elsewhere\n",
+        "fixed-names": "    ports: [ '8080:80' ]\n  db:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n"
+                       "    container_name: the-db\n",
+    }
+    data = tmp_path / "ds"
+    for name, text in extra.items():
+        task = shutil.copytree(FIXTURES / "hello-file", data / name)
+        (task / "docker-compose.yaml").write_text(CLIENT + text)
+    (tmp_path / "elsewhere").mkdir()
+    result = cli(tmp_path)("check", data, "--json")
+    assert result.exit_code == 1, result.output
+    found = {}
+    for problem in json.loads(result.stdout)["problems"]:
+        found.setdefault(problem["task"], []).append(problem["problem"])
+    expected = {"privileged": "asks to be privileged", "socket": "may not mount the Docker socket",
+                "caps": "capability ALL", "host-net": "network_mode: host", "host-pid": "pid: host",
+                "devices": "host devices", "unset-var": "TP_CHECK_UNSET is required",
+                "outside": "outside the task directory", "fixed-names": "publishes host port 8080"}
+    for task, words in expected.items():
+        assert any(words in p for p in found.get(task, [])), (task, found.get(task))
+    assert any("fixed container_name 'the-db'" in p for p in found["fixed-names"])
+    assert found["unset-var"][0].startswith("docker-compose.yaml: ")
+
+
 # ---- download -----------------------------------------------------------------------------
 def git(*args, cwd):
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=cwd,
