@@ -146,19 +146,12 @@ def check_supported(resolved: dict, task_dir: Path) -> None:
 
 
 def concurrency_problems(resolved: dict) -> list[str]:
-    """What termpool runs but cannot honour when two runs of a task are live at once."""
+    """What termpool runs but cannot honour when two runs of a task are live at once (fixed
+    container and network names it makes run-specific; a published host port it cannot)."""
     problems = []
-    client = client_service(resolved)
     for name, svc in resolved["services"].items():
-        if name != client and svc.get("container_name"):
-            problems.append(f"service {name!r} has a fixed container_name {svc['container_name']!r}: "
-                            "two runs of the task at once would collide")
         for port in svc.get("ports") or []:
             if isinstance(port, dict) and port.get("published"):
                 problems.append(f"service {name!r} publishes host port {port['published']}: two runs of the "
                                 "task at once would collide")
-    for key, net in (resolved.get("networks") or {}).items():
-        if not net.get("external") and net.get("name") and not net["name"].startswith(f"{resolved['name']}_"):
-            problems.append(f"network {key!r} has a fixed name {net['name']!r}: two runs of the task at once "
-                            "would share it")
     return problems

@@ -116,9 +116,30 @@ def run_override(resolved: dict, task_name: str, labels: dict, name: str, ctl_mo
         services[client].update(container_name=name, init=True)
         if ctl_mount:
             services[client]["volumes"] = [ctl_mount]
-        override["networks"] = {key: {"labels": labels} for key, net in (resolved.get("networks") or {}).items()
-                                if not net.get("external")}
+        _run_scoped_names(resolved, services, client, name)
+        override["networks"] = {key: _network(resolved["name"], key, net, labels)
+                                for key, net in (resolved.get("networks") or {}).items() if not net.get("external")}
     return override
+
+
+def _run_scoped_names(resolved: dict, services: dict, client: str, project: str) -> None:
+    """A fixed container_name of another service becomes the run's own, so two runs of a task
+    can live at once; the old name stays reachable as an alias on the service's networks."""
+    for svc_name, svc in resolved["services"].items():
+        fixed = svc.get("container_name")
+        if svc_name == client or not fixed:
+            continue
+        services[svc_name]["container_name"] = f"{project}-{svc_name}"
+        networks = svc.get("networks") or {}
+        if networks:
+            services[svc_name]["networks"] = {key: {"aliases": [*((networks[key] or {}).get("aliases") or []), fixed]}
+                                          for key in networks}
+
+
+def _network(project: str, key: str, net: dict, labels: dict) -> dict:
+    """Labels on every network of the run; a fixed `name:` becomes the run's own (as above)."""
+    own = f"{project}_{key}"
+    return {"labels": labels} if net.get("name", own) == own else {"labels": labels, "name": own}
 
 
 # ---- the SDK fast path ----------------------------------------------------------------------

@@ -216,6 +216,32 @@ def test_other_files_fall_back_to_compose(tmp_path, docker_client, redis_server,
     leaves_nothing(docker_client, run)
 
 
+def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
+    """compose-healthy-sidecar fixes a container_name and a network name: two live runs of it
+    would collide unless termpool makes them per run (the fixed name stays an alias)."""
+    cfg = settings(tmp_path)
+    task_dir = FIXTURES / "compose-healthy-sidecar"
+    environment.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+    runs = []
+    try:
+        for _ in range(2):
+            run, (env, client) = start(task_dir, cfg, tmp_path)
+            runs.append((run, env))
+            sidecar = docker_client.containers.get(f"{env.project}-sidecar")
+            network = docker_client.networks.get(f"{env.project}_backend")
+            assert network.attrs["Labels"]["termpool.run"] == run["run_id"]
+            assert "hs-sidecar" in sidecar.attrs["NetworkSettings"]["Networks"][network.name]["Aliases"]
+            fetch = "import urllib.request as u, sys; print(u.urlopen(f'http://{sys.argv[1]}:8000/token').read().decode())"
+            by_alias = client.exec_run(["python3", "-c", fetch, "hs-sidecar"]).output
+            assert by_alias.startswith(b"sidecar-")  # this run's sidecar, not the other run's:
+            assert by_alias == sidecar.exec_run(["python3", "-c", fetch, "127.0.0.1"]).output
+    finally:
+        for run, env in runs:
+            environment.remove_run_resources(run["run_id"], env.project)
+    for run, _ in runs:
+        leaves_nothing(docker_client, run)
+
+
 # ---- whole episodes through the pool API ---------------------------------------------------
 def episode(router, docker_client, task, checks):
     lease = router.allocate(task)

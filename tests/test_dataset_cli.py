@@ -73,8 +73,7 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
         "devices": "    devices: [ '/dev/kmsg:/dev/kmsg' ]\n",
         "unset-var": "    environment: [ 'X=${TP_CHECK_UNSET:?TP_CHECK_UNSET is required}' ]\n",
         "outside": "  side:\n    build: ../elsewhere\n",
-        "fixed-names": "    ports: [ '8080:80' ]\n  db:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n"
-                       "    container_name: the-db\n",
+        "ports": "    ports: [ '8080:80' ]\n",
     }
     data = tmp_path / "ds"
     for name, text in extra.items():
@@ -89,10 +88,9 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
     expected = {"privileged": "asks to be privileged", "socket": "may not mount the Docker socket",
                 "caps": "capability ALL", "host-net": "network_mode: host", "host-pid": "pid: host",
                 "devices": "host devices", "unset-var": "TP_CHECK_UNSET is required",
-                "outside": "outside the task directory", "fixed-names": "publishes host port 8080"}
+                "outside": "outside the task directory", "ports": "publishes host port 8080"}
     for task, words in expected.items():
         assert any(words in p for p in found.get(task, [])), (task, found.get(task))
-    assert any("fixed container_name 'the-db'" in p for p in found["fixed-names"])
     assert found["unset-var"][0].startswith("docker-compose.yaml: ")
 
 
