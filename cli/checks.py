@@ -98,7 +98,7 @@ def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
                                           compose_config.build_env(task_dir.name, cfg), CHECK_TIMEOUT)
     except (TaskInvalid, TaskError) as exc:
         return [_strip(exc, task_dir)]
-    problems = compose_config.unsupported(resolved, task_dir) + compose_config.concurrency_problems(resolved)
+    problems = compose_config.unsupported(resolved, task_dir) + compose_config.check_only_problems(resolved, task_dir)
     for name, service in resolved["services"].items():
         if "build" in service:
             problems += _build_problems(name, service["build"], task_dir)

@@ -44,9 +44,12 @@ def compose_env(task_name: str, container: str, run_dir: Path, client_image: str
     }
 
 
+NO_RUN_DIR = Path("/nonexistent/termpool-run")  # the run folder in builds and checks: no run exists
+
+
 def build_env(task_name: str, cfg: Settings) -> dict:
-    """The variables for builds and checks: no run exists, so run paths are placeholders."""
-    return {**compose_env(task_name, "build", Path("/nonexistent"), client_image(task_name, cfg)), **cfg.proxy_env}
+    """The variables for builds and checks, with a placeholder run folder."""
+    return {**compose_env(task_name, "build", NO_RUN_DIR, client_image(task_name, cfg)), **cfg.proxy_env}
 
 
 def task_files(task_dir: Path, cfg: Settings) -> list[str]:
@@ -132,11 +135,13 @@ def _build_context_problems(where: str, build, task_dir: Path) -> list[str]:
     context = build.get("context", "") if isinstance(build, dict) else ""
     if not context or "://" in context or context.startswith("git@"):
         return []
-    root = Path(task_dir).resolve()
-    path = Path(context).resolve()
-    if path != root and root not in path.parents:
+    if _outside(Path(context).resolve(), (Path(task_dir).resolve(),)):
         return [f"{where} builds from {context}, outside the task directory; refused"]
     return []
+
+
+def _outside(path: Path, roots: tuple) -> bool:
+    return not any(path == root or root in path.parents for root in roots)
 
 
 def check_supported(resolved: dict, task_dir: Path) -> None:
@@ -145,13 +150,25 @@ def check_supported(resolved: dict, task_dir: Path) -> None:
         raise TaskUnsupported(f"{task_dir}: " + "; ".join(problems))
 
 
-def concurrency_problems(resolved: dict) -> list[str]:
-    """What termpool runs but cannot honour when two runs of a task are live at once (fixed
-    container and network names it makes run-specific; a published host port it cannot)."""
+def check_only_problems(resolved: dict, task_dir: Path) -> list[str]:
+    """What termpool runs but `dataset check` points out: host paths outside the task and run
+    folders that a service would see, and what two live runs of a task cannot share (fixed
+    container and network names termpool makes run-specific; a published host port it cannot)."""
     problems = []
+    inside = (Path(task_dir).resolve(), NO_RUN_DIR)
     for name, svc in resolved["services"].items():
+        for volume in svc.get("volumes") or []:
+            source = Path(volume.get("source") or "/")
+            if volume.get("type") == "bind" and _outside(source, inside):
+                problems.append(f"service {name!r} bind-mounts the host path {source}, outside the task and run "
+                                "folders")
         for port in svc.get("ports") or []:
             if isinstance(port, dict) and port.get("published"):
                 problems.append(f"service {name!r} publishes host port {port['published']}: two runs of the "
                                 "task at once would collide")
+    for kind in ("secrets", "configs"):
+        for key, item in (resolved.get(kind) or {}).items():
+            source = Path(item.get("file") or task_dir)
+            if _outside(source, inside):
+                problems.append(f"{kind[:-1]} {key!r} reads the host file {source}, outside the task folder")
     return problems

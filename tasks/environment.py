@@ -175,18 +175,20 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
     image = client_image(task_name, cfg)
     env = {**compose_env(task_name, name, run_dir, image), **cfg.proxy_env}
+    deadline = time.monotonic() + timeout  # one time limit for resolving and starting
     resolved = resolve(task_dir, task_files(task_dir, cfg), name, env, timeout)
     check_supported(resolved, task_dir)
     ctl = make_ctl_dir(cfg, run["run_id"])
     ctl_mount = f"{ctl}:{CTL_MOUNT}"
     try:
-        if not force_compose and container_spec.direct_eligible(resolved, task_dir, image):
+        if not force_compose and is_template(resolved, cfg, task_dir, task_name):
             options = container_spec.direct_options(resolved, cfg, ctl_mount, engine_cpus())
             container = _start_direct(image, options, labels, name)
             mode = "direct"
         else:
             override = container_spec.run_override(resolved, task_name, labels, name, ctl_mount, cfg, engine_cpus())
-            container = _start_compose(task_dir, override, env, name, run_dir, cfg, timeout)
+            container = _start_compose(task_dir, override, env, name, run_dir, cfg,
+                                       max(1.0, deadline - time.monotonic()))
             mode = "compose"
     except BaseException:
         remove_run_resources(run["run_id"], name)

@@ -74,6 +74,7 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
         "unset-var": "    environment: [ 'X=${TP_CHECK_UNSET:?TP_CHECK_UNSET is required}' ]\n",
         "outside": "  side:\n    build: ../elsewhere\n",
         "ports": "    ports: [ '8080:80' ]\n",
+        "host-path": "    volumes: [ '/etc:/host-etc:ro' ]\n",
     }
     data = tmp_path / "ds"
     for name, text in extra.items():
@@ -88,7 +89,8 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
     expected = {"privileged": "asks to be privileged", "socket": "may not mount the Docker socket",
                 "caps": "capability ALL", "host-net": "network_mode: host", "host-pid": "pid: host",
                 "devices": "host devices", "unset-var": "TP_CHECK_UNSET is required",
-                "outside": "outside the task directory", "ports": "publishes host port 8080"}
+                "outside": "outside the task directory", "ports": "publishes host port 8080",
+                "host-path": "bind-mounts the host path /etc"}
     for task, words in expected.items():
         assert any(words in p for p in found.get(task, [])), (task, found.get(task))
     assert found["unset-var"][0].startswith("docker-compose.yaml: ")
