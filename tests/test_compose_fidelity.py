@@ -245,15 +245,17 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
 # ---- whole episodes through the pool API ---------------------------------------------------
 def episode(router, docker_client, task, checks):
     lease = router.allocate(task)
-    reply = router.reset(lease, task)
-    assert reply.status_code == 200, reply.text
-    containers = {c.labels.get("com.docker.compose.service", "client"): c
-                  for c in router.run_containers(docker_client, lease)}
-    checks(lease, containers)
-    router.solve(lease, task)
-    reply = router.evaluate(lease)
-    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
-    assert router.close(lease) == {"ok": True, "found": True}
+    try:
+        reply = router.reset(lease, task)
+        assert reply.status_code == 200, reply.text
+        containers = {c.labels.get("com.docker.compose.service", "client"): c
+                      for c in router.run_containers(docker_client, lease)}
+        checks(lease, containers)
+        router.solve(lease, task)
+        reply = router.evaluate(lease)
+        assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    finally:
+        assert router.close(lease) == {"ok": True, "found": True}
     assert wait_for(lambda: not router.run_containers(docker_client, lease), 60), "teardown left containers"
     assert wait_for(lambda: not docker_client.networks.list(filters={"label": f"termpool.run={lease}"}), 30)
 
