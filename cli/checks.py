@@ -1,15 +1,20 @@
 """Find the task directories of a dataset and list what is wrong with each (`dataset check`)."""
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from tasks import compose_config
+from termpool.config import Settings
+from termpool.failures import TaskInvalid
 from termpool.task_spec import (COMPOSE_FILE_NAMES, TaskError, compose_file, image_name, load_task,
-                                load_weights)
+                                load_weights, name_prefix)
 
 MAX_DEPTH = 3  # dataset/collection/sub-collection/task at most
+CHECK_JOBS = 4  # tasks checked at once
+CHECK_TIMEOUT = 60.0  # seconds for one `docker compose config`
 
 
 def is_task_dir(path: Path) -> bool:
@@ -75,63 +80,47 @@ class TaskReport:
 def _strip(message: str, task_dir: Path) -> str:
     """TaskError messages start with the (long) task path: keep what follows it."""
     text = str(message)
-    for prefix in (str(task_dir / "task.yaml") + ": ", str(task_dir) + ": "):
+    for prefix in (str(task_dir / "task.yaml") + ": ", str(task_dir) + ": ", str(task_dir.resolve()) + "/"):
         if text.startswith(prefix):
             return text[len(prefix):]
     return text
 
 
-def _compose_problems(task_dir: Path) -> list[str]:
+def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
+    """What the start path would refuse: the same resolving and rules (tasks/compose_config.py)."""
     try:
-        path = compose_file(task_dir)
+        compose_file(task_dir)
     except TaskError:
         return [f"no {' or '.join(COMPOSE_FILE_NAMES)}"]
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        return [f"{path.name}: cannot read it: {exc}"]
-    except yaml.YAMLError as exc:
-        return [f"{path.name}: invalid YAML: {' '.join(str(exc).split())}"]
-    if not isinstance(data, dict):
-        return [f"{path.name}: must be a YAML mapping, not {type(data).__name__}"]
-    services = data.get("services")
-    if not isinstance(services, dict) or not services:
-        return [f"{path.name}: has no services"]
-    problems = []
-    for name, service in services.items():
-        if not isinstance(service, dict):
-            problems.append(f"{path.name}: service {name!r} is not a mapping")
-            continue
-        if "build" not in service:
-            if not service.get("image"):
-                problems.append(f"{path.name}: service {name!r} has neither build nor image")
-            continue
-        problems += _build_problems(task_dir, path.name, name, service["build"])
+        resolved = compose_config.resolve(task_dir, compose_config.task_files(task_dir, cfg),
+                                          name_prefix(task_dir.name).lower(),
+                                          compose_config.build_env(task_dir.name, cfg), CHECK_TIMEOUT)
+    except (TaskInvalid, TaskError) as exc:
+        return [_strip(exc, task_dir)]
+    problems = compose_config.unsupported(resolved, task_dir) + compose_config.check_only_problems(resolved, task_dir)
+    for name, service in resolved["services"].items():
+        if "build" in service:
+            problems += _build_problems(name, service["build"], task_dir)
     return problems
 
 
-def _build_problems(task_dir: Path, compose_name: str, service: str, build) -> list[str]:
-    if isinstance(build, str):
-        context, dockerfile = build, "Dockerfile"
-    elif isinstance(build, dict):
-        context = build.get("context", ".")
-        dockerfile = build.get("dockerfile", "Dockerfile")
-        if "dockerfile_inline" in build:
-            dockerfile = None
-    else:
-        return [f"{compose_name}: service {service!r}: build must be a path or a mapping"]
-    if not isinstance(context, str) or "$" in context or "://" in context:
-        return []  # variables or a remote context: nothing to check on disk
-    context_dir = (task_dir / context).resolve()
+def _build_problems(service: str, build: dict, task_dir: Path) -> list[str]:
+    context = build.get("context", "")
+    if "://" in context or context.startswith("git@"):
+        return []  # a remote context: nothing to check on disk
+    context_dir = Path(context)
+    shown = os.path.relpath(context_dir, task_dir)
     if not context_dir.is_dir():
-        return [f"{compose_name}: service {service!r}: build context {context!r} is not a directory"]
-    if isinstance(dockerfile, str) and "$" not in dockerfile and not (context_dir / dockerfile).is_file():
-        where = "" if context in (".", "./") else f" in {context}"
+        return [f"service {service!r}: build context {shown} is not a directory"]
+    dockerfile = build.get("dockerfile")
+    if dockerfile and "dockerfile_inline" not in build and not (context_dir / dockerfile).is_file():
+        where = "" if shown == "." else f" in {shown}"
         return [f"service {service!r}: no {dockerfile}{where} (its build context)"]
     return []
 
 
-def check_task(task_dir: Path, root: Path) -> TaskReport:
+def check_task(task_dir: Path, root: Path, cfg: Settings) -> TaskReport:
     report = TaskReport(task_dir, task_label(task_dir, root))
     problems = report.problems
     has_yaml = (task_dir / "task.yaml").is_file()
@@ -148,7 +137,7 @@ def check_task(task_dir: Path, root: Path) -> TaskReport:
         problems.append("no run-tests.sh (the grader)")
     if not (task_dir / "tests").is_dir():
         problems.append("no tests/ folder")
-    problems += _compose_problems(task_dir)
+    problems += _compose_problems(task_dir, cfg)
     try:
         load_weights(task_dir)
     except TaskError as exc:
@@ -156,12 +145,14 @@ def check_task(task_dir: Path, root: Path) -> TaskReport:
     return report
 
 
-def check_tasks(root: Path, tasks: list[Path], on_done=None) -> list[TaskReport]:
+def check_tasks(root: Path, tasks: list[Path], cfg: Settings, on_done=None) -> list[TaskReport]:
+    """Reports in the order of tasks; several at once (each runs `docker compose config`)."""
     reports = []
-    for task_dir in tasks:
-        reports.append(check_task(task_dir, root))
-        if on_done:
-            on_done(task_dir)
+    with ThreadPoolExecutor(max_workers=CHECK_JOBS, thread_name_prefix="check") as pool:
+        for report in pool.map(lambda task_dir: check_task(task_dir, root, cfg), tasks):
+            reports.append(report)
+            if on_done:
+                on_done(report.path)
     _image_collisions(reports)
     return reports
 

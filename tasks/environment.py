@@ -1,12 +1,14 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
-Tasks whose compose file is the standard one-service template are started straight through
-the docker SDK (one create+start, no compose process); any other compose file goes through
-the `docker compose` CLI with a generated override that adds termpool's labels and limits.
+Every start first asks compose for the task's resolved file (tasks/compose_config.py) and
+refuses what termpool never runs. A file that is one plain `client` service is then started
+straight through the docker SDK (one create+start, no compose process); any other goes through
+`docker compose up` with a generated override (tasks/container_spec.py) that adds termpool's
+labels and limits to whatever the task sets.
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
 import posixpath
 import re
@@ -20,18 +22,19 @@ import docker.errors
 import redis
 import yaml
 
-from tasks.docker_env import (HOST_LABEL, MANAGED_LABEL, RUN_LABEL, docker_client, run_compose,
-                              termpool_labels)
+from tasks import container_spec
+from tasks.compose_config import (CLIENT_SERVICE, build_env, check_supported, client_image, compose_env,
+                                  resolve, service_images, task_files)
+from tasks.docker_env import (HOST_LABEL, MANAGED_LABEL, MAX_OUTPUT, RUN_LABEL, ComposeError, docker_client,
+                              run_compose, termpool_labels)
 from tasks.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
-from termpool.task_spec import compose_file, image_name, name_prefix
+from termpool.failures import TaskBuildFailed, TaskStartFailed
+from termpool.task_spec import name_prefix
 
-CLIENT_SERVICE = "client"
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
-_TEMPLATE_SERVICE_KEYS = {"build", "image", "container_name", "command", "environment", "volumes"}
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-DOCKER_SOCKET = "docker.sock"
+LOG_LINES = 40  # last lines of a failing service's log quoted in its error
 
 
 @dataclass
@@ -57,60 +60,32 @@ def run_name(task_name: str, run_id: str) -> str:
     return f"{stem}-{run_id}"
 
 
-def compose_env(task_name: str, container: str, run_dir: Path, client_image: str) -> dict:
-    return {
-        "T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME": client_image,
-        "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME": container,
-        "T_BENCH_TASK_DOCKER_NAME_PREFIX": name_prefix(task_name),
-        "T_BENCH_TEST_DIR": "/tests",
-        "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
-        "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs",
-        "T_BENCH_TASK_LOGS_PATH": str(run_dir / "sessions"),
-        "T_BENCH_TASK_AGENT_LOGS_PATH": str(run_dir / "agent-logs"),
-    }
+def load_compose(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> dict:
+    """The task's resolved compose model with build-time variables (TaskInvalid when malformed)."""
+    return resolve(task_dir, task_files(task_dir, cfg), name_prefix(task_name).lower(), build_env(task_name, cfg),
+                   timeout)
 
 
-def load_compose(task_dir: Path) -> dict:
-    path = compose_file(task_dir)
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict) or not isinstance(data.get("services"), dict) or not data["services"]:
-        raise ValueError(f"{path.name} has no services")
-    return data
+def is_template(compose: dict, cfg: Settings, task_dir: Path, task_name: str) -> bool:
+    """True when the SDK can start the task's one service without compose."""
+    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg))
 
 
-def is_template(compose: dict, cfg: Settings) -> bool:
-    """True for the standard one-service layout that the SDK can start without compose."""
-    services = compose["services"]
-    if cfg.compose_override_path or set(compose) - {"services", "version"} or list(services) != [CLIENT_SERVICE]:
-        return False
-    service = services[CLIENT_SERVICE]
-    build = service.get("build", {})
-    return (isinstance(service, dict) and set(service) <= _TEMPLATE_SERVICE_KEYS
-            and (build in (".", "./") or (isinstance(build, dict) and set(build) <= {"dockerfile", "context"}
-                                          and build.get("context", ".") in (".", "./"))))
-
-
-def client_image(task_name: str, cfg: Settings) -> str:
-    return cfg.pull_prefix + task_name if cfg.image_source == "pull" else image_name(task_name)
-
-
-def service_images(task_name: str, compose: dict) -> dict:
-    """Stable image names for services that build without naming an image, so one build per
-    host serves every run's compose project."""
-    prefix = name_prefix(task_name).lower()
-    return {name: f"{prefix}__{name}".lower() for name, svc in compose["services"].items()
-            if isinstance(svc, dict) and "build" in svc and "image" not in svc}
+@functools.lru_cache(maxsize=1)
+def engine_cpus() -> float:
+    """CPUs of the Docker host: docker refuses a cpus limit above it."""
+    return float(docker_client().info().get("NCPU") or os.cpu_count() or 1)
 
 
 # ---- images ---------------------------------------------------------------------------------
 def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, locks: redis.Redis) -> str:
     """Build (or pull) the task's images once per host; concurrent callers wait for that one."""
-    compose = load_compose(task_dir)
+    compose = load_compose(task_name, task_dir, cfg, timeout)
     image = client_image(task_name, cfg)
     if cfg.image_source == "pull":
         _pull_if_absent(image, timeout)
         return image
-    needed = [image] if is_template(compose, cfg) else built_images(task_name, compose, cfg)
+    needed = [image] if is_template(compose, cfg, task_dir, task_name) else built_images(task_name, compose, cfg)
     if all(_image_exists(i) for i in needed):
         return image
     lock = locks.lock(f"tp:build-lock:{cfg.host_id}:{image}", timeout=timeout + 60, blocking_timeout=timeout)
@@ -119,7 +94,7 @@ def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, 
     try:
         if all(_image_exists(i) for i in needed):  # built by whoever held the lock
             return image
-        if is_template(compose, cfg):
+        if is_template(compose, cfg, task_dir, task_name):
             _build_with_sdk(task_dir, compose, image, cfg, timeout)
         else:
             _build_with_compose(task_name, task_dir, compose, image, cfg, timeout)
@@ -132,13 +107,11 @@ def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, 
 
 
 def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
-    """Every image a compose build produces (client first), with variables substituted."""
-    env = compose_env(task_name, "build", Path("/nonexistent"), client_image(task_name, cfg))
+    """Every image a compose build produces (client first), as compose resolved their names."""
     generated = service_images(task_name, compose)
     images = [client_image(task_name, cfg)]
-    for name, svc in compose["services"].items():
-        if isinstance(svc, dict) and "build" in svc:
-            images.append(generated.get(name) or _substitute(str(svc.get("image", "")), env))
+    images += [generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items()
+               if "build" in svc]
     return list(dict.fromkeys(i for i in images if i))
 
 
@@ -156,12 +129,13 @@ def _pull_if_absent(image: str, timeout: float) -> None:
     try:
         docker_client().images.pull(image)
     except docker.errors.APIError as exc:
-        raise RuntimeError(f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}")
+        raise TaskBuildFailed(f"image {image} is not on this host and could not be pulled: "
+                              f"{exc.explanation or exc}") from None
 
 
 def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float) -> None:
-    build = compose["services"][CLIENT_SERVICE].get("build", {})
-    dockerfile = build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile"
+    build = compose["services"][CLIENT_SERVICE].get("build") or {}
+    dockerfile = build.get("dockerfile", "Dockerfile")
     deadline = time.monotonic() + timeout
     log = []
     stream = docker_client().api.build(path=str(task_dir), dockerfile=dockerfile, tag=image, rm=True, forcerm=True,
@@ -169,7 +143,9 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
     for chunk in stream:
         log.append(chunk.get("stream") or chunk.get("status") or "")
         if "error" in chunk:
-            raise RuntimeError(f"building {image} failed: {chunk['error'].strip()}\n{''.join(log)[-1500:]}")
+            tail = "".join(log)[-MAX_OUTPUT:]
+            raise TaskBuildFailed(f"building {image} from {Path(task_dir) / dockerfile} failed: "
+                                  f"{chunk['error'].strip()}\n{tail}", output=tail)
         if time.monotonic() > deadline:
             raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
 
@@ -177,31 +153,42 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
 def _build_with_compose(task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings,
                         timeout: float) -> None:
     with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
-        run_dir = Path(tmp)
-        env = {**compose_env(task_name, "build", run_dir, image), **cfg.proxy_env}
-        files = _compose_files(task_dir, cfg, _override(task_name, compose, {}, "", cfg), run_dir)
-        run_compose(["-p", name_prefix(task_name).lower(), *files, "build"], env, timeout, task_dir)
+        override = container_spec.run_override(compose, task_name, {}, "", "", cfg, 0)
+        files = _compose_files(task_dir, cfg, override, Path(tmp))
+        try:
+            run_compose(["-p", name_prefix(task_name).lower(), *files, "build"], build_env(task_name, cfg), timeout,
+                        task_dir)
+        except ComposeError as exc:
+            raise TaskBuildFailed(f"building the images of {files[1]} failed: {exc.stderr_tail}",
+                                  output=exc.stderr_tail) from None
 
 
 # ---- start ----------------------------------------------------------------------------------
-def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: float):
+def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: float, force_compose: bool = False):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
     `run` needs run_id, task_key and task_meta.task_name; a warm-pool container is started
-    the same way under its warm id.
+    the same way under its warm id. force_compose starts even a fast-path task with compose.
     """
     task_name = run["task_meta"]["task_name"]
-    compose = load_compose(task_dir)
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
-    env = compose_env(task_name, name, run_dir, client_image(task_name, cfg))
+    image = client_image(task_name, cfg)
+    env = {**compose_env(task_name, name, run_dir, image), **cfg.proxy_env}
+    deadline = time.monotonic() + timeout  # one time limit for resolving and starting
+    resolved = resolve(task_dir, task_files(task_dir, cfg), name, env, timeout)
+    check_supported(resolved, task_dir)
     ctl = make_ctl_dir(cfg, run["run_id"])
+    ctl_mount = f"{ctl}:{CTL_MOUNT}"
     try:
-        if is_template(compose, cfg):
-            container = _start_direct(compose["services"][CLIENT_SERVICE], env, labels, name, ctl, cfg)
+        if not force_compose and is_template(resolved, cfg, task_dir, task_name):
+            options = container_spec.direct_options(resolved, cfg, ctl_mount, engine_cpus())
+            container = _start_direct(image, options, labels, name)
             mode = "direct"
         else:
-            container = _start_compose(task_name, task_dir, compose, env, labels, name, ctl, run_dir, cfg, timeout)
+            override = container_spec.run_override(resolved, task_name, labels, name, ctl_mount, cfg, engine_cpus())
+            container = _start_compose(task_dir, override, env, name, run_dir, cfg,
+                                       max(1.0, deadline - time.monotonic()))
             mode = "compose"
     except BaseException:
         remove_run_resources(run["run_id"], name)
@@ -229,9 +216,12 @@ def remove_ctl_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def warm_capable(task_dir: Path, cfg: Settings) -> bool:
-    """Only one-service template tasks are pre-started: their container needs nothing run-specific."""
-    return cfg.warm_pool_size > 0 and is_template(load_compose(task_dir), cfg)
+def warm_capable(task_dir: Path, cfg: Settings, task_name: str | None = None) -> bool:
+    """Only fast-path tasks are pre-started: their container needs nothing run-specific."""
+    if cfg.warm_pool_size <= 0:
+        return False
+    task_name = task_name or Path(task_dir).name
+    return is_template(load_compose(task_name, task_dir, cfg, cfg.timeouts.reset_session), cfg, task_dir, task_name)
 
 
 def client_if_running(name: str):
@@ -243,93 +233,55 @@ def client_if_running(name: str):
     return container if container.status == "running" else None
 
 
-def _substitute(value, env: dict):
-    if isinstance(value, str):
-        return _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), value)
-    if isinstance(value, list):
-        return [_substitute(v, env) for v in value]
-    if isinstance(value, dict):
-        return {k: _substitute(v, env) for k, v in value.items()}
-    return value
-
-
-def _start_direct(service: dict, env: dict, labels: dict, name: str, ctl: Path, cfg: Settings):
-    service = _substitute(service, env)
-    environment = service.get("environment") or {}
-    if isinstance(environment, list):
-        environment = dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
-    volumes = [v for v in service.get("volumes") or [] if isinstance(v, str)]
-    check_volumes(volumes)
-    volumes.append(f"{ctl}:{CTL_MOUNT}")
-    command = service.get("command")
+def _start_direct(image: str, options: dict, labels: dict, name: str):
     # create + start, not run(): run() would try to pull a missing image from a registry.
-    container = docker_client().containers.create(
-        env["T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME"], command=command, name=name,
-        environment={**cfg.proxy_env, **environment}, volumes=volumes, labels=labels,
-        mem_limit=cfg.container_memory_limit, memswap_limit=cfg.container_memory_limit,
-        privileged=False, init=True)
+    container = docker_client().containers.create(image, name=name, labels=labels, **options)
     container.start()
+    container.reload()
+    _raise_if_failed([container], "", name)
     return container
-
-
-def _override(task_name: str, compose: dict, labels: dict, name: str, cfg: Settings, ctl: Path | None = None) -> dict:
-    services = {}
-    images = service_images(task_name, compose)
-    for svc in compose["services"]:
-        entry = {"labels": labels} if labels else {}
-        if svc in images:
-            entry["image"] = images[svc]
-        services[svc] = entry
-    if name:
-        client = client_service(compose)
-        services[client].update(container_name=name, mem_limit=cfg.container_memory_limit,
-                                memswap_limit=cfg.container_memory_limit, init=True)
-        if ctl is not None:
-            services[client]["volumes"] = [f"{ctl}:{CTL_MOUNT}"]
-    override = {"services": services}
-    if labels:
-        override["networks"] = {"default": {"labels": labels}}
-    return override
 
 
 def _compose_files(task_dir: Path, cfg: Settings, override: dict, run_dir: Path) -> list[str]:
     path = run_dir / "termpool-compose.override.yaml"
     path.write_text(yaml.safe_dump(override))
-    files = ["-f", str(compose_file(task_dir))]
-    if cfg.compose_override_path:
-        files += ["-f", cfg.compose_override_path]
-    return files + ["-f", str(path)]
+    return task_files(task_dir, cfg) + ["-f", str(path)]
 
 
-def client_service(compose: dict) -> str:
-    return CLIENT_SERVICE if CLIENT_SERVICE in compose["services"] else next(iter(compose["services"]))
-
-
-def _start_compose(task_name, task_dir, compose, env, labels, name, ctl, run_dir, cfg, timeout):
-    files = _compose_files(task_dir, cfg, _override(task_name, compose, labels, name, cfg, ctl), run_dir)
-    env = {**env, **cfg.proxy_env}
-    resolved = json.loads(run_compose(["-p", name, *files, "config", "--format", "json"], env, timeout, task_dir))
-    check_compose_safety(resolved)
-    run_compose(["-p", name, *files, "up", "-d", "--no-build", "--pull", "never"], env, timeout, task_dir)
+def _start_compose(task_dir, override, env, name, run_dir, cfg, timeout):
+    files = _compose_files(task_dir, cfg, override, run_dir)
+    stderr = ""
+    try:
+        run_compose(["-p", name, *files, "up", "-d", "--no-build", "--pull", "never"], env, timeout, task_dir)
+    except (ComposeError, TimeoutError) as exc:
+        stderr = getattr(exc, "stderr_tail", "") or str(exc)
+        _raise_if_failed(_project_containers(name), stderr, name)
+        raise
+    _raise_if_failed(_project_containers(name), stderr, name)
     return docker_client().containers.get(name)
 
 
-def check_volumes(volumes: list) -> None:
-    for volume in volumes:
-        source = volume.get("source", "") if isinstance(volume, dict) else str(volume).split(":", 1)[0]
-        if DOCKER_SOCKET in source:
-            raise PermissionError("task containers may not mount the Docker socket")
+def _project_containers(project: str) -> list:
+    return docker_client().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"},
+                                           ignore_removed=True)
 
 
-def check_compose_safety(resolved: dict) -> None:
-    """Refuse compose files that would give a task container power over the host."""
-    for name, service in (resolved.get("services") or {}).items():
-        if service.get("privileged"):
-            raise PermissionError(f"service {name!r} asks to be privileged; termpool never runs privileged containers")
-        caps = {c.upper() for c in service.get("cap_add") or []}
-        if caps & {"ALL", "SYS_ADMIN", "CAP_SYS_ADMIN"}:
-            raise PermissionError(f"service {name!r} asks for capability {sorted(caps)}; refused")
-        check_volumes(service.get("volumes") or [])
+def _raise_if_failed(containers: list, stderr: str, client: str) -> None:
+    """TaskStartFailed naming the first service that failed: the client not running, another
+    service exited non-zero or died, or one unhealthy (or still starting when `up` failed).
+    A one-shot service that exited 0 is fine."""
+    for container in sorted(containers, key=lambda c: c.name == client):  # the cause before the client
+        state = container.attrs.get("State") or {}
+        health = (state.get("Health") or {}).get("Status", "")
+        stopped = state.get("Status") in ("exited", "dead", "created")
+        failed = (stopped and (container.name == client or state.get("ExitCode", 0) != 0 or state["Status"] == "dead")) \
+            or health == "unhealthy" or (stderr and health == "starting")
+        if failed:
+            service = container.labels.get("com.docker.compose.service") or container.name
+            what = f"health {health}" if health in ("unhealthy", "starting") else f"exit code {state.get('ExitCode')}"
+            logs = container.logs(tail=LOG_LINES).decode(errors="replace")[-MAX_OUTPUT:]
+            text = "\n".join(part for part in (stderr[-MAX_OUTPUT:], f"service {service!r} logs:\n{logs}") if part)
+            raise TaskStartFailed(f"service {service!r} failed to start ({what})\n{text}", output=text)
 
 
 # ---- teardown -------------------------------------------------------------------------------
@@ -337,7 +289,8 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
     """Remove every container and network of a run (found by labels); return containers removed."""
     client = docker_client()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"},
+                                            ignore_removed=True):
         try:
             container.remove(force=True, v=True)
             removed += 1
@@ -359,7 +312,8 @@ def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     """Remove termpool containers and networks of this host whose run no longer exists."""
     client = docker_client()
     orphans = set()
-    for container in client.containers.list(all=True, filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}):
+    for container in client.containers.list(all=True, filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]},
+                                            ignore_removed=True):  # one may vanish between list and inspect
         run_id = container.labels.get(RUN_LABEL, "")
         if not is_live(run_id):
             orphans.add(run_id)

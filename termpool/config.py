@@ -58,6 +58,8 @@ class Settings:
     pull_prefix: str
     compose_override_path: str
     container_memory_limit: str
+    container_pids_limit: int  # 0: no limit of termpool's
+    container_cpu_limit: float  # 0: no limit of termpool's
     timeouts: Timeouts
     proxy_env: dict
     redis_url: str
@@ -115,6 +117,8 @@ def load_settings(env=None) -> Settings:
         pull_prefix=_str(env, "TBENCH_DOCKER_PULL_PREFIX"),
         compose_override_path=_str(env, "COMPOSE_OVERRIDE_PATH"),
         container_memory_limit=_str(env, "CONTAINER_MEMORY_LIMIT", "16g"),
+        container_pids_limit=_int(env, "CONTAINER_PIDS_LIMIT", 4096),
+        container_cpu_limit=_float(env, "CONTAINER_CPU_LIMIT", 2.0),
         timeouts=Timeouts(
             ensure_image=_float(env, "ENSURE_IMAGE_TIMEOUT", 300.0),
             reset_session=_float(env, "RESET_SESSION_TIMEOUT", 300.0),

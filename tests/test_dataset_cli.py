@@ -28,7 +28,7 @@ def cli(tmp_path: Path, **env):
 def test_check_fixtures_are_clean(tmp_path):
     result = cli(tmp_path)("check")
     assert result.exit_code == 0, result.output
-    assert "6 tasks checked" in result.stdout and "6 clean, 0 with problems" in result.stdout
+    assert "9 tasks checked" in result.stdout and "9 clean, 0 with problems" in result.stdout
 
 
 def test_check_lists_problems(tmp_path):
@@ -58,6 +58,42 @@ def test_check_lists_problems(tmp_path):
     assert report["ok"] is False and report["tasks"] == 3 and report["tasks_with_problems"] == 2
     assert not [p for p in report["problems"] if p["task"] == "hello-file"]
     assert {"task": "broken-task", "problem": "no run-tests.sh (the grader)"} in report["problems"]
+
+
+def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
+    """The same rules the start path applies (tasks/compose_config.py), before any run."""
+    from tests.test_unsafe_tasks import CLIENT
+
+    extra = {
+        "privileged": "    privileged: true\n",
+        "socket": "    volumes: [ '/var/run:/host-run' ]\n",
+        "caps": "    cap_add: [ ALL ]\n",
+        "host-net": "    network_mode: host\n",
+        "host-pid": "    pid: host\n",
+        "devices": "    devices: [ '/dev/kmsg:/dev/kmsg' ]\n",
+        "unset-var": "    environment: [ 'X=${TP_CHECK_UNSET:?TP_CHECK_UNSET is required}' ]\n",
+        "outside": "  side:\n    build: ../elsewhere\n",
+        "ports": "    ports: [ '8080:80' ]\n",
+        "host-path": "    volumes: [ '/etc:/host-etc:ro' ]\n",
+    }
+    data = tmp_path / "ds"
+    for name, text in extra.items():
+        task = shutil.copytree(FIXTURES / "hello-file", data / name)
+        (task / "docker-compose.yaml").write_text(CLIENT + text)
+    (tmp_path / "elsewhere").mkdir()
+    result = cli(tmp_path)("check", data, "--json")
+    assert result.exit_code == 1, result.output
+    found = {}
+    for problem in json.loads(result.stdout)["problems"]:
+        found.setdefault(problem["task"], []).append(problem["problem"])
+    expected = {"privileged": "asks to be privileged", "socket": "may not mount the Docker socket",
+                "caps": "capability ALL", "host-net": "network_mode: host", "host-pid": "pid: host",
+                "devices": "host devices", "unset-var": "TP_CHECK_UNSET is required",
+                "outside": "outside the task directory", "ports": "publishes host port 8080",
+                "host-path": "bind-mounts the host path /etc"}
+    for task, words in expected.items():
+        assert any(words in p for p in found.get(task, [])), (task, found.get(task))
+    assert found["unset-var"][0].startswith("docker-compose.yaml: ")
 
 
 # ---- download -----------------------------------------------------------------------------

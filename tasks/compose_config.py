@@ -1,0 +1,174 @@
+"""A task's compose file as compose itself resolves it, and what termpool refuses in it.
+
+Compose does all the reading: `docker compose config --format json` with termpool's variables
+interpolates `${VAR:-default}` / `${VAR:?message}`, merges env_file into environment, makes
+paths absolute and normalises every short form. termpool reads only that resolved form, both
+when it starts a run and in `dataset check` (one set of rules for both).
+"""
+from __future__ import annotations
+
+import json
+import posixpath
+from pathlib import Path
+
+from tasks.docker_env import ComposeError, run_compose
+from termpool.config import Settings
+from termpool.failures import TaskInvalid, TaskUnsupported
+from termpool.task_spec import TaskError, compose_file, image_name, name_prefix
+
+CLIENT_SERVICE = "client"
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# Capabilities that let a container reach past its namespaces (mounts, modules, raw devices,
+# the host clock, reading any host file by handle, LSM policy, BPF programs).
+REFUSED_CAPS = {"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH",
+                "MAC_ADMIN", "MAC_OVERRIDE", "BPF"}
+# Namespace settings whose value may be "host" (or another container's): never for a task.
+SHARED_NAMESPACES = ("network_mode", "pid", "ipc", "uts", "userns_mode", "cgroup")
+
+
+def client_image(task_name: str, cfg: Settings) -> str:
+    return cfg.pull_prefix + task_name if cfg.image_source == "pull" else image_name(task_name)
+
+
+def compose_env(task_name: str, container: str, run_dir: Path, client_image: str) -> dict:
+    """The variables a task's compose file may use (spec TASK_FORMAT.md)."""
+    return {
+        "T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME": client_image,
+        "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME": container,
+        "T_BENCH_TASK_DOCKER_NAME_PREFIX": name_prefix(task_name),
+        "T_BENCH_TEST_DIR": "/tests",
+        "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
+        "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs",
+        "T_BENCH_TASK_LOGS_PATH": str(run_dir / "sessions"),
+        "T_BENCH_TASK_AGENT_LOGS_PATH": str(run_dir / "agent-logs"),
+    }
+
+
+NO_RUN_DIR = Path("/nonexistent/termpool-run")  # the run folder in builds and checks: no run exists
+
+
+def build_env(task_name: str, cfg: Settings) -> dict:
+    """The variables for builds and checks, with a placeholder run folder."""
+    return {**compose_env(task_name, "build", NO_RUN_DIR, client_image(task_name, cfg)), **cfg.proxy_env}
+
+
+def task_files(task_dir: Path, cfg: Settings) -> list[str]:
+    """The task's compose file and the operator's COMPOSE_OVERRIDE_PATH, as `-f` arguments."""
+    try:
+        files = ["-f", str(compose_file(Path(task_dir).resolve()))]
+    except TaskError as exc:
+        raise TaskInvalid(str(exc)) from None
+    if cfg.compose_override_path:
+        files += ["-f", cfg.compose_override_path]
+    return files
+
+
+def resolve(task_dir: Path, files: list[str], project: str, env: dict, timeout: float) -> dict:
+    """The compose model after interpolation and merging; TaskInvalid when compose rejects it."""
+    try:
+        out = run_compose(["-p", project, *files, "config", "--format", "json"], env, timeout, task_dir)
+    except ComposeError as exc:
+        raise TaskInvalid(f"{files[1]}: {exc.stderr_tail}", output=exc.stderr_tail) from None
+    resolved = json.loads(out)
+    if not resolved.get("services"):
+        raise TaskInvalid(f"{files[1]}: the compose file has no services")
+    return resolved
+
+
+def client_service(resolved: dict) -> str:
+    return CLIENT_SERVICE if CLIENT_SERVICE in resolved["services"] else next(iter(resolved["services"]))
+
+
+def service_images(task_name: str, resolved: dict) -> dict:
+    """Stable image names for services that build without naming an image, so one build per
+    host serves every run's compose project."""
+    prefix = name_prefix(task_name).lower()
+    return {name: f"{prefix}__{name}".lower() for name, svc in resolved["services"].items()
+            if "build" in svc and not svc.get("image")}
+
+
+# ---- what termpool refuses ------------------------------------------------------------------
+def unsupported(resolved: dict, task_dir: Path) -> list[str]:
+    """Everything in the resolved model that would give a task power over the host or over
+    other runs; empty when termpool can run it."""
+    problems = []
+    for name, svc in resolved["services"].items():
+        where = f"service {name!r}"
+        if svc.get("privileged"):
+            problems.append(f"{where} asks to be privileged; termpool never runs privileged containers")
+        caps = {c.upper().removeprefix("CAP_") for c in svc.get("cap_add") or []}
+        if caps & REFUSED_CAPS:
+            problems.append(f"{where} asks for capability {', '.join(sorted(caps & REFUSED_CAPS))}; refused")
+        for key in SHARED_NAMESPACES:
+            value = str(svc.get(key) or "")
+            if value == "host" or value.startswith("container:"):
+                problems.append(f"{where} sets {key}: {value}; a task may not share the host's or another "
+                                "container's namespace")
+        if svc.get("devices") or svc.get("device_cgroup_rules"):
+            problems.append(f"{where} asks for host devices; refused")
+        if any("unconfined" in str(opt) for opt in svc.get("security_opt") or []):
+            problems.append(f"{where} turns off seccomp/AppArmor confinement (security_opt); refused")
+        problems += [f"{where} mounts {source}: task containers may not mount the Docker socket"
+                     for source in _socket_mounts(svc.get("volumes") or [])]
+        problems += _build_context_problems(where, svc.get("build"), task_dir)
+    for key, net in (resolved.get("networks") or {}).items():
+        if net.get("external"):
+            problems.append(f"network {key!r} is external: a task may only use its own networks")
+    return problems
+
+
+def _socket_mounts(volumes: list) -> list[str]:
+    """Bind sources that are the Docker socket or a folder holding it."""
+    found = []
+    for volume in volumes:
+        source = volume.get("source", "") if isinstance(volume, dict) else str(volume).split(":", 1)[0]
+        if not source or (isinstance(volume, dict) and volume.get("type") not in (None, "bind")):
+            continue
+        path = posixpath.normpath(source)
+        if "docker.sock" in path or any(sock == path or sock.startswith(path.rstrip("/") + "/")
+                                        for sock in DOCKER_SOCKETS):
+            found.append(source)
+    return found
+
+
+def _build_context_problems(where: str, build, task_dir: Path) -> list[str]:
+    context = build.get("context", "") if isinstance(build, dict) else ""
+    if not context or "://" in context or context.startswith("git@"):
+        return []
+    if _outside(Path(context).resolve(), (Path(task_dir).resolve(),)):
+        return [f"{where} builds from {context}, outside the task directory; refused"]
+    return []
+
+
+def _outside(path: Path, roots: tuple) -> bool:
+    return not any(path == root or root in path.parents for root in roots)
+
+
+def check_supported(resolved: dict, task_dir: Path) -> None:
+    problems = unsupported(resolved, task_dir)
+    if problems:
+        raise TaskUnsupported(f"{task_dir}: " + "; ".join(problems))
+
+
+def check_only_problems(resolved: dict, task_dir: Path) -> list[str]:
+    """What termpool runs but `dataset check` points out: host paths outside the task and run
+    folders that a service would see, and what two live runs of a task cannot share (fixed
+    container and network names termpool makes run-specific; a published host port it cannot)."""
+    problems = []
+    inside = (Path(task_dir).resolve(), NO_RUN_DIR)
+    for name, svc in resolved["services"].items():
+        for volume in svc.get("volumes") or []:
+            source = Path(volume.get("source") or "/")
+            if volume.get("type") == "bind" and _outside(source, inside):
+                problems.append(f"service {name!r} bind-mounts the host path {source}, outside the task and run "
+                                "folders")
+        for port in svc.get("ports") or []:
+            if isinstance(port, dict) and port.get("published"):
+                problems.append(f"service {name!r} publishes host port {port['published']}: two runs of the "
+                                "task at once would collide")
+    for kind in ("secrets", "configs"):
+        for key, item in (resolved.get(kind) or {}).items():
+            source = Path(item.get("file") or task_dir)
+            if _outside(source, inside):
+                problems.append(f"{kind[:-1]} {key!r} reads the host file {source}, outside the task folder")
+    return problems

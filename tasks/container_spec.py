@@ -1,0 +1,187 @@
+"""What termpool adds to a task's containers, merged with what the task's file already sets.
+
+Both start paths take their container settings from here: the compose override (any task)
+and the SDK create options (the one-service fast path), so the two produce the same container.
+
+Limits, where the task sets its own:
+  * memory (client): the lower of the task's and CONTAINER_MEMORY_LIMIT; memory+swap equals it;
+  * pids (every service): the lower of the task's and CONTAINER_PIDS_LIMIT;
+  * cpus (client): the task's own value wins; CONTAINER_CPU_LIMIT applies when it sets none.
+Each value goes where the task put its own (`deploy.resources.limits` or the service-level
+key): compose refuses distinct values in the two places.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from docker.utils import parse_bytes
+
+from tasks.compose_config import CLIENT_SERVICE, client_service, service_images
+from termpool.config import Settings
+
+# Keys of a resolved client service that the SDK fast path reproduces exactly.
+DIRECT_SERVICE_KEYS = {"build", "image", "container_name", "command", "entrypoint", "environment", "volumes",
+                       "working_dir", "user", "networks"}
+DIRECT_BIND_KEYS = {"type", "source", "target", "bind", "read_only"}
+NANO = 1_000_000_000
+
+
+def _positive(value) -> float | None:
+    if value in (None, ""):
+        return None
+    number = float(value)
+    return number if number > 0 else None
+
+
+def _lower(*values) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def memory_cap(cfg: Settings) -> int | None:
+    return _positive(parse_bytes(cfg.container_memory_limit)) if cfg.container_memory_limit else None
+
+
+def limits(service: dict, cfg: Settings, is_client: bool, max_cpus: float) -> dict:
+    """The override fragment with termpool's limits for one resolved service."""
+    deploy = ((service.get("deploy") or {}).get("resources") or {})
+    own = deploy.get("limits")
+    chosen = {}  # deploy.resources.limits name -> value
+    pids = _lower(_positive((own or {}).get("pids") or service.get("pids_limit")),
+                  _positive(cfg.container_pids_limit))
+    if pids:
+        chosen["pids"] = int(pids)
+    if is_client:
+        memory = _lower(_positive((own or {}).get("memory") or service.get("mem_limit")), memory_cap(cfg))
+        if memory:
+            chosen["memory"] = str(int(memory))
+        if not _positive((own or {}).get("cpus") or service.get("cpus")) and cfg.container_cpu_limit > 0:
+            chosen["cpus"] = round(min(cfg.container_cpu_limit, max_cpus), 2)
+    fragment = {}
+    if "memory" in chosen:
+        fragment["memswap_limit"] = chosen["memory"]  # no swap beyond the memory limit
+        fragment.update(_capped_reservations(service, deploy, int(chosen["memory"])))
+    service_keys = {"pids": "pids_limit", "memory": "mem_limit", "cpus": "cpus"}
+    if own is None:
+        fragment.update({service_keys[k]: v for k, v in chosen.items()})
+        return fragment
+    # The task uses deploy.resources.limits: ours go there too, and a service-level key it also
+    # set (compose accepts equal values in both places) gets the same value.
+    _merge(fragment, {"deploy": {"resources": {"limits": chosen}}})
+    fragment.update({service_keys[k]: v for k, v in chosen.items() if service_keys[k] in service})
+    return fragment
+
+
+def _capped_reservations(service: dict, deploy: dict, memory: int) -> dict:
+    """A reservation above the (lowered) limit would make docker refuse the container."""
+    out = {}
+    reserved = _positive((deploy.get("reservations") or {}).get("memory"))
+    if reserved and reserved > memory:
+        out["deploy"] = {"resources": {"reservations": {"memory": str(memory)}}}
+    if (_positive(service.get("mem_reservation")) or 0) > memory:
+        out["mem_reservation"] = str(memory)
+    return out
+
+
+def _merge(into: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _proxy_env(service: dict, cfg: Settings) -> dict:
+    """HTTP(S)_PROXY / NO_PROXY for a container, unless the task sets its own."""
+    own = service.get("environment") or {}
+    return {k: v for k, v in cfg.proxy_env.items() if k not in own}
+
+
+def run_override(resolved: dict, task_name: str, labels: dict, name: str, ctl_mount: str, cfg: Settings,
+                 max_cpus: float) -> dict:
+    """The compose file termpool layers over the task's for one run (or, without a name, a build)."""
+    client = client_service(resolved)
+    images = service_images(task_name, resolved)
+    services = {}
+    for svc_name, svc in resolved["services"].items():
+        entry = {"image": images[svc_name]} if svc_name in images else {}
+        if name:
+            entry.update(labels=labels, **limits(svc, cfg, svc_name == client, max_cpus))
+            if _proxy_env(svc, cfg):
+                entry["environment"] = _proxy_env(svc, cfg)
+        services[svc_name] = entry
+    override = {"services": services}
+    if name:
+        services[client].update(container_name=name, init=True)
+        if ctl_mount:
+            services[client]["volumes"] = [ctl_mount]
+        _run_scoped_names(resolved, services, client, name)
+        override["networks"] = {key: _network(resolved["name"], key, net, labels)
+                                for key, net in (resolved.get("networks") or {}).items() if not net.get("external")}
+    return override
+
+
+def _run_scoped_names(resolved: dict, services: dict, client: str, project: str) -> None:
+    """A fixed container_name of another service becomes the run's own, so two runs of a task
+    can live at once; the old name stays reachable as an alias on the service's networks."""
+    for svc_name, svc in resolved["services"].items():
+        fixed = svc.get("container_name")
+        if svc_name == client or not fixed:
+            continue
+        services[svc_name]["container_name"] = f"{project}-{svc_name}"
+        networks = svc.get("networks") or {}
+        if networks:
+            services[svc_name]["networks"] = {key: {"aliases": [*((networks[key] or {}).get("aliases") or []), fixed]}
+                                          for key in networks}
+
+
+def _network(project: str, key: str, net: dict, labels: dict) -> dict:
+    """Labels on every network of the run; a fixed `name:` becomes the run's own (as above)."""
+    own = f"{project}_{key}"
+    return {"labels": labels} if net.get("name", own) == own else {"labels": labels, "name": own}
+
+
+# ---- the SDK fast path ----------------------------------------------------------------------
+def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
+    """True when the resolved file is one `client` service that create+start reproduces: no
+    settings beyond DIRECT_SERVICE_KEYS, the default network only, plain bind mounts, and a
+    build of the task folder into the client image."""
+    if set(resolved) - {"name", "networks", "services"} or list(resolved["services"]) != [CLIENT_SERVICE]:
+        return False
+    networks = resolved.get("networks") or {}
+    if set(networks) - {"default"} or set(networks.get("default") or {}) - {"name", "ipam"} \
+            or (networks.get("default") or {}).get("ipam"):
+        return False
+    svc = resolved["services"][CLIENT_SERVICE]
+    build = svc.get("build")
+    return (not set(svc) - DIRECT_SERVICE_KEYS
+            and svc.get("networks", {"default": None}) == {"default": None}
+            and svc.get("image", image) == image
+            and (build is None or (not set(build) - {"context", "dockerfile"}
+                                   and Path(build.get("context", "")).resolve() == Path(task_dir).resolve()))
+            and all(isinstance(v, dict) and v.get("type") == "bind" and not set(v) - DIRECT_BIND_KEYS
+                    and not set(v.get("bind") or {}) - {"create_host_path"} for v in svc.get("volumes") or []))
+
+
+def direct_options(resolved: dict, cfg: Settings, ctl_mount: str, max_cpus: float) -> dict:
+    """containers.create() keyword arguments equal to what compose does with run_override."""
+    svc = resolved["services"][CLIENT_SERVICE]
+    environment = {k: v for k, v in (svc.get("environment") or {}).items() if v is not None}
+    # "src:dst:rw" as compose writes its binds
+    volumes = [f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}" for v in svc.get("volumes") or []]
+    fragment = limits(svc, cfg, True, max_cpus)
+    options = dict(command=svc.get("command"), entrypoint=svc.get("entrypoint"),
+                   environment={**environment, **_proxy_env(svc, cfg)},
+                   volumes=volumes + ([f"{ctl_mount}:rw"] if ctl_mount else []), init=True, privileged=False)
+    if svc.get("working_dir"):
+        options["working_dir"] = svc["working_dir"]
+    if svc.get("user"):
+        options["user"] = svc["user"]
+    if "mem_limit" in fragment:
+        options.update(mem_limit=int(fragment["mem_limit"]), memswap_limit=int(fragment["memswap_limit"]))
+    if "cpus" in fragment:
+        options["nano_cpus"] = int(round(fragment["cpus"] * NANO))
+    if "pids_limit" in fragment:
+        options["pids_limit"] = fragment["pids_limit"]
+    return options
