@@ -11,15 +11,23 @@ Keys (all under ``tp:``):
   job:<id>              hash: a job record; job:<id>:done list, non-empty once it ended
   node:<name>           string with TTL: a worker process is alive
   sess:<run>:<sid>      hash: read offset and kind of a shell session
+  build-lock:<h>:<image>, warm-lock:<h>:<task path>
+                        string with a short TTL: a lock, its value names the owner process
 """
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
 import redis
+
+from termpool import processes
+
+log = logging.getLogger(__name__)
 
 PREFIX = "tp:"
 IDEMPOTENCY_TTL = 300
@@ -394,3 +402,85 @@ class Store:
         if sids:
             self.r.delete(*[f"{PREFIX}sess:{run_id}:{sid}" for sid in sids])
         self.r.delete(f"{PREFIX}sess:{run_id}")
+
+
+# ---- locks ----------------------------------------------------------------------------------
+LOCK_TTL = 12.0  # a lock outlives its owner by at most this long: the owner renews it meanwhile
+LOCK_POLL = 0.2
+_BREAK_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class OwnedLock:
+    """A Redis lock that lives only while its owner keeps renewing it.
+
+    The value names the owner process (processes.owner_token); a daemon thread of the owner
+    renews the TTL every third of it. A waiter takes the lock of an owner that died within
+    LOCK_TTL seconds, and at once when it can tell from the pid that the owner is gone.
+    """
+
+    def __init__(self, client: redis.Redis, name: str, ttl: float = LOCK_TTL):
+        self.name = name
+        self._client = client
+        self._ttl = ttl
+        # Not thread-local: the renewing thread must see the owner's token.
+        self._lock = client.lock(name, timeout=ttl, thread_local=False)
+        self._break = client.register_script(_BREAK_LOCK)
+        self._stop = threading.Event()
+
+    def acquire(self, wait: float = 0) -> bool:
+        """Take the lock, waiting up to `wait` seconds for it (0: do not wait)."""
+        token = processes.owner_token()
+        deadline = time.monotonic() + wait
+        while not self._lock.acquire(blocking=False, token=token):
+            holder = self.owner()
+            if holder and processes.owner_dead(holder):
+                log.warning("lock %s: its owner %s is gone; taking it over", self.name, holder)
+                self._break(keys=[self.name], args=[holder])
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(LOCK_POLL, max(deadline - time.monotonic(), 0)))
+        self._stop = threading.Event()  # one per holding: a late renewer of an earlier one stops
+        threading.Thread(target=self._renew, args=(self._stop,), daemon=True, name=f"renew {self.name}").start()
+        return True
+
+    def owner(self) -> str:
+        value = self._client.get(self.name)
+        return value.decode() if isinstance(value, bytes) else (value or "")
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self._lock.release()
+        except redis.exceptions.LockError:
+            pass  # expired meanwhile (the owner stalled past its TTL): nothing to release
+
+    def __enter__(self) -> "OwnedLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _renew(self, stop: threading.Event) -> None:
+        while not stop.wait(self._ttl / 3):
+            try:
+                self._lock.reacquire()
+            except redis.exceptions.LockNotOwnedError:
+                if not stop.is_set():
+                    log.warning("lock %s was lost (its TTL ran out before a renewal)", self.name)
+                return
+            except redis.exceptions.RedisError:
+                log.warning("renewing lock %s failed; retrying", self.name, exc_info=True)
+
+
+def build_lock(client: redis.Redis, host: str, image: str) -> OwnedLock:
+    """One build of an image per host at a time."""
+    return OwnedLock(client, f"{PREFIX}build-lock:{host}:{image}")
+
+
+def warm_lock(client: redis.Redis, host: str, task_path: str) -> OwnedLock:
+    """One refill of a task's warm pool per host at a time."""
+    return OwnedLock(client, f"{PREFIX}warm-lock:{host}:{task_path}")
