@@ -13,6 +13,9 @@ Keys (all under ``tp:``):
   sess:<run>:<sid>      hash: read offset and kind of a shell session
   build-lock:<h>:<image>, warm-lock:<h>:<task path>
                         string with a short TTL: a lock, its value names the owner process
+  worker:<token>        string with TTL: one worker process (incarnation) is alive
+  host:<h>:workers      hash: token -> JSON facts of the worker processes of host h
+  worker:<token>:jobs   set: jobs that worker process is running now (lost if it dies)
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ PREFIX = "tp:"
 IDEMPOTENCY_TTL = 300
 RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
 HOST_ALIVE_SECONDS = 30
-NODE_TTL = 15
+NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
 # Stored as JSON (structured, or possibly null); every other field is a plain string, so a
 # client's task_key of "null" or "true" stays that string.
 JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score")
@@ -347,8 +350,18 @@ class Store:
             if self.r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
                 return self.get_job(job_id)
             job = self.get_job(job_id)
-            if job and job.get("state") == "running" and job.get("node") and not self.node_alive(job["node"]):
-                self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job")
+            if job and job.get("state") == "running" and self._abandoned(job):
+                self.fail_lost_job(job_id, f"worker {job['node']} was lost while running this job")
+
+    def _abandoned(self, job: dict) -> bool:
+        """The job's worker process is dead and no worker of its host is left to recover it
+        (tasks/lost_jobs.py retries what it can): the fallback for a host that is gone."""
+        token, node = job.get("worker"), job.get("node") or ""
+        if not token:  # recorded before the step's process was known
+            return bool(node) and not self.node_alive(node)
+        if self.worker_alive(token) or self.host_watched(node.rpartition("@")[2]):
+            return False
+        return self.take_lost_job(token, job["job_id"])
 
     # ---- task images --------------------------------------------------------------------
     def mark_image_ready(self, host: str, task_path: str, ready: bool = True) -> None:
@@ -402,6 +415,74 @@ class Store:
         if sids:
             self.r.delete(*[f"{PREFIX}sess:{run_id}:{sid}" for sid in sids])
         self.r.delete(f"{PREFIX}sess:{run_id}")
+
+    # ---- worker processes and the jobs they run (tasks/lost_jobs.py) ----------------------
+    # A worker process is known by a random token, new for every process, so a restarted
+    # worker that gets its predecessor's node name is still told apart from it.
+    def worker_beat(self, host: str, token: str, facts: dict) -> None:
+        """A worker process is alive (for NODE_TTL seconds); facts say how to check its pid."""
+        pipe = self.r.pipeline()
+        pipe.set(PREFIX + "worker:" + token, facts.get("node", ""), ex=NODE_TTL)
+        pipe.hset(f"{PREFIX}host:{host}:workers", token, json.dumps(facts))
+        pipe.execute()
+
+    def worker_alive(self, token: str) -> bool:
+        return bool(self.r.exists(PREFIX + "worker:" + token))
+
+    def worker_stopped(self, token: str) -> None:
+        """A worker process that shuts down cleanly is dead at once, not NODE_TTL later."""
+        self.r.delete(PREFIX + "worker:" + token)
+
+    def host_workers(self, host: str) -> dict[str, dict]:
+        return {token: json.loads(facts) for token, facts in self.r.hgetall(f"{PREFIX}host:{host}:workers").items()}
+
+    def forget_worker(self, host: str, token: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.hdel(f"{PREFIX}host:{host}:workers", token)
+        pipe.delete(PREFIX + "worker:" + token, f"{PREFIX}worker:{token}:jobs")
+        pipe.execute()
+
+    def job_running_on(self, job_id: str, token: str, node: str, retry_with: dict | None = None) -> None:
+        """A worker process begins a step of the job; retry_with is how to send that step again."""
+        fields = {"node": node, "worker": token}
+        if retry_with is not None:
+            fields["retry_with"] = json.dumps(retry_with)
+        pipe = self.r.pipeline()
+        pipe.hset(PREFIX + "job:" + job_id, mapping=fields)
+        pipe.sadd(f"{PREFIX}worker:{token}:jobs", job_id)
+        pipe.execute()
+
+    def job_left(self, job_id: str, token: str) -> None:
+        """The step has returned (whatever its outcome): its process no longer holds the job."""
+        self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id)
+
+    def worker_jobs(self, token: str) -> list[str]:
+        return list(self.r.smembers(f"{PREFIX}worker:{token}:jobs"))
+
+    def take_lost_job(self, token: str, job_id: str) -> bool:
+        """True for exactly one caller: whoever removes the job from its dead process's set."""
+        return bool(self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id))
+
+    def job_lost_retry(self, job_id: str, error: str) -> int:
+        """A lost step is sent again: one attempt more (the first counts as 1); returns it."""
+        key = PREFIX + "job:" + job_id
+        pipe = self.r.pipeline()
+        pipe.hsetnx(key, "attempts", 1)
+        pipe.hincrby(key, "attempts", 1)
+        pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
+        return pipe.execute()[1]
+
+    def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:
+        """End a job whose process died, unless it ended meanwhile; True when this call ended it."""
+        if self.job_state(job_id) not in ("queued", "running"):
+            return False
+        self.job_finished(job_id, error=error, code=code)
+        return True
+
+    def host_watched(self, host: str) -> bool:
+        """Some worker process of the host beat within NODE_TTL: its lost-job scan is running."""
+        score = self.r.zscore(PREFIX + "hosts", host)
+        return score is not None and score > time.time() - NODE_TTL
 
 
 # ---- locks ----------------------------------------------------------------------------------
