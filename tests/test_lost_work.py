@@ -155,6 +155,19 @@ def kill_build_child(stack: Stack) -> None:
     children[0].kill()
 
 
+def kill_while(stack: Stack, worker: str, request, under_way) -> tuple:
+    """Send a blocking request, kill the worker once under_way() holds; (reply, seconds from
+    the kill to the reply)."""
+    with ThreadPoolExecutor(1) as executor:
+        pending = executor.submit(request)
+        assert wait_for(under_way, 60, 0.1), f"the request never got under way on the {worker} worker"
+        time.sleep(1)
+        stack.kill(worker)
+        killed = time.monotonic()
+        reply = pending.result(timeout=120)
+    return reply, time.monotonic() - killed
+
+
 def reset_in_background(pool: Router, lease: str, task: str):
     executor = ThreadPoolExecutor(1)
     future = executor.submit(pool.reset, lease, task)
@@ -232,15 +245,9 @@ def test_exec_worker_killed_during_a_tool_call(lost_stack, pool, own_task):
     lease = pool.allocate(task)
     assert pool.reset(lease, task).status_code == 200
     pool.sh(lease, "echo before > /tmp/kept")
-    with ThreadPoolExecutor(1) as executor:
-        pending = executor.submit(lost_stack.post, "/exec_tool", {"lease_id": lease, "tool_call": {
-            "name": "shell_exec", "arguments": {"id": "x", "command": "sleep 30", "block": True, "timeout": 60}}})
-        wait_for(lambda: store(lost_stack).get_run(lease)["state"] == "busy", 30, 0.1)
-        time.sleep(1)
-        lost_stack.kill("exec")
-        killed = time.monotonic()
-        reply = pending.result(timeout=120)
-        answered = time.monotonic() - killed
+    call = {"name": "shell_exec", "arguments": {"id": "x", "command": "sleep 30", "block": True, "timeout": 60}}
+    reply, answered = kill_while(lost_stack, "exec", lambda: lost_stack.post("/exec_tool", {
+        "lease_id": lease, "tool_call": call}), lambda: store(lost_stack).get_run(lease)["state"] == "busy")
     assert reply.status_code == 500, reply.text
     assert reply.json().get("code", "WORKER_LOST") == "WORKER_LOST", reply.text
     assert answered < 20, answered
@@ -257,14 +264,8 @@ def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
     task = own_task("slow-tests")
     lease = pool.allocate(task)
     assert pool.reset(lease, task).status_code == 200
-    with ThreadPoolExecutor(1) as executor:
-        pending = executor.submit(pool.evaluate, lease)
-        assert wait_for(lambda: store(lost_stack).get_run(lease)["state"] == "evaluating", 60, 0.1)
-        time.sleep(1)
-        lost_stack.kill("eval")
-        killed = time.monotonic()
-        reply = pending.result(timeout=120)
-        answered = time.monotonic() - killed
+    reply, answered = kill_while(lost_stack, "eval", lambda: pool.evaluate(lease),
+                                 lambda: store(lost_stack).get_run(lease)["state"] == "evaluating")
     assert reply.status_code == 500 and answered < 20, (reply.text, answered)
     job = store(lost_stack).get_job(store(lost_stack).run_jobs(lease)[-1])
     # Its tests had started: not run again (they may have changed the container).
