@@ -396,7 +396,12 @@ class Store:
         return self.r.llen(f"{PREFIX}warm:{host}:{pool}")
 
     def warm_known(self, warm_id: str) -> bool:
-        return bool(self.r.exists(PREFIX + "warmid:" + warm_id))
+        """Still wanted: pooled, or claimed by a run not yet closed (a start whose worker died
+        after claiming leaves a claim that no teardown removes: it goes once the run closes)."""
+        owner = self.r.get(PREFIX + "warmid:" + warm_id)
+        if owner is None or not owner.startswith("run-"):
+            return owner is not None
+        return self.r.hget(PREFIX + "run:" + owner, "state") not in (None, "closed")
 
     def warm_forget(self, warm_id: str) -> None:
         self.r.delete(PREFIX + "warmid:" + warm_id)

@@ -87,6 +87,17 @@ def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
     lock.release()
 
 
+def test_a_warm_container_claimed_by_a_lost_start_goes_when_its_run_closes(redis_server):
+    state = Store(redis_server)
+    state.warm_push("h", "task", {"warm_id": "warm-1"})
+    assert state.warm_known("warm-1")
+    redis_server.hset("tp:run:run-1", "state", "starting")
+    assert state.warm_claim("h", "task", "run-1")["warm_id"] == "warm-1"
+    assert state.warm_known("warm-1")  # the start may still hand it to its run
+    redis_server.hset("tp:run:run-1", "state", "closed")
+    assert not state.warm_known("warm-1")  # closed without naming it: the reconcile sweep removes it
+
+
 # ---- worker processes killed with -9 --------------------------------------------------------
 @pytest.fixture(scope="module")
 def lost_stack(base_image, docker_client, tmp_path_factory):
