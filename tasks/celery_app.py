@@ -13,6 +13,8 @@ from termpool.config import QUEUE_KINDS, Settings, settings
 
 MAINTENANCE_QUEUE = "termpool.maintenance"
 RECONCILE_SECONDS = 30.0
+# What a worker imports: its tasks, and the signal handlers that notice lost work.
+TASK_MODULES = ["tasks.jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode", "tasks.lost_jobs"]
 
 # Which kind of queue each task consumes from.
 TASK_KINDS = {
@@ -48,7 +50,7 @@ def route_task(name, args, kwargs, options, task=None, **kw):
 
 
 def make_celery(cfg: Settings) -> Celery:
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=["tasks.jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode"])
+    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=TASK_MODULES)
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,
@@ -61,6 +63,14 @@ def make_celery(cfg: Settings) -> Celery:
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
+        # Lost work (tasks/lost_jobs.py). Acked when it starts, a task is never replayed after
+        # its worker dies, not even by Redis' unacked restore (visibility_timeout); and without
+        # prefetch a worker holds no message it has not started, so nothing of a dead worker
+        # waits unacked for that restore. A build whose prefork child dies is sent again at
+        # once, once; everything else lost is recovered by tasks/lost_jobs.py.
+        worker_disable_prefetch=True,
+        task_annotations={"pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1,
+                                                "default_retry_delay": 0}},
         # Job records in the state store (queued/started/finished, result, error, keyed by the
         # Celery task id) are what clients poll; storing every result and STARTED state in the
         # backend as well would cost two more Redis writes and publishes per tool call.

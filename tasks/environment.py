@@ -31,6 +31,7 @@ from tasks.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
 from termpool.task_spec import name_prefix
+from termpool.state import build_lock
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
@@ -88,21 +89,16 @@ def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, 
     needed = [image] if is_template(compose, cfg, task_dir, task_name) else built_images(task_name, compose, cfg)
     if all(_image_exists(i) for i in needed):
         return image
-    lock = locks.lock(f"tp:build-lock:{cfg.host_id}:{image}", timeout=timeout + 60, blocking_timeout=timeout)
-    if not lock.acquire():
-        raise TimeoutError(f"waited {timeout:g} s for another build of {image}")
-    try:
+    lock = build_lock(locks, cfg.host_id, image)  # expires within seconds of its holder's death
+    if not lock.acquire(wait=timeout):
+        raise TimeoutError(f"waited {timeout:g} s for another build of {image} (held by {lock.owner()})")
+    with lock:
         if all(_image_exists(i) for i in needed):  # built by whoever held the lock
             return image
         if is_template(compose, cfg, task_dir, task_name):
             _build_with_sdk(task_dir, compose, image, cfg, timeout)
         else:
             _build_with_compose(task_name, task_dir, compose, image, cfg, timeout)
-    finally:
-        try:
-            lock.release()
-        except redis.exceptions.LockError:
-            pass
     return image
 
 

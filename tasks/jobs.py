@@ -87,6 +87,8 @@ def _job(fn=None, *, on_failure=None, retry=False):
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
         state = store().job_state(job_id)
+        if state in ("succeeded", "failed"):
+            return None  # settled already (failed as lost, or its run closed): a late copy of its message
         if state == "queued":
             store().job_started(job_id, self.request.hostname or "")
         elif state == "running" and self.request.retries:
@@ -185,8 +187,8 @@ def ensure_image(self, *, host, run_id, job_id):
 @_job(on_failure=_start_failed, retry=True)
 def start_run(self, *, host, run_id, job_id, first_try=True):
     run = _live_run(run_id)
-    if run.get("env"):  # a second reset replaces the old environment
-        remove_env(run_id, run["env"])
+    if run.get("env") or self.request.retries:  # a second reset, or a retry of a lost start
+        remove_env(run_id, run.get("env") or {})  # replaces the old (or half-made) environment
         store().drop_sessions(run_id)
     meta = run["task_meta"]
     task_dir = _task_dir(run)

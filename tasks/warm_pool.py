@@ -16,6 +16,7 @@ from tasks.runtime import remove_env, store
 from tasks.session_helper import prepare_container
 from termpool.config import settings
 from termpool.paths import resolve_task_path
+from termpool.state import warm_lock
 
 
 def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
@@ -38,12 +39,11 @@ def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
 def refill_warm(self, *, host, task_path, task_name):
     """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
     cfg = settings()
-    lock = store().r.lock(f"tp:warm-lock:{host}:{task_path}", timeout=cfg.timeouts.reset_session + 60,
-                          blocking=False)
+    lock = warm_lock(store().r, host, task_path)  # expires within seconds of its holder's death
     if not lock.acquire():
         return 0
     started = 0
-    try:
+    with lock:
         task_dir = resolve_task_path(cfg.dataset_dir, task_path)
         while store().warm_count(host, task_path) < cfg.warm_pool_size:
             warm_id = "warm-" + secrets.token_hex(8)
@@ -60,8 +60,6 @@ def refill_warm(self, *, host, task_path, task_name):
                                                 "run_dir": str(_warm_dir(cfg, warm_id)), "ctl_dir": env.ctl_dir,
                                                 "user": env.user})
             started += 1
-    finally:
-        lock.release()
     return started
 
 

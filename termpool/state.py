@@ -13,23 +13,32 @@ Keys (all under ``tp:``):
   sess:<run>:<sid>      hash: read offset and kind of a shell session
   count:failures        hash: failure code -> failed jobs (for /metrics)
   count:retries         hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  build-lock:<h>:<image>, warm-lock:<h>:<task path>
+                        string with a short TTL: a lock, its value names the owner process
+  worker:<token>        string with TTL: one worker process (incarnation) is alive
+  host:<h>:workers      hash: token -> JSON facts of the worker processes of host h
+  worker:<token>:jobs   set: jobs that worker process is running now (lost if it dies)
 """
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
 import redis
 
-from termpool import failures
+from termpool import failures, processes
+
+log = logging.getLogger(__name__)
 
 PREFIX = "tp:"
 IDEMPOTENCY_TTL = 300
 RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
 HOST_ALIVE_SECONDS = 30
-NODE_TTL = 15
+NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
 # Stored as JSON (structured, or possibly null); every other field is a plain string, so a
 # client's task_key of "null" or "true" stays that string.
 JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score",
@@ -372,9 +381,18 @@ class Store:
             if self.r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
                 return self.get_job(job_id)
             job = self.get_job(job_id)
-            if job and job.get("state") == "running" and job.get("node") and not self.node_alive(job["node"]):
-                self.job_finished(job_id, error=f"worker {job['node']} was lost while running this job",
-                                  code="WORKER_LOST")
+            if job and job.get("state") == "running" and self._abandoned(job):
+                self.fail_lost_job(job_id, f"worker {job['node']} was lost while running this job")
+
+    def _abandoned(self, job: dict) -> bool:
+        """The job's worker process is dead and no worker of its host is left to recover it
+        (tasks/lost_jobs.py retries what it can): the fallback for a host that is gone."""
+        token, node = job.get("worker"), job.get("node") or ""
+        if not token:  # recorded before the step's process was known
+            return bool(node) and not self.node_alive(node)
+        if self.worker_alive(token) or self.host_watched(node.rpartition("@")[2]):
+            return False
+        return self.take_lost_job(token, job["job_id"])
 
     # ---- failure and retry counters (read by /metrics) -----------------------------------
     def failure_counts(self) -> dict[str, int]:
@@ -422,7 +440,12 @@ class Store:
         return self.r.llen(f"{PREFIX}warm:{host}:{pool}")
 
     def warm_known(self, warm_id: str) -> bool:
-        return bool(self.r.exists(PREFIX + "warmid:" + warm_id))
+        """Still wanted: pooled, or claimed by a run not yet closed (a start whose worker died
+        after claiming leaves a claim that no teardown removes: it goes once the run closes)."""
+        owner = self.r.get(PREFIX + "warmid:" + warm_id)
+        if owner is None or not owner.startswith("run-"):
+            return owner is not None
+        return self.r.hget(PREFIX + "run:" + owner, "state") not in (None, "closed")
 
     def warm_forget(self, warm_id: str) -> None:
         self.r.delete(PREFIX + "warmid:" + warm_id)
@@ -441,3 +464,153 @@ class Store:
         if sids:
             self.r.delete(*[f"{PREFIX}sess:{run_id}:{sid}" for sid in sids])
         self.r.delete(f"{PREFIX}sess:{run_id}")
+
+    # ---- worker processes and the jobs they run (tasks/lost_jobs.py) ----------------------
+    # A worker process is known by a random token, new for every process, so a restarted
+    # worker that gets its predecessor's node name is still told apart from it.
+    def worker_beat(self, host: str, token: str, facts: dict) -> None:
+        """A worker process is alive (for NODE_TTL seconds); facts say how to check its pid."""
+        pipe = self.r.pipeline()
+        pipe.set(PREFIX + "worker:" + token, facts.get("node", ""), ex=NODE_TTL)
+        pipe.hset(f"{PREFIX}host:{host}:workers", token, json.dumps(facts))
+        pipe.execute()
+
+    def worker_alive(self, token: str) -> bool:
+        return bool(self.r.exists(PREFIX + "worker:" + token))
+
+    def worker_stopped(self, token: str) -> None:
+        """A worker process that shuts down cleanly is dead at once, not NODE_TTL later."""
+        self.r.delete(PREFIX + "worker:" + token)
+
+    def host_workers(self, host: str) -> dict[str, dict]:
+        return {token: json.loads(facts) for token, facts in self.r.hgetall(f"{PREFIX}host:{host}:workers").items()}
+
+    def forget_worker(self, host: str, token: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.hdel(f"{PREFIX}host:{host}:workers", token)
+        pipe.delete(PREFIX + "worker:" + token, f"{PREFIX}worker:{token}:jobs")
+        pipe.execute()
+
+    def job_running_on(self, job_id: str, token: str, node: str, retry_with: dict | None = None) -> None:
+        """A worker process begins a step of the job; retry_with is how to send that step again."""
+        fields = {"node": node, "worker": token}
+        if retry_with is not None:
+            fields["retry_with"] = json.dumps(retry_with)
+        pipe = self.r.pipeline()
+        pipe.hset(PREFIX + "job:" + job_id, mapping=fields)
+        pipe.sadd(f"{PREFIX}worker:{token}:jobs", job_id)
+        pipe.execute()
+
+    def job_left(self, job_id: str, token: str) -> None:
+        """The step has returned (whatever its outcome): its process no longer holds the job."""
+        self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id)
+
+    def worker_jobs(self, token: str) -> list[str]:
+        return list(self.r.smembers(f"{PREFIX}worker:{token}:jobs"))
+
+    def take_lost_job(self, token: str, job_id: str) -> bool:
+        """True for exactly one caller: whoever removes the job from its dead process's set."""
+        return bool(self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id))
+
+    def job_lost_retry(self, job_id: str, error: str) -> int:
+        """A lost step is sent again: one attempt more (the first counts as 1); returns it."""
+        key = PREFIX + "job:" + job_id
+        pipe = self.r.pipeline()
+        pipe.hsetnx(key, "attempts", 1)
+        pipe.hincrby(key, "attempts", 1)
+        pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
+        return pipe.execute()[1]
+
+    def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:
+        """End a job whose process died, unless it ended meanwhile; True when this call ended it."""
+        if self.job_state(job_id) not in ("queued", "running"):
+            return False
+        self.job_finished(job_id, error=error, code=code)
+        return True
+
+    def host_watched(self, host: str) -> bool:
+        """Some worker process of the host beat within NODE_TTL: its lost-job scan is running."""
+        score = self.r.zscore(PREFIX + "hosts", host)
+        return score is not None and score > time.time() - NODE_TTL
+
+
+# ---- locks ----------------------------------------------------------------------------------
+LOCK_TTL = 12.0  # a lock outlives its owner by at most this long: the owner renews it meanwhile
+LOCK_POLL = 0.2
+_BREAK_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class OwnedLock:
+    """A Redis lock that lives only while its owner keeps renewing it.
+
+    The value names the owner process (processes.owner_token); a daemon thread of the owner
+    renews the TTL every third of it. A waiter takes the lock of an owner that died within
+    LOCK_TTL seconds, and at once when it can tell from the pid that the owner is gone.
+    """
+
+    def __init__(self, client: redis.Redis, name: str, ttl: float = LOCK_TTL):
+        self.name = name
+        self._client = client
+        self._ttl = ttl
+        # Not thread-local: the renewing thread must see the owner's token.
+        self._lock = client.lock(name, timeout=ttl, thread_local=False)
+        self._break = client.register_script(_BREAK_LOCK)
+        self._stop = threading.Event()
+
+    def acquire(self, wait: float = 0) -> bool:
+        """Take the lock, waiting up to `wait` seconds for it (0: do not wait)."""
+        token = processes.owner_token()
+        deadline = time.monotonic() + wait
+        while not self._lock.acquire(blocking=False, token=token):
+            holder = self.owner()
+            if holder and processes.owner_dead(holder):
+                log.warning("lock %s: its owner %s is gone; taking it over", self.name, holder)
+                self._break(keys=[self.name], args=[holder])
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(LOCK_POLL, max(deadline - time.monotonic(), 0)))
+        self._stop = threading.Event()  # one per holding: a late renewer of an earlier one stops
+        threading.Thread(target=self._renew, args=(self._stop,), daemon=True, name=f"renew {self.name}").start()
+        return True
+
+    def owner(self) -> str:
+        value = self._client.get(self.name)
+        return value.decode() if isinstance(value, bytes) else (value or "")
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self._lock.release()
+        except redis.exceptions.LockError:
+            pass  # expired meanwhile (the owner stalled past its TTL): nothing to release
+
+    def __enter__(self) -> "OwnedLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _renew(self, stop: threading.Event) -> None:
+        while not stop.wait(self._ttl / 3):
+            try:
+                self._lock.reacquire()
+            except redis.exceptions.LockNotOwnedError:
+                if not stop.is_set():
+                    log.warning("lock %s was lost (its TTL ran out before a renewal)", self.name)
+                return
+            except redis.exceptions.RedisError:
+                log.warning("renewing lock %s failed; retrying", self.name, exc_info=True)
+
+
+def build_lock(client: redis.Redis, host: str, image: str) -> OwnedLock:
+    """One build of an image per host at a time."""
+    return OwnedLock(client, f"{PREFIX}build-lock:{host}:{image}")
+
+
+def warm_lock(client: redis.Redis, host: str, task_path: str) -> OwnedLock:
+    """One refill of a task's warm pool per host at a time."""
+    return OwnedLock(client, f"{PREFIX}warm-lock:{host}:{task_path}")

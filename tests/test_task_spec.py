@@ -15,7 +15,8 @@ from termpool.task_spec import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
-FIXTURE_NAMES = ["hello-file", "sidecar-kv", "interactive-guess", "partial-pass", "broken-dockerfile", "slow-tests"]
+FIXTURE_NAMES = ["hello-file", "sidecar-kv", "interactive-guess", "partial-pass", "broken-dockerfile", "slow-tests",
+                 "slow-build"]
 
 
 def make_task(tmp_path, yaml_text, *, name="my-task", run_tests=True):
