@@ -30,15 +30,20 @@ def leftovers(client, host_id: str) -> list[str]:
     return [c.name for c in client.containers.list(all=True, filters={"label": f"termpool.host={host_id}"})]
 
 
-@pytest.fixture(scope="session")
-def stack(base_image, docker_client):
-    s = Stack().start()
-    yield s
+def stop_clean(s: Stack, docker_client) -> None:
+    """Stop a stack; fail if it left containers behind (removing them all the same)."""
     s.stop()
     left = leftovers(docker_client, s.host_id)
     for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={s.host_id}"}):
         container.remove(force=True)
     assert not left, f"containers leaked by the test session: {left}"
+
+
+@pytest.fixture(scope="session")
+def stack(base_image, docker_client):
+    s = Stack().start()
+    yield s
+    stop_clean(s, docker_client)
 
 
 class Router:
