@@ -164,11 +164,11 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples" / "tasks"
 
 
 def _oracle_default_dir(cfg: Settings) -> Path:
-    """DATASET_DIR when it exists, else the bundled examples (what scripts/serve.sh serves
-    when DATASET_DIR is unset)."""
-    if cfg.dataset_dir.is_dir():
+    """DATASET_DIR when it holds tasks, else the bundled examples (what scripts/serve.sh
+    serves when DATASET_DIR is unset)."""
+    if cfg.dataset_dir.is_dir() and find_tasks(cfg.dataset_dir):
         return cfg.dataset_dir
-    click.echo(f"DATASET_DIR {cfg.dataset_dir} does not exist: running the examples in {EXAMPLES_DIR}", err=True)
+    click.echo(f"DATASET_DIR {cfg.dataset_dir} holds no tasks: running the examples in {EXAMPLES_DIR}", err=True)
     return EXAMPLES_DIR
 
 

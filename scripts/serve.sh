@@ -26,5 +26,6 @@ log_dir=${TERMPOOL_LOG_DIR:-/var/log/termpool}
 mkdir -p "$run_dir" "$log_dir"
 python3 deploy/supervisord_conf.py --procfile Procfile --run-dir "$run_dir" --log-dir "$log_dir" \
   > "$run_dir/supervisord.conf"
+echo "termpool: serving $DATASET_DIR on port ${ENV_SERVER_PORT:-18081}" >&2
 echo "termpool: logs in $log_dir; python3 -m supervisor.supervisorctl -c $run_dir/supervisord.conf status" >&2
 exec python3 -m supervisor.supervisord -c "$run_dir/supervisord.conf"
