@@ -17,6 +17,7 @@ from pathlib import Path
 import requests
 
 from bench.stats import Recorder
+from termpool.client import Pool, exec_call, write_file_call
 
 TASK = "hello-file"
 TASK_META = {"task_name": TASK, "task_path": TASK, "instruction": "benchmark episode"}
@@ -43,11 +44,11 @@ def _ms_since(start: float) -> float:
 
 
 def _echo_call(sid: str) -> dict:
-    return {"name": "shell_exec", "arguments": {"id": sid, "command": ECHO_COMMAND, "block": True, "timeout": 60}}
+    return exec_call(ECHO_COMMAND, id=sid, timeout=60)
 
 
 def _write_call() -> dict:
-    return {"name": "shell_write_content_to_file", "arguments": {"content": HELLO_CONTENT, "file_path": HELLO_PATH}}
+    return write_file_call(HELLO_PATH, HELLO_CONTENT)
 
 
 def _check_observation(op: str, observation, expected_start: str, exact: bool = False) -> None:
@@ -138,46 +139,12 @@ def pool_episode(client: PoolClient, rec: Recorder, task_key: str, tool_calls: i
 
 
 # ---- runs API -------------------------------------------------------------------------------
-class RunsClient:
-    """The submit-and-poll runs API (/v1): submit, then long-poll the job until it has ended."""
+class RunsClient(Pool):
+    """The submit-and-poll runs API (/v1) through termpool.client, one per benchmark thread.
+    No retries: a refused or failed operation is a measured error, not something to hide."""
 
     def __init__(self, url: str):
-        self.url = url
-        self.http = requests.Session()
-
-    def submit(self, method: str, path: str, body: dict | None = None) -> dict:
-        reply = self.http.request(method, self.url + path, json=body, timeout=HTTP_TIMEOUT)
-        try:
-            data = reply.json()
-        except ValueError:
-            data = None
-        if reply.status_code not in (200, 202) or not isinstance(data, dict) or data.get("ok") is not True:
-            raise EpisodeError(f"{method} {path} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
-        return data
-
-    def wait(self, job_id: str) -> dict:
-        """The job's record once it has ended; raises when it failed or never ended."""
-        deadline = time.monotonic() + JOB_DEADLINE
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EpisodeError(f"job {job_id} did not end within {JOB_DEADLINE:g} s")
-            wait = max(1, min(60, int(left)))
-            reply = self.http.get(f"{self.url}/v1/jobs/{job_id}", params={"wait": wait}, timeout=wait + 60)
-            try:
-                data = reply.json()
-            except ValueError:
-                data = None
-            if reply.status_code != 200 or not isinstance(data, dict) or not isinstance(data.get("job"), dict):
-                raise EpisodeError(f"GET /v1/jobs/{job_id} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
-            job = data["job"]
-            if job.get("state") == "succeeded":
-                return job
-            if job.get("state") == "failed":
-                raise EpisodeError(f"job {job_id} ({job.get('kind')}) failed: {job.get('error')}")
-
-    def close(self) -> None:
-        self.http.close()
+        super().__init__(url, timeout=HTTP_TIMEOUT, job_timeout=JOB_DEADLINE, retries=0)
 
 
 def runs_api_available(url: str) -> tuple[bool, str]:
@@ -200,54 +167,48 @@ def runs_api_available(url: str) -> tuple[bool, str]:
 
 
 def runs_episode(client: RunsClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
-    run_id, op = None, "start"
+    run, op = None, "start"
     try:
         start = time.perf_counter()
-        reply = client.submit("POST", "/v1/runs", {"task_key": task_key, "request_id": uuid.uuid4().hex,
-                                                   "task_meta": TASK_META})
-        run_id = reply["run_id"]
-        rec.run(run_id)
-        job = client.wait(reply["job_id"])
+        run = client.start(TASK, task_key=task_key, instruction=TASK_META["instruction"], wait=False)
+        rec.run(run.id)
+        run.wait_ready()
         rec.add("start", _ms_since(start))
-        result = job.get("result") or {}
-        if not isinstance(result, dict) or not result.get("tool_schemas"):
-            raise EpisodeError(f"start: no tool_schemas in the start job's result {str(result)[:200]}")
+        if not run.tool_schemas:
+            raise EpisodeError("start: no tool_schemas in the start job's result")
 
         op = "tool_call"
         for _ in range(tool_calls):
             start = time.perf_counter()
-            reply = client.submit("POST", f"/v1/runs/{run_id}/tool_calls", _echo_call("bench"))
-            job = client.wait(reply["job_id"])
+            observation = run.exec(ECHO_COMMAND, id="bench", timeout=60)
             rec.add("tool_call", _ms_since(start))
-            _check_observation(op, job.get("result"), ECHO_OUTPUT, exact=True)
+            _check_observation(op, observation, ECHO_OUTPUT, exact=True)
 
         op = "write_file"
         start = time.perf_counter()
-        reply = client.submit("POST", f"/v1/runs/{run_id}/tool_calls", _write_call())
-        job = client.wait(reply["job_id"])
+        observation = run.write_file(HELLO_PATH, HELLO_CONTENT)
         rec.add("write_file", _ms_since(start))
-        _check_observation(op, job.get("result"), WRITTEN_PREFIX)
+        _check_observation(op, observation, WRITTEN_PREFIX)
 
         op = "evaluate"
         start = time.perf_counter()
-        reply = client.submit("POST", f"/v1/runs/{run_id}/evaluation")
-        job = client.wait(reply["job_id"])
+        score = run.evaluate().score
         rec.add("evaluate", _ms_since(start))
-        _check_score(op, (job.get("result") or {}).get("score"))
+        _check_score(op, score)
 
         op = "close"
         start = time.perf_counter()
-        client.submit("DELETE", f"/v1/runs/{run_id}")
+        closing, run = run, None
+        closing.close()
         rec.add("close", _ms_since(start))
-        run_id = None
         return True
     except Exception as exc:
         rec.error(f"runs {op}: {type(exc).__name__}: {exc}")
         return False
     finally:
-        if run_id:
+        if run is not None:
             try:
-                client.submit("DELETE", f"/v1/runs/{run_id}")
+                run.close()
             except Exception as exc:
                 rec.error(f"runs DELETE after a failure: {type(exc).__name__}: {exc}")
 

@@ -164,6 +164,18 @@ def prebuild_command(directory, jobs, timeout, as_json):
 
 
 # ---- oracle -------------------------------------------------------------------------------
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples" / "tasks"
+
+
+def _oracle_default_dir(cfg: Settings) -> Path:
+    """DATASET_DIR when it holds tasks, else the bundled examples (what scripts/serve.sh
+    serves when DATASET_DIR is unset)."""
+    if cfg.dataset_dir.is_dir() and find_tasks(cfg.dataset_dir):
+        return cfg.dataset_dir
+    click.echo(f"DATASET_DIR {cfg.dataset_dir} holds no tasks: running the examples in {EXAMPLES_DIR}", err=True)
+    return EXAMPLES_DIR
+
+
 @dataset_cli.command("oracle")
 @DIR_ARGUMENT
 @click.option("--url", help="The termpool service (default http://127.0.0.1:<ENV_SERVER_PORT>).")
@@ -181,11 +193,13 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
     """Run every task's solution.sh as one episode through the service's runs API and
     report its reward. Exits 1 unless every task that has a solution scores 1.0.
 
-    task_path is sent relative to the service's DATASET_DIR (this process's setting), so
-    DIRECTORY should be that folder or one inside it.
+    DIRECTORY defaults to DATASET_DIR, or to the bundled examples/tasks when that does not
+    exist (the dataset scripts/serve.sh serves by default). task_path is sent relative to
+    the service's DATASET_DIR (this process's setting) when DIRECTORY is inside it, else
+    relative to DIRECTORY.
     """
     cfg = _cfg()
-    root = _dataset_dir(directory)
+    root = _dataset_dir(directory or _oracle_default_dir(cfg))
     tasks = _tasks(root)
     if only:
         wanted = set(only)
@@ -193,10 +207,9 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
         missing = wanted - {t.name for t in tasks} - {task_label(t, root) for t in tasks}
         if missing:
             raise click.UsageError(f"no such task in {root}: {', '.join(sorted(missing))}")
-    client = orc.RunsClient(url or f"http://127.0.0.1:{cfg.port}", token=token if token is not None
-                            else cfg.api_token)
+    client = orc.connect(url or f"http://127.0.0.1:{cfg.port}", token=token if token is not None else cfg.api_token)
     try:
-        client.check()
+        orc.check(client)
     except orc.ServiceError as exc:
         raise Fatal(str(exc)) from None
     opts = orc.OracleSettings(dataset_root=cfg.dataset_dir, timeout=timeout, solution_timeout=solution_timeout)
@@ -235,5 +248,9 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
             "tasks": [r.to_dict() for r in ordered],
         }, indent=2) + "\n")
         click.echo(f"\nReport: {report}")
+    click.echo("")
+    for r in ordered:  # the last lines: one reward per task
+        reward = "-" if r.reward is None else f"{r.reward:.2f}"
+        click.echo(f"{r.task}: reward {reward} ({r.outcome}{', ' + r.code if r.code else ''})")
     if summary["tasks"] - summary["skipped"] != summary["passed"]:
         _fail_tasks()

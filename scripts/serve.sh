@@ -4,6 +4,8 @@
 # A process that dies is started again; Ctrl-C (or TERM) stops them all, letting running
 # jobs finish first (up to 60 s).
 #
+#   DATASET_DIR       the task dataset (default: this repository's examples/tasks, four small
+#                     tasks that build FROM termpool-base:bookworm, which is made here when missing)
 #   TERMPOOL_RUN_DIR  supervisord's generated config, pid file and control socket
 #                     (default /run/termpool-serve); one per instance on a host
 #   TERMPOOL_LOG_DIR  one log file per process, and supervisord's (default /var/log/termpool)
@@ -13,12 +15,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/start-backends.sh
-export DATASET_DIR=${DATASET_DIR:-terminal-rl/dataset} TBENCH_OUTPUT_ROOT=${TBENCH_OUTPUT_ROOT:-terminal-rl/build_outputs}
+if [ -z "${DATASET_DIR:-}" ]; then
+  export DATASET_DIR=$PWD/examples/tasks
+  bash scripts/base_image.sh >/dev/null  # the examples' base image (debootstrap, no registry)
+fi
+export TBENCH_OUTPUT_ROOT=${TBENCH_OUTPUT_ROOT:-terminal-rl/build_outputs}
 mkdir -p "$DATASET_DIR" "$TBENCH_OUTPUT_ROOT"
 run_dir=${TERMPOOL_RUN_DIR:-/run/termpool-serve}
 log_dir=${TERMPOOL_LOG_DIR:-/var/log/termpool}
 mkdir -p "$run_dir" "$log_dir"
 python3 deploy/supervisord_conf.py --procfile Procfile --run-dir "$run_dir" --log-dir "$log_dir" \
   > "$run_dir/supervisord.conf"
+echo "termpool: serving $DATASET_DIR on port ${ENV_SERVER_PORT:-18081}" >&2
 echo "termpool: logs in $log_dir; python3 -m supervisor.supervisorctl -c $run_dir/supervisord.conf status" >&2
 exec python3 -m supervisor.supervisord -c "$run_dir/supervisord.conf"
