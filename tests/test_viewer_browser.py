@@ -91,6 +91,25 @@ def test_watch_a_live_run(stack, browser, docker_client, tmp_path):
     page.close()
 
 
+def test_hostile_output_is_shown_as_text(stack, browser):
+    """Markup in a command and its observation is text on the page: no element, no script."""
+    hostile = "<img src=x onerror=alert(1)><script>alert(2)</script><b>bold</b>"
+    reply = stack.post("/v1/runs", {"task_meta": {"task_name": "hello-file"}, "close": True, "script": [
+        {"name": "shell_exec", "arguments": {"id": "main", "block": True, "timeout": 60,
+                                             "command": f"printf '%s\\n' '{hostile}'"}}]})
+    assert reply.status_code == 202, reply.text
+    run_id = reply.json()["run_id"]
+    page = browser.new_page()
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(f"{stack.url}/ui/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("closed", timeout=SLOW)
+    expect(page.locator("pre.observation")).to_have_text(hostile + "\n")
+    assert page.locator("main img, main script, article.tool_call b:not(.tool)").count() == 0
+    assert not dialogs
+    page.close()
+
+
 def _release_second_call(docker_client, run_id: str) -> None:
     """Create /tmp/go in the run's container from outside, so the transcript holds only the episode."""
     containers = docker_client.containers.list(filters={"label": f"termpool.run={run_id}"})

@@ -16,6 +16,9 @@
     let fresh = null;
     try {
       const reply = await fetch(location.href, { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (reply.status === 401 || reply.status === 404) {
+        return;  // signed out, or the run's record expired: nothing more to show
+      }
       if (!reply.ok) {
         return schedule(section);
       }
