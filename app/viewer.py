@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import time
 from datetime import datetime, timezone
@@ -137,9 +138,10 @@ def _limit() -> int:
 
 def _before() -> float | None:
     try:
-        return float(request.args["before"])
+        before = float(request.args["before"])
     except (KeyError, ValueError):
         return None
+    return before if math.isfinite(before) else None
 
 
 def _matching_runs(state: str, task: str, before: float | None, limit: int) -> tuple[list[dict], float | None]:
@@ -181,9 +183,9 @@ def runs():
     rows = [_list_row(run, starts.get(run["run_id"]), now) for run in found]
     older = url_for("viewer.runs", state=state or None, task=task or None, limit=request.args.get("limit"),
                     before=repr(cursor)) if cursor is not None else None
-    live = "before" not in request.args and any(row["live"] for row in rows)
+    first_page = "before" not in request.args  # it polls for new runs and state changes
     return render_template("viewer/runs.html", rows=rows, states=STATES, state=state, task=task, older=older,
-                           refresh=REFRESH_SECONDS["list"] if live else 0)
+                           refresh=REFRESH_SECONDS["list"] if first_page else 0)
 
 
 # ---- one run ----------------------------------------------------------------------------------

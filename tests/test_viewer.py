@@ -59,7 +59,12 @@ def test_list_filters_by_state_and_task(stack, episode):
     assert run_id in stack.get("/ui/", params={"state": "closed", "task": "hello-file"}).text
     assert run_id not in stack.get("/ui/", params={"state": "ready"}).text
     assert run_id not in stack.get("/ui/", params={"task": "partial-pass"}).text
-    assert stack.get("/ui/", params={"state": "no-such-state", "limit": "x"}).status_code == 200
+    for odd in ({"state": "no-such-state"}, {"limit": "x"}, {"limit": "-5"}, {"before": "nan"}, {"before": "inf"}):
+        assert stack.get("/ui/", params=odd).status_code == 200, odd
+    older = stack.get("/ui/", params={"limit": 1}).text
+    cursor = re.search(r'href="(/ui/\?[^"]*before=[^"]+)"', older)
+    assert cursor, "no link to older runs"
+    assert stack.get(html.unescape(cursor.group(1))).status_code == 200
 
 
 def test_run_page_has_transcript_tests_and_artifacts(stack, episode):
