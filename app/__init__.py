@@ -6,7 +6,7 @@ import ipaddress
 from celery import Celery
 from flask import Flask, jsonify, request
 
-from app import errors
+from app import errors, viewer
 from app.engine import Engine
 from termpool.config import Settings, settings
 from termpool.state import Store
@@ -35,6 +35,8 @@ def _guard(app: Flask, cfg: Settings) -> None:
             if not any(addr in net for net in networks):
                 return jsonify({"ok": False, "error": "client address not allowed"}), 403
         if cfg.api_token and request.headers.get("Authorization", "") != f"Bearer {cfg.api_token}":
+            if request.blueprint == "viewer":  # a browser: the login form and its cookie (app/viewer.py)
+                return viewer.browser_gate(cfg.api_token)
             return jsonify({"ok": False, "error": "missing or wrong bearer token"}), 401
         return None
 
@@ -54,6 +56,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
 
     app.register_blueprint(pool_bp)
     app.register_blueprint(runs_bp)
+    app.register_blueprint(viewer.bp)
     init_metrics(app)
 
     from cli.dataset import dataset_cli

@@ -5,13 +5,16 @@ facade can send work without loading the worker code.
 """
 from __future__ import annotations
 
+import json
 import uuid
 
 from celery import Celery, chain
 
+from termpool import failures
 from termpool.state import Store
 
 REPR_LIMIT = 200  # Flower shows arguments; file contents and scripts are cut to this
+CALL_FIELD_LIMIT = 4096  # characters of a tool call's name and of each argument kept in its job record
 
 
 def _short(value) -> str:
@@ -27,10 +30,24 @@ def _signature(celery: Celery, name: str, **kwargs):
     return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr(kwargs))
 
 
-def new_job(store: Store, run_id: str, kind: str) -> str:
+def new_job(store: Store, run_id: str, kind: str, **extra) -> str:
     job_id = str(uuid.uuid4())
-    store.create_job(job_id, run_id, kind)
+    store.create_job(job_id, run_id, kind, **extra)
     return job_id
+
+
+def recorded_call(tool_call: dict) -> dict:
+    """The tool call as its job record keeps it, for the run viewer's transcript: the name and
+    each argument (non-strings as JSON) cut to CALL_FIELD_LIMIT characters."""
+    def short(value):
+        if isinstance(value, (bool, int, float)) or value is None:
+            return value
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return failures.cap(text, CALL_FIELD_LIMIT) if len(text) > CALL_FIELD_LIMIT else value
+
+    arguments = tool_call.get("arguments") or {}
+    return {"name": failures.cap(str(tool_call.get("name")), CALL_FIELD_LIMIT),
+            "arguments": {failures.cap(str(key), CALL_FIELD_LIMIT): short(value) for key, value in arguments.items()}}
 
 
 def _start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
@@ -50,14 +67,16 @@ def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_pat
     return job_id
 
 
-def enqueue(celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, **kwargs) -> str:
-    job_id = new_job(store, run_id, kind)
+def enqueue(celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, job_fields: dict | None = None,
+            **kwargs) -> str:
+    job_id = new_job(store, run_id, kind, **(job_fields or {}))
     _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     return job_id
 
 
 def enqueue_tool_call(celery: Celery, store: Store, run_id: str, host: str, tool_call: dict) -> str:
-    return enqueue(celery, store, "tool_call", "pool.exec_tool", run_id, host, tool_call=tool_call)
+    return enqueue(celery, store, "tool_call", "pool.exec_tool", run_id, host,
+                   job_fields={"call": recorded_call(tool_call)}, tool_call=tool_call)
 
 
 def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:
@@ -83,7 +102,7 @@ def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evalu
     store.create_job(start_job, run_id, "start")
     return {
         "start": start_job,
-        "tool_calls": [new_job(store, run_id, "tool_call") for _ in script],
+        "tool_calls": [new_job(store, run_id, "tool_call", call=recorded_call(call)) for call in script],
         "evaluation": new_job(store, run_id, "evaluation") if evaluate else None,
         "close": new_job(store, run_id, "close") if close else None,
     }

@@ -18,6 +18,7 @@ Keys (all under ``tp:``):
   worker:<token>        string with TTL: one worker process (incarnation) is alive
   host:<h>:workers      hash: token -> JSON facts of the worker processes of host h
   worker:<token>:jobs   set: jobs that worker process is running now (lost if it dies)
+  runs:recent           zset: run ids by creation time, newest RECENT_RUNS_KEPT (the run viewer)
 """
 from __future__ import annotations
 
@@ -42,11 +43,13 @@ NODE_TTL = 12  # a worker process counts as dead this long after its last heartb
 # Stored as JSON (structured, or possibly null); every other field is a plain string, so a
 # client's task_key of "null" or "true" stays that string.
 JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score",
-               "retryable")
+               "retryable", "call")
 INT_FIELDS = ("attempts",)
 NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
 FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
+RECENT_RUNS = PREFIX + "runs:recent"
+RECENT_RUNS_KEPT = 5000
 
 
 class CapacityError(Exception):
@@ -141,7 +144,7 @@ def _decode(raw: dict) -> dict:
             except ValueError:
                 pass
         out[key] = value
-    for key in ("created_at", "last_used_at", "queued_at", "started_at", "finished_at"):
+    for key in ("created_at", "last_used_at", "closed_at", "queued_at", "started_at", "finished_at"):
         if isinstance(out.get(key), str):
             try:
                 out[key] = float(out[key])
@@ -198,6 +201,8 @@ class Store:
         reply = self._allocate(args=[task_key, max_tasks, max_runs, new_run_id(), now, req_key, request_id, *hosts])
         if reply[0] == "full":
             raise CapacityError(reply[1])
+        if reply[0] == "new":
+            self._index_run(reply[1], float(now))
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
     def get_run(self, run_id: str) -> dict | None:
@@ -284,6 +289,60 @@ class Store:
             "pending_closes": self.r.scard(f"{PREFIX}host:{host}:closing"),
             "tasks": {key: {"active_runs": int(n)} for key, n in sorted(keys.items())},
         }
+
+    # ---- recent runs (the run viewer) ------------------------------------------------------
+    def _index_run(self, run_id: str, created_at: float) -> None:
+        """Index a new run by creation time; the index keeps the newest RECENT_RUNS_KEPT and,
+        like the records, expires RECORD_TTL after the last run was created."""
+        pipe = self.r.pipeline()
+        pipe.zadd(RECENT_RUNS, {run_id: created_at})
+        pipe.zremrangebyrank(RECENT_RUNS, 0, -RECENT_RUNS_KEPT - 1)
+        pipe.expire(RECENT_RUNS, RECORD_TTL)
+        pipe.execute()
+
+    def recent_runs(self, fields: tuple, count: int, before: float | None = None) -> tuple[list[dict], float | None]:
+        """Up to `count` indexed runs created before `before` (all when None), newest first,
+        with the given fields of their records; and where to continue (None at the end).
+        Ids whose record has expired are dropped from the index."""
+        upper = "+inf" if before is None else f"({before!r}"
+        page = self.r.zrevrangebyscore(RECENT_RUNS, upper, "-inf", start=0, num=count, withscores=True)
+        pipe = self.r.pipeline()
+        for run_id, _ in page:
+            pipe.hmget(PREFIX + "run:" + run_id, "state", *fields)
+        runs, gone = [], []
+        for (run_id, _), values in zip(page, pipe.execute()):
+            if values[0] is None:
+                gone.append(run_id)
+                continue
+            found = {field: value for field, value in zip(("state", *fields), values) if value is not None}
+            runs.append(_decode({**found, "run_id": run_id}))
+        if gone:
+            self.r.zrem(RECENT_RUNS, *gone)
+        return runs, (page[-1][1] if len(page) == count else None)
+
+    def first_jobs(self, run_ids: list[str], fields: tuple) -> dict[str, dict]:
+        """The first job of each run (its start job, if it was ever started), by run id."""
+        pipe = self.r.pipeline()
+        for run_id in run_ids:
+            pipe.lindex(PREFIX + "run:" + run_id + ":jobs", 0)
+        job_ids = dict(zip(run_ids, pipe.execute()))
+        pipe = self.r.pipeline()
+        for job_id in filter(None, job_ids.values()):
+            pipe.hmget(PREFIX + "job:" + job_id, "kind", *fields)
+        values = iter(pipe.execute())
+        jobs = {}
+        for run_id, job_id in job_ids.items():
+            if job_id:
+                record = dict(zip(("kind", *fields), next(values)))
+                jobs[run_id] = _decode({k: v for k, v in record.items() if v is not None} | {"job_id": job_id})
+        return jobs
+
+    def get_jobs(self, job_ids: list[str]) -> list[dict]:
+        """Several job records in one round trip, in order; expired ones are left out."""
+        pipe = self.r.pipeline()
+        for job_id in job_ids:
+            pipe.hgetall(PREFIX + "job:" + job_id)
+        return [_decode(raw) for raw in pipe.execute() if raw]
 
     # ---- jobs ---------------------------------------------------------------------------
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:

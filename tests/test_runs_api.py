@@ -360,11 +360,13 @@ def _refs(node):
 
 
 def _served_routes() -> dict:
-    """Every route the app serves, in OpenAPI's path syntax."""
+    """Every route of the two JSON faces, in OpenAPI's path syntax (the HTML run viewer is not an API)."""
     from app import create_app
 
     routes: dict = {}
     for rule in create_app().url_map.iter_rules():
+        if rule.endpoint.startswith("viewer."):
+            continue
         path = rule.rule.replace("<", "{").replace(">", "}")
         routes.setdefault(path, set()).update(m.lower() for m in rule.methods - {"HEAD", "OPTIONS"})
     return routes
