@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what termpool needs on a Debian host (idempotent): Docker engine, Redis,
-# debootstrap (test base image), gcc (the in-container session helper), Chromium (the run
-# viewer's browser test), Python packages.
+# debootstrap (the base image), gcc (the in-container session helper), Python packages.
+# With --dev, also what only the tests need: Chromium (the run viewer's browser test) and
+# requirements-dev.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,9 @@ command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
-command -v chromium >/dev/null || need_apt+=(chromium)
+dev=false
+[ "${1:-}" = "--dev" ] && dev=true
+$dev && { command -v chromium >/dev/null || need_apt+=(chromium); }
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
@@ -18,6 +21,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
-"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+$dev && "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 
 bash tasks/helper/build.sh >/dev/null
