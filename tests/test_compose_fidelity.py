@@ -27,7 +27,8 @@ from tests.stack import FIXTURES
 from tests.test_unsafe_tasks import CLIENT  # the template's client service, no volumes
 
 GIB = 1024 ** 3
-FAST_PATH = {"hello-file", "partial-pass", "slow-tests", "interactive-guess", "broken-dockerfile", "compose-env"}
+FAST_PATH = {"hello-file", "partial-pass", "slow-tests", "interactive-guess", "broken-dockerfile", "compose-env",
+             "slow-build"}
 
 
 def settings(tmp: Path, **env):

@@ -28,7 +28,7 @@ def cli(tmp_path: Path, **env):
 def test_check_fixtures_are_clean(tmp_path):
     result = cli(tmp_path)("check")
     assert result.exit_code == 0, result.output
-    assert "9 tasks checked" in result.stdout and "9 clean, 0 with problems" in result.stdout
+    assert "10 tasks checked" in result.stdout and "10 clean, 0 with problems" in result.stdout
 
 
 def test_check_lists_problems(tmp_path):

@@ -16,7 +16,7 @@ from termpool.task_spec import (
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 FIXTURE_NAMES = ["hello-file", "sidecar-kv", "interactive-guess", "partial-pass", "broken-dockerfile", "slow-tests",
-                 "slow-build"]
+                 "slow-build", "compose-limits", "compose-healthy-sidecar", "compose-env"]
 
 
 def make_task(tmp_path, yaml_text, *, name="my-task", run_tests=True):
