@@ -53,6 +53,7 @@ class Settings:
     max_tasks: int
     max_runs_per_task: int
     run_idle_ttl: float
+    allocated_ttl: float
     max_concurrent_closes: int
     image_source: str
     pull_prefix: str
@@ -110,6 +111,7 @@ def load_settings(env=None) -> Settings:
         max_tasks=max_tasks,
         max_runs_per_task=max_runs,
         run_idle_ttl=_float(env, "WORKER_RUN_IDLE_TTL", 600.0),
+        allocated_ttl=_float(env, "WORKER_ALLOCATED_TTL", 120.0),
         max_concurrent_closes=max_closes,
         image_source=source,
         pull_prefix=_str(env, "TBENCH_DOCKER_PULL_PREFIX"),
