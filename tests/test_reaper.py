@@ -4,23 +4,12 @@ from __future__ import annotations
 import pytest
 
 from termpool.state import Store
-from tests.conftest import Router, leftovers, wait_for
-from tests.stack import Stack
-
-
-def _beat_stack(docker_client, env: dict):
-    s = Stack(env=env, beat=True).start()
-    yield s
-    s.stop()
-    left = leftovers(docker_client, s.host_id)
-    for name in left:
-        docker_client.containers.get(name).remove(force=True)
-    assert not left
+from tests.conftest import Router, private_stack, wait_for
 
 
 @pytest.fixture(scope="module")
 def short_ttl_stack(base_image, docker_client):
-    yield from _beat_stack(docker_client, {"WORKER_RUN_IDLE_TTL": "3"})
+    yield from private_stack(docker_client, {"WORKER_RUN_IDLE_TTL": "3"}, beat=True)
 
 
 def test_idle_run_is_reaped(short_ttl_stack, docker_client):
@@ -64,7 +53,7 @@ def test_worker_start_reconciles_orphans(short_ttl_stack, docker_client, base_im
 
 @pytest.fixture(scope="module")
 def short_allocated_ttl_stack(base_image, docker_client):
-    yield from _beat_stack(docker_client, {"WORKER_ALLOCATED_TTL": "3"})
+    yield from private_stack(docker_client, {"WORKER_ALLOCATED_TTL": "3"}, beat=True)
 
 
 def test_lease_never_reset_is_released(short_allocated_ttl_stack, docker_client):
