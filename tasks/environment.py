@@ -20,6 +20,7 @@ import docker.errors
 import redis
 import yaml
 
+from tasks import containment
 from tasks.docker_env import (HOST_LABEL, MANAGED_LABEL, RUN_LABEL, docker_client, run_compose,
                               termpool_labels)
 from tasks.session_helper import CTL_DIR, CTL_SOCKET
@@ -330,6 +331,7 @@ def check_compose_safety(resolved: dict) -> None:
         if caps & {"ALL", "SYS_ADMIN", "CAP_SYS_ADMIN"}:
             raise PermissionError(f"service {name!r} asks for capability {sorted(caps)}; refused")
         check_volumes(service.get("volumes") or [])
+    containment.check_task_networks(resolved)  # (tasks/containment.py)
 
 
 # ---- teardown -------------------------------------------------------------------------------
