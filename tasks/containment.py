@@ -20,13 +20,15 @@ other containers on the host only lose termpool's ports. Termpool's own bridges 
 worker runs in a container) are exempt, so its services still reach each other. Rejects are
 TCP resets, so a probe fails at once instead of hanging. Both iptables and ip6tables.
 
-Rules go in with the host's `iptables` when the worker can run it (root, host network);
-otherwise (a worker in termpool's container) through a short-lived container of the worker's
-own image on the host's network and mount namespaces (`nsenter -t 1 -m -n`), so the host's
-own iptables binary writes them. `python -m tasks.containment apply|remove|show`.
+Rules go in with `iptables` where the worker runs it (root on the host); a worker in termpool's
+container (the compose deployment) has no iptables of its own, so a short-lived container of
+its image on the host's network with NET_ADMIN runs the script. Either way under a lock file in
+POOL_SOCKET_DIR (a host folder, mounted at the same path in worker containers), so workers
+starting together do not interleave. `python -m tasks.containment apply|remove|show`.
 """
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
 import re
@@ -36,6 +38,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from termpool.config import Settings, settings
@@ -44,7 +47,7 @@ log = logging.getLogger(__name__)
 
 INPUT_CHAIN = "TERMPOOL-INPUT"
 FORWARD_CHAIN = "TERMPOOL-FORWARD"
-LOCK_FILE = "/run/termpool-containment.lock"
+LOCK_NAME = ".containment.lock"  # in POOL_SOCKET_DIR
 REJECT = ["-j", "REJECT", "--reject-with", "tcp-reset"]
 FAMILIES = ("iptables", "ip6tables")
 
@@ -166,9 +169,8 @@ def _drop_tagged(ipt: str, chain: str, comment: str) -> str:
 
 
 def script(guard: Guard | None, comment: str) -> str:
-    """One sh script that replaces (guard) or removes (None) the pool's rules, in both families,
-    under a lock so workers starting together do not interleave."""
-    lines = ["set -e", f"if command -v flock >/dev/null; then exec 9>>{LOCK_FILE}; flock 9; fi"]
+    """One sh script that replaces (guard) or removes (None) the pool's rules, in both families."""
+    lines = ["set -e"]
     for family in FAMILIES:
         ipt = f"{family} -w"
         body = []
@@ -206,14 +208,12 @@ def _own_container():
 
 
 def _run_on_host(text: str, image: str) -> None:
-    """Run the script with the host's own tools: a container of `image` in the host's mount and
-    network namespaces (privileged: it changes the host's packet filter, nothing else)."""
+    """Run the script in a container of `image` (which has iptables) on the host's network:
+    NET_ADMIN there changes the host's packet filter and nothing else."""
     from tasks.docker_env import docker_client
 
-    output = docker_client().containers.run(
-        image, ["-t", "1", "-m", "-n", "--", "sh", "-c", text], entrypoint="nsenter", remove=True,
-        privileged=True, pid_mode="host", network_mode="host", user="root", stdout=True, stderr=True)
-    log.debug("containment script output: %s", output)
+    docker_client().containers.run(image, ["sh", "-c", text], entrypoint=[], remove=True, user="root",
+                                   network_mode="host", cap_add=["NET_ADMIN", "NET_RAW"])
 
 
 def own_bridges(container) -> tuple[str, ...]:
@@ -231,15 +231,18 @@ def own_bridges(container) -> tuple[str, ...]:
     return tuple(names)
 
 
-def execute(text: str) -> None:
-    """Run a rules script where it reaches the host's packet filter."""
-    if shutil.which("iptables"):
-        _run_local(text)
-        return
-    container = _own_container()
-    if container is None:
-        raise RuntimeError("iptables is not installed and this worker does not run in a container")
-    _run_on_host(text, container.image.id)
+def execute(text: str, lock_dir: Path) -> None:
+    """Run a rules script where it reaches the host's packet filter, one at a time per host."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("iptables"):
+            _run_local(text)
+            return
+        container = _own_container()
+        if container is None:
+            raise RuntimeError("iptables is not installed and this worker does not run in a container")
+        _run_on_host(text, container.image.id)
 
 
 def install(cfg: Settings) -> Guard | None:
@@ -249,7 +252,7 @@ def install(cfg: Settings) -> Guard | None:
     try:
         container = None if shutil.which("iptables") else _own_container()
         guard = guard_from_settings(cfg, own_bridges(container) if container is not None else ())
-        execute(script(guard, guard.comment))
+        execute(script(guard, guard.comment), cfg.socket_dir)
         log.info("containment: task containers cannot reach ports %s here, nor %s",
                  guard.local_ports, [f"{a}:{p or '*'}" for a, p in guard.remote] or "anything elsewhere")
         return guard
@@ -261,9 +264,9 @@ def install(cfg: Settings) -> Guard | None:
         return None
 
 
-def remove(host_id: str) -> None:
-    """Remove one pool's rules (the chains and jumps stay: other pools may use them)."""
-    execute(script(None, _comment(_safe_tag(host_id))))
+def remove(cfg: Settings) -> None:
+    """Remove the pool's rules (the chains and jumps stay: other pools may use them)."""
+    execute(script(None, _comment(_safe_tag(cfg.host_id))), cfg.socket_dir)
 
 
 def check_task_networks(resolved: dict) -> None:
@@ -292,7 +295,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m tasks.containment apply|remove|show")
     cfg = settings()
     if argv[0] == "remove":
-        remove(cfg.host_id)
+        remove(cfg)
     elif argv[0] == "show":
         guard = guard_from_settings(cfg)
         print(script(guard, guard.comment), end="")

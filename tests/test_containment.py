@@ -2,11 +2,14 @@
 still reach their sidecars and the outside."""
 from __future__ import annotations
 
+import io
 import ipaddress
 import shutil
 import socket
 import subprocess
+import uuid
 
+import docker.errors
 import pytest
 
 from tasks import containment
@@ -94,13 +97,10 @@ class Listeners:
 def contained(base_image, docker_client):
     if shutil.which("iptables") is None:
         pytest.skip("needs iptables (root)")
-    flower = free_port()
-    gen = private_stack(docker_client, {"CONTAINMENT": "require", "FLOWER_PORT": str(flower)})
-    stack = next(gen)
-    stack.flower_port = flower
-    yield stack
-    containment.remove(stack.host_id)
-    next(gen, None)
+    flower = free_port()  # nothing serves it: the test listens there itself
+    for stack in private_stack(docker_client, {"CONTAINMENT": "require", "FLOWER_PORT": str(flower)}):
+        stack.flower_port = flower
+        yield stack  # Stack.stop() removes the rules
 
 
 def _probe(router: Router, lease: str, targets: list[tuple[str, int]]) -> dict:
@@ -158,3 +158,51 @@ def _reachable(host: str, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.fixture(scope="module")
+def image_with_iptables(base_image, docker_client):
+    """Stands in for termpool's image, which installs iptables for this (Dockerfile)."""
+    tag = "termpool-test-iptables:bookworm"
+    dockerfile = (f"FROM {base_image}\nRUN apt-get update -q && DEBIAN_FRONTEND=noninteractive "
+                  "apt-get install -y -q --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*\n")
+    try:
+        docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    except docker.errors.BuildError as exc:
+        pytest.skip(f"cannot install iptables in an image here (no Debian mirror?): {exc}")
+    return tag
+
+
+def test_a_worker_in_a_container_installs_rules_through_the_host(image_with_iptables, tmp_path):
+    """The compose deployment's path: no iptables in the worker's container, so a container of
+    its image on the host's network, with NET_ADMIN, runs the script."""
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables (root) to check the result")
+    guard = Guard("probe-" + uuid.uuid4().hex[:8], (free_port(),), (), ("docker0",))
+
+    def listed() -> str:
+        return subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+
+    try:
+        for _ in range(2):  # the second time replaces the first's rules
+            containment._run_on_host(containment.script(guard, guard.comment), image_with_iptables)
+            assert listed().count(guard.comment) == len(containment.rules(guard, "iptables"))
+            assert f"--dports {guard.local_ports[0]} " in listed()
+    finally:
+        containment._run_on_host(containment.script(None, guard.comment), image_with_iptables)
+    assert guard.comment not in listed()
+
+
+def test_own_bridges_names_the_host_interfaces(base_image, docker_client):
+    network = docker_client.networks.create("tp-contain-" + uuid.uuid4().hex[:8], driver="bridge")
+    container = None
+    try:
+        container = docker_client.containers.run(base_image, ["sleep", "60"], detach=True, network=network.name)
+        container.reload()
+        [bridge] = containment.own_bridges(container)
+        assert bridge == "br-" + network.id[:12]
+        assert subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode == 0
+    finally:
+        if container is not None:
+            container.remove(force=True)
+        network.remove()
