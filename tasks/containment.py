@@ -33,7 +33,6 @@ import ipaddress
 import logging
 import re
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -48,7 +47,8 @@ log = logging.getLogger(__name__)
 INPUT_CHAIN = "TERMPOOL-INPUT"
 FORWARD_CHAIN = "TERMPOOL-FORWARD"
 LOCK_NAME = ".containment.lock"  # in POOL_SOCKET_DIR
-REJECT = ["-j", "REJECT", "--reject-with", "tcp-reset"]
+TCP_RESET = ["-j", "REJECT", "--reject-with", "tcp-reset"]  # only for rules matching -p tcp
+REJECT = ["-j", "REJECT"]  # any protocol: an ICMP port-unreachable
 FAMILIES = ("iptables", "ip6tables")
 
 
@@ -147,15 +147,16 @@ def rules(guard: Guard, family: str) -> list[tuple[str, list[str]]]:
     ports = ",".join(str(p) for p in guard.local_ports)
     for iface in guard.interfaces:
         if ports:
-            out.append((INPUT_CHAIN, ["-i", iface, "-p", "tcp", "-m", "multiport", "--dports", ports, *tag, *REJECT]))
+            out.append((INPUT_CHAIN, ["-i", iface, "-p", "tcp", "-m", "multiport", "--dports", ports, *tag,
+                                      *TCP_RESET]))
         for port in guard.local_ports:  # published by Docker: DNAT-ed, so forwarded, not input
             out.append((FORWARD_CHAIN, ["-i", iface, "-p", "tcp", "-m", "conntrack", "--ctstate", "DNAT",
-                                        "--ctorigdstport", str(port), *tag, *REJECT]))
+                                        "--ctorigdstport", str(port), *tag, *TCP_RESET]))
         for address, port in guard.remote:
             if _family_of(address) != family:
                 continue
-            match = ["-p", "tcp", "--dport", str(port)] if port else []
-            out.append((FORWARD_CHAIN, ["-i", iface, "-d", address, *match, *tag, *REJECT]))
+            match = ["-p", "tcp", "--dport", str(port), *tag, *TCP_RESET] if port else [*tag, *REJECT]
+            out.append((FORWARD_CHAIN, ["-i", iface, "-d", address, *match]))
         for bridge in guard.exempt:
             out.append((FORWARD_CHAIN, ["-i", iface, "-o", bridge, *tag, *REJECT]))
     return out
@@ -197,13 +198,14 @@ def _run_local(text: str) -> None:
 
 
 def _own_container():
-    """The container this worker runs in (the compose deployment), or None on a plain host."""
+    """The container of the Docker daemon we drive that this worker runs in (the compose
+    deployment: its hostname is its id), or None on the host (or when Docker is unreachable)."""
     from tasks.docker_env import docker_client
     import docker.errors
 
     try:
         return docker_client().containers.get(socket.gethostname())
-    except docker.errors.NotFound:
+    except docker.errors.DockerException:
         return None
 
 
@@ -217,32 +219,30 @@ def _run_on_host(text: str, image: str) -> None:
 
 
 def own_bridges(container) -> tuple[str, ...]:
-    """Bridge interface names of the container's Docker networks."""
+    """Bridge interface names of the container's own Docker networks, except Docker's default
+    one: task containers started without compose live there, it is never exempt."""
     from tasks.docker_env import docker_client
 
     names = []
     for net in (container.attrs.get("NetworkSettings") or {}).get("Networks", {}).values():
         network = docker_client().networks.get(net["NetworkID"])
-        if network.attrs.get("Driver") != "bridge":
-            continue
         options = network.attrs.get("Options") or {}
-        default = "docker0" if network.name == "bridge" else "br-" + network.id[:12]
-        names.append(options.get("com.docker.network.bridge.name", default))
+        if network.attrs.get("Driver") != "bridge" or options.get("com.docker.network.bridge.default_bridge") == "true":
+            continue
+        names.append(options.get("com.docker.network.bridge.name", "br-" + network.id[:12]))
     return tuple(names)
 
 
-def execute(text: str, lock_dir: Path) -> None:
-    """Run a rules script where it reaches the host's packet filter, one at a time per host."""
+def execute(text: str, lock_dir: Path, container=None) -> None:
+    """Run a rules script where it reaches the host's packet filter: here, or for a worker in
+    `container` through a container of its image; one at a time per host."""
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / LOCK_NAME, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if shutil.which("iptables"):
-            _run_local(text)
-            return
-        container = _own_container()
         if container is None:
-            raise RuntimeError("iptables is not installed and this worker does not run in a container")
-        _run_on_host(text, container.image.id)
+            _run_local(text)
+        else:
+            _run_on_host(text, container.image.id)
 
 
 def install(cfg: Settings) -> Guard | None:
@@ -250,9 +250,9 @@ def install(cfg: Settings) -> Guard | None:
     if cfg.containment == "off":
         return None
     try:
-        container = None if shutil.which("iptables") else _own_container()
+        container = _own_container()
         guard = guard_from_settings(cfg, own_bridges(container) if container is not None else ())
-        execute(script(guard, guard.comment), cfg.socket_dir)
+        execute(script(guard, guard.comment), cfg.socket_dir, container)
         log.info("containment: task containers cannot reach ports %s here, nor %s",
                  guard.local_ports, [f"{a}:{p or '*'}" for a, p in guard.remote] or "anything elsewhere")
         return guard
@@ -266,7 +266,7 @@ def install(cfg: Settings) -> Guard | None:
 
 def remove(cfg: Settings) -> None:
     """Remove the pool's rules (the chains and jumps stay: other pools may use them)."""
-    execute(script(None, _comment(_safe_tag(cfg.host_id))), cfg.socket_dir)
+    execute(script(None, _comment(_safe_tag(cfg.host_id))), cfg.socket_dir, _own_container())
 
 
 def check_task_networks(resolved: dict) -> None:

@@ -41,10 +41,10 @@ def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
     assert ("TERMPOOL-INPUT", f"-i docker0 -p tcp -m multiport --dports 18081,6379 {tag} {reject}") in v4
     assert ("TERMPOOL-FORWARD", f"-i docker0 -p tcp -m conntrack --ctstate DNAT --ctorigdstport 6379 {tag} {reject}") in v4
     assert ("TERMPOOL-FORWARD", f"-i docker0 -d 192.0.2.7 -p tcp --dport 6379 {tag} {reject}") in v4
-    assert ("TERMPOOL-FORWARD", f"-i docker0 -o br-own {tag} {reject}") in v4
+    assert ("TERMPOOL-FORWARD", f"-i docker0 -o br-own {tag} -j REJECT") in v4
     assert not any("fd00::7" in rule for _, rule in v4)
     v6 = [" ".join(rule) for _, rule in containment.rules(guard, "ip6tables")]
-    assert f"-i docker0 -d fd00::7 {tag} {reject}" in v6
+    assert f"-i docker0 -d fd00::7 {tag} -j REJECT" in v6
 
 
 @pytest.mark.parametrize("resolved", [
