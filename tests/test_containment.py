@@ -15,7 +15,7 @@ import pytest
 from tasks import containment
 from tasks.containment import Guard
 from termpool.config import load_settings
-from tests.conftest import Router, private_stack
+from tests.conftest import Router, private_stack, wait_for
 from tests.stack import free_port
 
 
@@ -150,6 +150,7 @@ def test_task_container_cannot_reach_the_pool(contained, docker_client, task):
     finally:
         listeners.close()
         router.close(lease)
+        assert wait_for(lambda: not router.run_containers(docker_client, lease), 60), "teardown did not finish"
 
 
 def _reachable(host: str, port: int) -> bool:

@@ -49,12 +49,13 @@ def capped_stack(base_image, docker_client):
 
 
 @pytest.fixture
-def lease(capped_stack):
+def lease(capped_stack, docker_client):
     router = Router(capped_stack)
     lease = router.allocate("hello-file")
     assert router.reset(lease, "hello-file").status_code == 200, "reset failed"
     yield lease
     router.close(lease)
+    assert wait_for(lambda: not router.run_containers(docker_client, lease), 60), "teardown did not finish"
 
 
 def _client(stack, docker_client, lease):
