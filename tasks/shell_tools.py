@@ -265,11 +265,19 @@ class _Context:
                environment: dict | None = None) -> tuple[list[str], bytes]:
         """Run tp-session; returns its header line's fields and the raw bytes after it."""
         out, err = self.run_helper(args, workdir, environment)
+        if (err or out).startswith(_OLD_SPAWN_USAGE):
+            # A helper from before the output limits (a container that outlived an upgrade of
+            # the workers): install the current one, whose arguments these are, and retry.
+            prepare_container(self.container)
+            out, err = self.run_helper(args, workdir, environment)
         head, newline, body = out.partition(b"\n")
         if not newline or not head or out.startswith((b"OCI runtime", b"tp-session: ")):
             detail = (err or out).decode("utf-8", "replace").strip(". \n")
             raise RuntimeError(f"tp-session {args[0]} failed: {detail or 'no output'}")
         return head.decode("ascii", "replace").split(), body
+
+
+_OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv..."
 
 
 # ---- the server's socket (protocol: cmd_serve in tp_session.c) ---------------------------

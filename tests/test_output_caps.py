@@ -2,20 +2,24 @@
 (OBSERVATION_LIMIT) and one tool call's record in tool_calls.jsonl."""
 from __future__ import annotations
 
+import io
 import json
 import subprocess
+import tarfile
 import time
 
 import pytest
 
 from tasks import artifacts
-from tasks.session_helper import session_dir
-from tasks.shell_tools import cap_text
+from tasks.session_helper import HELPER_PATH, prepare_container, session_dir
+from tasks.shell_tools import OutputLimits, cap_text, run_tool
 from tests.conftest import Router, private_stack, wait_for
+from tests.stack import ROOT
 
 SESSION_LIMIT = 1 << 20
 OBSERVATION_LIMIT = 8192
 NOTE = "[... "
+OLD_HELPER_COMMIT = "e1c90f7"  # the helper before output limits
 
 
 # ---- pure logic -------------------------------------------------------------------------------
@@ -115,3 +119,32 @@ def test_background_job_may_write_after_a_blocking_call(capped_stack, lease):
     assert router.tool(lease, "shell_exec", id="j", command=cmd, block=True, timeout=30) == "started\n"
     time.sleep(4)
     assert router.tool(lease, "shell_exec", id="j", command="ls /tmp/alive", block=True, timeout=30) == "/tmp/alive\n"
+
+
+class _Sessions(dict):
+    """run_tool's session store, in memory."""
+
+    def set(self, sid, **fields):
+        self.setdefault(sid, {}).update(fields)
+
+
+def test_a_helper_from_before_the_limits_is_replaced(base_image, docker_client, tmp_path):
+    """A container prepared by an older termpool (a run that outlived an upgrade of its workers)
+    has a helper that does not know --limit: the first call installs the current one."""
+    source = subprocess.run(["git", "show", f"{OLD_HELPER_COMMIT}:tasks/helper/tp_session.c"], cwd=ROOT,
+                            capture_output=True, check=True).stdout
+    (tmp_path / "tp_session.c").write_bytes(source)
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(tmp_path / "tp-session"), str(tmp_path / "tp_session.c"),
+                    "-lutil"], check=True, capture_output=True)
+    container = docker_client.containers.run(base_image, ["sleep", "infinity"], detach=True)
+    try:
+        prepare_container(container)
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.add(tmp_path / "tp-session", arcname=HELPER_PATH.lstrip("/"))
+        assert container.put_archive("/", archive.getvalue())
+        limits = OutputLimits(SESSION_LIMIT, OBSERVATION_LIMIT)
+        reply = run_tool(container, "shell_exec", {"id": "a", "command": "echo hi"}, _Sessions(), limits=limits)
+        assert reply == "hi\n"
+    finally:
+        container.remove(force=True)
