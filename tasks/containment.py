@@ -253,14 +253,14 @@ def install(cfg: Settings) -> Guard | None:
         container = _own_container()
         guard = guard_from_settings(cfg, own_bridges(container) if container is not None else ())
         execute(script(guard, guard.comment), cfg.socket_dir, container)
-        log.info("containment: task containers cannot reach ports %s here, nor %s",
-                 guard.local_ports, [f"{a}:{p or '*'}" for a, p in guard.remote] or "anything elsewhere")
+        log.info("containment: task containers are refused ports %s of this host and %s elsewhere",
+                 guard.local_ports, [f"{a}:{p or '*'}" for a, p in guard.remote] or "nothing")
         return guard
-    except Exception:
+    except Exception as exc:
         if cfg.containment == "require":
             raise
-        log.exception("containment: rules NOT installed; task containers may reach termpool's services "
-                      "(CONTAINMENT=require makes this fatal, CONTAINMENT=off silences it)")
+        log.error("containment: rules NOT installed (%s: %s); task containers may reach termpool's services "
+                  "(CONTAINMENT=require makes this fatal, CONTAINMENT=off silences it)", type(exc).__name__, exc)
         return None
 
 
