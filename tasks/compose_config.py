@@ -114,6 +114,11 @@ def unsupported(resolved: dict, task_dir: Path) -> list[str]:
     for key, net in (resolved.get("networks") or {}).items():
         if net.get("external"):
             problems.append(f"network {key!r} is external: a task may only use its own networks")
+        # Containment's packet filter (tasks/containment.py) knows task networks by Docker's bridge names.
+        if (net.get("driver") or "bridge") != "bridge":
+            problems.append(f"network {key!r} uses driver {net['driver']!r}; only bridge networks")
+        if "com.docker.network.bridge.name" in (net.get("driver_opts") or {}):
+            problems.append(f"network {key!r} names its bridge; termpool's packet filter needs Docker's own names")
     return problems
 
 

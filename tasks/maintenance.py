@@ -48,15 +48,20 @@ def reconcile_hosts(self):
 
 @shared_task(name="pool.reap", bind=True)
 def reap(self):
-    """Release idle runs and queue their teardown; re-queue teardowns that were lost."""
+    """Release idle runs and leases never reset, queue their teardown; re-queue teardowns
+    that were lost."""
     from tasks.dispatch import enqueue_close  # the same path the facade uses
 
     cfg = settings()
     hosts = set(store().live_hosts()) | {cfg.host_id}
     reaped = []
     for host in hosts:
-        for run_id in store().idle_runs(host, cfg.run_idle_ttl):
-            if store().release(run_id, reason="idle"):
+        # An /allocate never followed by a reset holds a slot; heartbeats do not extend it.
+        candidates = [(run_id, "idle", "") for run_id in store().idle_runs(host, cfg.run_idle_ttl)]
+        candidates += [(run_id, "never_reset", "allocated")
+                       for run_id in store().never_reset_runs(host, cfg.allocated_ttl)]
+        for run_id, reason, only_state in candidates:
+            if store().release(run_id, reason=reason, only_state=only_state):
                 enqueue_close(self.app, store(), run_id, host)
                 reaped.append(run_id)
         for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):

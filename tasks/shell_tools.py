@@ -29,6 +29,7 @@ import struct
 import tarfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
@@ -36,6 +37,7 @@ import requests
 
 from tasks.session_helper import (HELPER_PATH, WORKSPACE, container_user, is_root, prepare_container,
                                   session_dir, start_server)
+from termpool.config import settings
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,9 @@ WRITE_FAILED = "Error writing to file '{path}' in Docker container: {reason}"
 KILLED = "Process in session '{id}' has been terminated."
 NOT_RUNNING = "Session '{id}' is not running."
 
+# Added where output was cut (OutputLimits); the texts above are otherwise never changed.
+OMITTED = "[... {count} earlier {unit} of output not shown (output limit) ...]\n"
+
 KIND_INTERACTIVE = "interactive"  # started with block false/null: pty, open stdin
 KIND_BLOCKING = "blocking"  # a blocking command that outlived its timeout
 
@@ -110,8 +115,43 @@ def _is_infrastructure_error(exc: BaseException) -> bool:
     return module == "redis" or module.startswith("redis.")
 
 
+@dataclass(frozen=True)
+class OutputLimits:
+    """How much output a session keeps on disk (bytes; the oldest is dropped beyond it) and
+    how long one observation may be (characters; the newest part is kept)."""
+
+    session_bytes: int
+    observation_chars: int
+
+    @classmethod
+    def from_settings(cls) -> "OutputLimits":
+        cfg = settings()
+        return cls(cfg.session_output_limit, cfg.observation_limit)
+
+    @property
+    def read_bytes(self) -> int:
+        """The most output bytes one observation asks the helper for: with its note and status
+        text the observation then stays within observation_chars (a byte is at most a character)."""
+        return max(self.observation_chars - _NOTE_RESERVE, 1)
+
+
+_NOTE_RESERVE = 512  # longer than the omitted-output note plus any status text after the output
+
+
+def cap_text(text: str, limit: int) -> str:
+    """text, or its newest part behind an OMITTED note, in at most `limit` characters."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    keep = max(limit - _NOTE_RESERVE, 0)
+    return OMITTED.format(count=len(text) - keep, unit="characters") + text[len(text) - keep:]
+
+
+def _with_omitted(text: str, dropped: int) -> str:
+    return OMITTED.format(count=dropped, unit="bytes") + text if dropped > 0 else text
+
+
 def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
-             ctl_socket: str | None = None) -> str:
+             ctl_socket: str | None = None, limits: OutputLimits | None = None) -> str:
     """Run one tool call in `container` and return the observation text.
 
     `arguments` are passed exactly as the model wrote them; errors become
@@ -122,7 +162,14 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
     ...}})`): only its id, client and Config.User are used. `ctl_socket` is the host path of the
     container's tp-session server socket (prepare_container(serve=True)); when nobody answers
     there, the call goes through `docker exec` and the server is restarted in the background.
+    `limits` defaults to the settings' (SESSION_OUTPUT_LIMIT, OBSERVATION_LIMIT).
     """
+    limits = limits or OutputLimits.from_settings()
+    return cap_text(_run_tool(container, name, arguments, sessions, expose_kill, ctl_socket, limits),
+                    limits.observation_chars)
+
+
+def _run_tool(container, name, arguments, sessions, expose_kill, ctl_socket, limits) -> str:
     tool = _TOOLS.get(name) if isinstance(name, str) else None
     if tool is None or (tool is shell_kill_process and not expose_kill):
         return f"[TOOL_ERROR] unknown tool: {name}"
@@ -131,7 +178,7 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
             arguments = {}
         if not isinstance(arguments, dict):
             raise TypeError(f"arguments must be an object, not {type(arguments).__name__}")
-        return tool(_Context(container, sessions, ctl_socket), **arguments)
+        return tool(_Context(container, sessions, ctl_socket, limits), **arguments)
     except Exception as exc:
         if _is_infrastructure_error(exc):
             raise
@@ -140,10 +187,19 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
 
 # ---- plumbing -----------------------------------------------------------------------------
 class _Context:
-    def __init__(self, container, sessions, ctl_socket: str | None = None):
+    def __init__(self, container, sessions, ctl_socket: str | None, limits: OutputLimits):
         self.container = container
         self.sessions = sessions
         self.ctl_socket = ctl_socket
+        self.limits = limits
+
+    @property
+    def spawn_limits(self) -> list[str]:
+        return ["--limit", str(self.limits.session_bytes), "--max", str(self.limits.read_bytes)]
+
+    @property
+    def read_max(self) -> list[str]:
+        return ["--max", str(self.limits.read_bytes)]
 
     def session(self, sid: str) -> dict:
         record = self.sessions.get(sid) or {}
@@ -209,11 +265,19 @@ class _Context:
                environment: dict | None = None) -> tuple[list[str], bytes]:
         """Run tp-session; returns its header line's fields and the raw bytes after it."""
         out, err = self.run_helper(args, workdir, environment)
+        if (err or out).startswith(_OLD_SPAWN_USAGE):
+            # A helper from before the output limits (a container that outlived an upgrade of
+            # the workers): install the current one, whose arguments these are, and retry.
+            prepare_container(self.container)
+            out, err = self.run_helper(args, workdir, environment)
         head, newline, body = out.partition(b"\n")
         if not newline or not head or out.startswith((b"OCI runtime", b"tp-session: ")):
             detail = (err or out).decode("utf-8", "replace").strip(". \n")
             raise RuntimeError(f"tp-session {args[0]} failed: {detail or 'no output'}")
         return head.decode("ascii", "replace").split(), body
+
+
+_OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv..."
 
 
 # ---- the server's socket (protocol: cmd_serve in tp_session.c) ---------------------------
@@ -322,6 +386,11 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _dropped(head: list[str], index: int) -> int:
+    """The helper's count of output bytes it did not send (limits), from its header line."""
+    return int(head[index]) if len(head) > index else 0
+
+
 def _require_str(name: str, value) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, not {type(value).__name__}")
@@ -376,16 +445,17 @@ def shell_exec(ctx: _Context, /, id, command, block=True, timeout=20.0) -> str:
     sdir = session_dir(id)
     if block:
         wait = "-1" if timeout is None or timeout == math.inf else repr(max(float(timeout), 0.0))
-        head, body = ctx.helper(["spawn", sdir, "0", wait, "--", "bash", "-c", command], workdir=WORKSPACE)
+        head, body = ctx.helper(["spawn", sdir, "0", wait, *ctx.spawn_limits, "--", "bash", "-c", command],
+                                workdir=WORKSPACE)
         if head[0] == "done":
-            text = _clean(body)
+            text = _with_omitted(_clean(body), _dropped(head, 2))
             return text if text.strip() else NO_OUTPUT
         if head[0] == "timeout":
             ctx.sessions.set(id, kind=KIND_BLOCKING, offset="0", done="0")
             return TIMED_OUT.format(timeout=timeout, id=id)
     else:
-        head, _ = ctx.helper(["spawn", sdir, "1", "-", "--", "bash", "-c", command], workdir=WORKSPACE,
-                             environment={"PYTHONUNBUFFERED": "1"})
+        head, _ = ctx.helper(["spawn", sdir, "1", "-", *ctx.spawn_limits, "--", "bash", "-c", command],
+                             workdir=WORKSPACE, environment={"PYTHONUNBUFFERED": "1"})
         if head[0] == "exists":
             return EXISTS.format(id=id)
         if head[0] == "started":
@@ -403,21 +473,21 @@ def shell_view(ctx: _Context, /, id) -> str:
     if record.get("kind") == KIND_BLOCKING:
         if record.get("done") == "1":
             return TERMINATED_NO_NEW
-        head, body = ctx.helper(["read", session_dir(id), "0", "--if-exited"])
+        head, body = ctx.helper(["read", session_dir(id), "0", "--if-exited", *ctx.read_max])
         if head[0] == "missing":
             return NO_SESSION.format(id=id)
         if head[0] == "running":
             return STILL_RUNNING
         ctx.sessions.set(id, done="1", offset=head[1])
-        return _clean(body) + COMPLETED
-    head, body = ctx.helper(["read", session_dir(id), str(offset)])
+        return _with_omitted(_clean(body), _dropped(head, 3)) + COMPLETED
+    head, body = ctx.helper(["read", session_dir(id), str(offset), *ctx.read_max])
     if head[0] == "missing":
         return NO_SESSION.format(id=id)
-    exited = head[0] == "exited"
+    exited, dropped = head[0] == "exited", _dropped(head, 3)
     used = len(body) if exited else _complete_len(body)
-    if used:
-        ctx.sessions.set(id, offset=str(offset + used))
-    text = _clean(body[:used], pty=True)
+    if used or dropped:
+        ctx.sessions.set(id, offset=str(offset + dropped + used))
+    text = _with_omitted(_clean(body[:used], pty=True), dropped)
     if exited:
         return text + TERMINATED if text else TERMINATED_NO_NEW
     return text if text else IDLE
@@ -429,13 +499,13 @@ def shell_write_to_process(ctx: _Context, /, id, command) -> str:
     record = ctx.session(id)
     if record.get("kind") != KIND_INTERACTIVE:
         return NO_ACTIVE.format(id=id)
-    head, body = ctx.helper(["write", session_dir(id), command])
+    head, body = ctx.helper(["write", session_dir(id), command, *ctx.read_max])
     if head[0] not in ("running", "exited"):
         return NO_ACTIVE.format(id=id)
-    exited, start, capped = head[0] == "exited", int(head[1]), head[3] == "1"
+    exited, start, capped, dropped = head[0] == "exited", int(head[1]), head[3] == "1", _dropped(head, 4)
     used = len(body) if exited else _complete_len(body)
-    ctx.sessions.set(id, offset=str(start + used))
-    text = _clean(body[:used], pty=True)
+    ctx.sessions.set(id, offset=str(start + dropped + used))
+    text = _with_omitted(_clean(body[:used], pty=True), dropped)
     if exited:
         return text + WRITE_TERMINATED
     if capped:

@@ -10,6 +10,7 @@ import socket
 import sys
 import tempfile
 
+from tasks import containment
 from tasks.celery_app import MAINTENANCE_QUEUE, celery_app, queue_name
 from termpool.config import QUEUE_KINDS, settings
 
@@ -44,6 +45,9 @@ def beat_argv() -> list[str]:
 def main(args: list[str]) -> None:
     if len(args) != 1 or args[0] not in (*QUEUE_KINDS, "beat"):
         sys.exit(f"usage: python -m tasks.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
+    if args[0] != "beat":
+        # Before any job is taken: task containers must not reach this pool's services.
+        containment.install(settings())
     celery_app.start(beat_argv() if args[0] == "beat" else worker_argv(args[0]))
 
 

@@ -27,6 +27,18 @@ def _bool(env, name: str, default: bool = False) -> bool:
     return default if not raw else raw in ("1", "true", "yes", "on")
 
 
+def _list(env, name: str, default: str = "") -> tuple:
+    return tuple(item.strip() for item in _str(env, name, default).split(",") if item.strip())
+
+
+def _containment(env) -> str:
+    raw = _str(env, "CONTAINMENT", "on").lower()
+    value = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(raw, raw)
+    if value not in ("on", "off", "require"):
+        raise ValueError(f"CONTAINMENT must be on, off or require, not {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Per-operation time limits in seconds; a request may override any of them."""
@@ -53,6 +65,7 @@ class Settings:
     max_tasks: int
     max_runs_per_task: int
     run_idle_ttl: float
+    allocated_ttl: float
     max_concurrent_closes: int
     image_source: str
     pull_prefix: str
@@ -70,6 +83,12 @@ class Settings:
     flower_basic_auth: str
     expose_kill_tool: bool
     warm_pool_size: int
+    session_output_limit: int
+    observation_limit: int
+    flower_port: int
+    containment: str
+    containment_interfaces: tuple
+    containment_block: tuple
     socket_dir: Path
     web_workers: int
     web_threads: int
@@ -112,6 +131,7 @@ def load_settings(env=None) -> Settings:
         max_tasks=max_tasks,
         max_runs_per_task=max_runs,
         run_idle_ttl=_float(env, "WORKER_RUN_IDLE_TTL", 600.0),
+        allocated_ttl=_float(env, "WORKER_ALLOCATED_TTL", 120.0),
         max_concurrent_closes=max_closes,
         image_source=source,
         pull_prefix=_str(env, "TBENCH_DOCKER_PULL_PREFIX"),
@@ -130,10 +150,16 @@ def load_settings(env=None) -> Settings:
         host_id=_str(env, "POOL_HOST_ID", socket.gethostname()),
         concurrency=_concurrency(env, max_tasks, max_runs, max_closes),
         api_token=_str(env, "POOL_API_TOKEN"),
-        allowed_clients=tuple(c.strip() for c in _str(env, "POOL_ALLOWED_CLIENTS").split(",") if c.strip()),
+        allowed_clients=_list(env, "POOL_ALLOWED_CLIENTS"),
         flower_basic_auth=_str(env, "FLOWER_BASIC_AUTH"),
         expose_kill_tool=_bool(env, "POOL_EXPOSE_KILL_TOOL"),
         warm_pool_size=_int(env, "WARM_POOL_SIZE", 0),
+        session_output_limit=_int(env, "SESSION_OUTPUT_LIMIT", 16 << 20),
+        observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
+        flower_port=_int(env, "FLOWER_PORT", 5555),
+        containment=_containment(env),
+        containment_interfaces=_list(env, "CONTAINMENT_INTERFACES", "docker0,br-+"),
+        containment_block=_list(env, "CONTAINMENT_BLOCK"),
         socket_dir=Path(_str(env, "POOL_SOCKET_DIR", "/run/termpool")),
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),

@@ -101,6 +101,7 @@ _RELEASE = """
 local run_key = 'tp:run:' .. ARGV[1]
 local state = redis.call('HGET', run_key, 'state')
 if not state or state == 'closing' or state == 'closed' then return 0 end
+if ARGV[4] ~= '' and state ~= ARGV[4] then return 0 end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
 local keys_key = 'tp:host:' .. host .. ':keys'
 if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
@@ -244,9 +245,10 @@ class Store:
         """Atomically move a run to to_state only if it is in one of from_states."""
         return bool(self._transition(keys=[PREFIX + "run:" + run_id], args=[to_state, *from_states]))
 
-    def release(self, run_id: str, reason: str = "closed") -> bool:
-        """Free the run's capacity slot and mark it closing; False if already released."""
-        return bool(self._release(args=[run_id, reason, time.time()]))
+    def release(self, run_id: str, reason: str = "closed", only_state: str = "") -> bool:
+        """Free the run's capacity slot and mark it closing; False if already released (or,
+        with only_state, when the run is no longer in that state)."""
+        return bool(self._release(args=[run_id, reason, time.time(), only_state]))
 
     def mark_closed(self, run_id: str, error: str = "") -> None:
         host = self.r.hget(PREFIX + "run:" + run_id, "host")
@@ -263,6 +265,18 @@ class Store:
 
     def idle_runs(self, host: str, idle_ttl: float) -> list[str]:
         return self.r.zrangebyscore(f"{PREFIX}host:{host}:live", "-inf", time.time() - idle_ttl)
+
+    def never_reset_runs(self, host: str, older_than: float) -> list[str]:
+        """Runs allocated more than older_than seconds ago that were never reset or started."""
+        runs = self.live_runs(host)
+        if not runs:
+            return []
+        pipe = self.r.pipeline()
+        for run_id in runs:
+            pipe.hmget(PREFIX + "run:" + run_id, "state", "created_at", "start_job")
+        cutoff = time.time() - older_than
+        return [run_id for run_id, (state, created, start_job) in zip(runs, pipe.execute())
+                if state == "allocated" and not start_job and created is not None and float(created) < cutoff]
 
     def live_runs(self, host: str) -> list[str]:
         return self.r.zrange(f"{PREFIX}host:{host}:live", 0, -1)

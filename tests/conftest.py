@@ -146,3 +146,15 @@ def _pings(client) -> bool:
         return client.ping()
     except Exception:
         return False
+
+
+def private_stack(docker_client, env: dict, beat: bool = False):
+    """A stack of its own with these settings, for a module fixture (`yield from`); checks that
+    it left no containers behind."""
+    s = Stack(env=env, beat=beat).start()
+    yield s
+    s.stop()
+    left = leftovers(docker_client, s.host_id)
+    for name in left:
+        docker_client.containers.get(name).remove(force=True)
+    assert not left, f"containers leaked: {left}"

@@ -126,6 +126,19 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.procs.clear()
+        self._remove_containment()
+
+    def _remove_containment(self) -> None:
+        """Drop the packet-filter rules this stack's workers installed (tasks/containment.py)."""
+        from tasks import containment
+        from termpool.config import load_settings
+
+        cfg = load_settings(self.env)
+        if cfg.containment != "off":
+            try:
+                containment.remove(cfg)
+            except Exception:
+                pass  # no iptables here (not root): the workers installed nothing either
 
     def _wait(self, check, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

@@ -3,19 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Router, leftovers, wait_for
-from tests.stack import Stack
+from termpool.state import Store
+from tests.conftest import Router, private_stack, wait_for
 
 
 @pytest.fixture(scope="module")
 def short_ttl_stack(base_image, docker_client):
-    s = Stack(env={"WORKER_RUN_IDLE_TTL": "3"}, beat=True).start()
-    yield s
-    s.stop()
-    left = leftovers(docker_client, s.host_id)
-    for name in left:
-        docker_client.containers.get(name).remove(force=True)
-    assert not left
+    yield from private_stack(docker_client, {"WORKER_RUN_IDLE_TTL": "3"}, beat=True)
 
 
 def test_idle_run_is_reaped(short_ttl_stack, docker_client):
@@ -55,3 +49,36 @@ def test_worker_start_reconciles_orphans(short_ttl_stack, docker_client, base_im
             return True
 
     assert wait_for(gone, 30), "orphaned container survived the worker's reconcile"
+
+
+@pytest.fixture(scope="module")
+def short_allocated_ttl_stack(base_image, docker_client):
+    yield from private_stack(docker_client, {"WORKER_ALLOCATED_TTL": "3"}, beat=True)
+
+
+def test_lease_never_reset_is_released(short_allocated_ttl_stack, docker_client):
+    import time
+
+    stack = short_allocated_ttl_stack
+    router = Router(stack)
+    lease = router.allocate("hello-file")
+    # Heartbeats keep it from being idle; the allocated TTL still releases it.
+    deadline = time.monotonic() + 60
+    while stack.post("/heartbeat", {"lease_id": lease}).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    run = Store(stack.redis).get_run(lease)
+    assert run["state"] in ("closing", "closed") and run["closing_reason"] == "never_reset", run
+    assert wait_for(lambda: stack.get("/status").json()["pool"]["total_active_runs"] == 0, 30)
+
+
+def test_reset_lease_outlives_the_allocated_ttl(short_allocated_ttl_stack, docker_client):
+    import time
+
+    stack = short_allocated_ttl_stack
+    router = Router(stack)
+    lease = router.allocate("hello-file")
+    assert router.reset(lease, "hello-file").status_code == 200
+    time.sleep(15)  # several reaper rounds past the 3 s TTL
+    assert stack.post("/heartbeat", {"lease_id": lease}).json() == {"ok": True}
+    assert router.close(lease)["found"] is True
+    assert wait_for(lambda: not router.run_containers(docker_client, lease), 60)

@@ -7,25 +7,34 @@
  * session directory inside the container, so a session outlives the Python
  * worker that started it:
  *
- *   DIR/out   everything the command printed (stdout+stderr, or the pty)
+ *   DIR/out   everything the command printed (stdout+stderr, or the pty); a
+ *             sparse file once it passed the session's output limit
+ *   DIR/base  offset below which out was dropped (a hole), when it was
  *   DIR/in    FIFO feeding the command's stdin (non-blocking sessions)
  *   DIR/pid   "<supervisor pid> <supervisor start time> <command pid>"
  *   DIR/rc    exit status, written only after all output is in DIR/out
  *
  * Subcommands (headers are one text line; raw output bytes follow):
- *   spawn DIR PTY WAIT -- argv...
+ *   spawn DIR PTY WAIT [--limit BYTES] [--max BYTES] -- argv...
  *       WAIT "-": non-blocking; prints "started" or "exists" (DIR is running).
  *       WAIT seconds (<0: no limit): blocking; runs in a scratch dir next to
- *       DIR and prints "done <rc>" + output, or "timeout" after it has moved
- *       the still-running command to DIR.
- *   read DIR OFFSET [--if-exited]
- *       "<running|exited|missing> <end> <rc>" + bytes of out [OFFSET, end).
- *       With --if-exited the bytes are sent only when the command has ended.
- *   write DIR TEXT
+ *       DIR and prints "done <rc> <dropped>" + output, or "timeout" after it
+ *       has moved the still-running command to DIR.
+ *       --limit: at most this much output is kept on disk (default 16 MiB,
+ *       0: no limit); older output is dropped, the command carries on.
+ *   read DIR OFFSET [--if-exited] [--max BYTES]
+ *       "<running|exited|missing> <end> <rc> <dropped>" + bytes of out
+ *       [OFFSET + dropped, end).  With --if-exited the bytes are sent only
+ *       when the command has ended.
+ *   write DIR TEXT [--max BYTES]
  *       Sends TEXT+"\n" to the stdin of a running session, then collects the
  *       output until quiet for 0.5 s (5 s at most).  Output that was there
  *       before the write is skipped.  Prints "norun", or
- *       "<running|exited> <start> <end> <capped 0|1>" + bytes [start, end).
+ *       "<running|exited> <start> <end> <capped 0|1> <dropped>" + bytes
+ *       [start + dropped, end).
+ *   Output is sent newest first: `dropped` counts the bytes of the asked
+ *   range that are not sent, because the limit dropped them or --max (the
+ *   most bytes to send) left them out.
  *   kill DIR                 -> "killed" or "notrunning"
  *   mkparents PATH           -> create PATH's parent dirs; "<uid> <gid>" of the caller
  *   put PATH < content       -> write a file as put_archive would; "ok" (see cmd_put)
@@ -188,18 +197,99 @@ static off_t file_size(int fd)
     return fstat(fd, &sb) == 0 ? sb.st_size : 0;
 }
 
-/* Send bytes [from, to) of fd to stdout. */
-static void copy_range(int fd, off_t from, off_t to)
+/* ------------------------------------------------------- the output limit */
+
+#define DEFAULT_LIMIT ((off_t)16 << 20)
+
+/* Where out still has its bytes: everything below was punched out. */
+static off_t read_base(int dfd)
 {
-    char buf[65536];
-    while (from < to) {
-        size_t want = (size_t)(to - from) < sizeof buf ? (size_t)(to - from) : sizeof buf;
-        ssize_t n = pread(fd, buf, want, from);
+    char buf[64];
+    return dfd >= 0 && read_small(dfd, "base", buf, sizeof buf) > 0 ? (off_t)strtoll(buf, NULL, 10) : 0;
+}
+
+/*
+ * The supervisor's writes to out.  Past the limit, the oldest output is
+ * punched out of the file (a hole: no disk space; offsets stay valid, so
+ * readers keep their place) down to half the limit, and DIR/base says where
+ * the bytes start again.  base is written before the punch, so a reader that
+ * checks it again after reading knows which of its bytes may be zeros.
+ */
+struct sink {
+    int dfd, fd, broken;
+    off_t limit, base;
+};
+
+static void sink_write(struct sink *s, const char *buf, size_t n)
+{
+    if (s->broken) return; /* no holes on this filesystem: stop storing output */
+    write_all(s->fd, buf, n);
+    off_t size = file_size(s->fd);
+    if (s->limit <= 0 || size - s->base <= s->limit) return;
+    off_t cut = (size - s->limit / 2) & ~(off_t)4095;
+    if (cut <= s->base) return;
+    char line[32];
+    snprintf(line, sizeof line, "%lld\n", (long long)cut);
+    write_small(s->dfd, "base", line);
+    if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, cut) < 0) {
+        s->broken = 1;
+        return;
+    }
+    s->base = cut;
+}
+
+/* Bytes [from + dropped, from + dropped + len) of out, read into memory. */
+struct range {
+    off_t dropped;
+    size_t len;
+    char *data;
+};
+
+/* Read [from, to) of out, the newest `max` bytes at most (0: no limit), leaving
+ * out what the limit dropped, even while we read.  The caller prints its
+ * header, then send_range(). */
+static struct range load_range(int dfd, int fd, off_t from, off_t to, off_t max)
+{
+    struct range r = {0, 0, NULL};
+    off_t start = from, base = read_base(dfd);
+    if (start < base) start = base;
+    if (max > 0 && to - start > max) start = to - max;
+    if (start > to) start = from > to ? from : to;
+    if (fd < 0 || start >= to || (r.data = malloc((size_t)(to - start))) == NULL) {
+        r.dropped = start - from;
+        return r;
+    }
+    while (start + (off_t)r.len < to) {
+        ssize_t n = pread(fd, r.data + r.len, (size_t)(to - start) - r.len, start + (off_t)r.len);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
-        if (write_all(1, buf, (size_t)n) < 0) break;
-        from += n;
+        r.len += (size_t)n;
     }
+    base = read_base(dfd); /* punched while we read: those bytes may be zeros */
+    if (base > start) {
+        size_t skip = base - start < (off_t)r.len ? (size_t)(base - start) : r.len;
+        memmove(r.data, r.data + skip, r.len - skip);
+        r.len -= skip;
+        start += (off_t)skip;
+    }
+    r.dropped = start - from;
+    return r;
+}
+
+static void send_range(struct range *r)
+{
+    fflush(stdout); /* the header first */
+    if (r->len) write_all(1, r->data, r->len);
+    free(r->data);
+    r->data = NULL;
+}
+
+/* "--name VALUE" options of a subcommand, from argv[i] on; stops at "--". */
+static off_t option(int argc, char **argv, int i, const char *name, off_t dflt)
+{
+    for (; i < argc - 1 && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], name) == 0) return (off_t)strtoll(argv[i + 1], NULL, 10);
+    return dflt;
 }
 
 /* Remove a session directory (it only ever holds plain files and a FIFO). */
@@ -243,7 +333,7 @@ static void exec_command(char **argv, int pty)
  * ppoll() with SIGCHLD unblocked only inside the call gives a race-free wakeup
  * when the child ends.
  */
-static int pump_pty(int master, int fifo, int outfd, pid_t child, const sigset_t *waitmask)
+static int pump_pty(int master, int fifo, struct sink *out, pid_t child, const sigset_t *waitmask)
 {
     char buf[65536], in[4096];
     size_t inlen = 0, inpos = 0;
@@ -265,7 +355,7 @@ static int pump_pty(int master, int fifo, int outfd, pid_t child, const sigset_t
         if (ppoll(fds, (nfds_t)n, NULL, waitmask) < 0) continue; /* EINTR: SIGCHLD */
         if (mi >= 0 && (fds[mi].revents & (POLLIN | POLLHUP | POLLERR))) {
             ssize_t r = read(master, buf, sizeof buf);
-            if (r > 0) write_all(outfd, buf, (size_t)r);
+            if (r > 0) sink_write(out, buf, (size_t)r);
             else if (r == 0 || (errno != EAGAIN && errno != EINTR)) master_open = 0; /* EIO: slave closed */
         }
         if (mi >= 0 && (fds[mi].revents & POLLOUT) && inpos < inlen) {
@@ -289,10 +379,46 @@ static int pump_pty(int master, int fifo, int outfd, pid_t child, const sigset_t
         struct pollfd p = {master, POLLIN, 0};
         if (poll(&p, 1, 100) <= 0) break;
         ssize_t r = read(master, buf, sizeof buf);
-        if (r > 0) write_all(outfd, buf, (size_t)r);
+        if (r > 0) sink_write(out, buf, (size_t)r);
         else if (r == 0 || (errno != EAGAIN && errno != EINTR)) break;
     }
     return status;
+}
+
+/*
+ * Without a pty the command writes into a pipe (O_NONBLOCK) that we copy to
+ * DIR/out, so the limit holds.  Returns once the command has exited and what
+ * it wrote is copied; *eof says whether nothing else holds the pipe (a
+ * process it left in the background may, and may write later: drain_pipe).
+ */
+static int pump_pipe(int rd, struct sink *out, pid_t child, const sigset_t *waitmask, int *eof)
+{
+    char buf[65536];
+    int status = 0;
+    *eof = 0;
+    for (;;) {
+        pid_t w = waitpid(child, &status, WNOHANG);
+        int exited = w == child || (w < 0 && errno == ECHILD);
+        ssize_t r;
+        while ((r = read(rd, buf, sizeof buf)) > 0) sink_write(out, buf, (size_t)r);
+        if (r == 0) *eof = 1;
+        if (exited) return status;
+        struct pollfd pf = {rd, POLLIN, 0};
+        ppoll(&pf, *eof ? 0 : 1, NULL, waitmask); /* wakes on output or SIGCHLD */
+    }
+}
+
+/* Copy what background processes still write until none holds the pipe. */
+static void drain_pipe(int rd, struct sink *out)
+{
+    char buf[65536];
+    for (;;) {
+        struct pollfd pf = {rd, POLLIN, 0};
+        if (poll(&pf, 1, -1) < 0 && errno != EINTR) return;
+        ssize_t r = read(rd, buf, sizeof buf);
+        if (r > 0) sink_write(out, buf, (size_t)r);
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) return;
+    }
 }
 
 /* Point stdio at /dev/null: `docker exec` (or the socket client) waits until a
@@ -307,7 +433,7 @@ static void release_stdio(void)
 }
 
 /* The detached process that owns the command for the life of the session. */
-static void supervise(const char *wdir, int pty, int interactive, int ready_fd, char **argv)
+static void supervise(const char *wdir, int pty, int interactive, off_t limit, int ready_fd, char **argv)
 {
     release_stdio();
     signal(SIGPIPE, SIG_IGN);
@@ -326,8 +452,9 @@ static void supervise(const char *wdir, int pty, int interactive, int ready_fd, 
     int dfd = open_dir(wdir);
     int outfd = openat(dfd, "out", O_WRONLY | O_APPEND | O_CLOEXEC);
     if (dfd < 0 || outfd < 0) _exit(1);
+    struct sink out = {dfd, outfd, 0, limit, 0};
     pid_t child;
-    int master = -1, fifo = -1;
+    int master = -1, fifo = -1, pipefd[2] = {-1, -1};
     if (pty) {
         /* O_RDWR: we hold a writer ourselves, so the FIFO never reports EOF. */
         fifo = openat(dfd, "in", O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -335,17 +462,20 @@ static void supervise(const char *wdir, int pty, int interactive, int ready_fd, 
         child = forkpty(&master, NULL, NULL, &ws);
         if (child == 0) exec_command(argv, 1);
     } else {
+        if (pipe2(pipefd, O_CLOEXEC) < 0) _exit(1);
+        fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
         child = fork();
         if (child == 0) {
             setsid(); /* own session: `kill` can find everything it started */
             int in = interactive ? openat(dfd, "in", O_RDWR) : open("/dev/null", O_RDONLY);
             dup2(in, 0);
             if (in > 2) close(in);
-            /* One file description for both: merged in arrival order. */
-            dup2(outfd, 1);
-            dup2(outfd, 2);
+            /* One pipe for both: merged in arrival order. */
+            dup2(pipefd[1], 1);
+            dup2(pipefd[1], 2);
             exec_command(argv, 0);
         }
+        close(pipefd[1]);
     }
     if (child < 0) _exit(1);
 
@@ -357,27 +487,39 @@ static void supervise(const char *wdir, int pty, int interactive, int ready_fd, 
     write_small(dfd, "pid", line);
     write_all(ready_fd, "R", 1);
 
-    int status = 0;
+    int status = 0, eof = 1;
     if (pty) {
-        status = pump_pty(master, fifo, outfd, child, &waitmask);
+        status = pump_pty(master, fifo, &out, child, &waitmask);
     } else {
-        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+        status = pump_pipe(pipefd[0], &out, child, &waitmask, &eof);
     }
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     snprintf(line, sizeof line, "%d\n", rc);
     write_small(dfd, "rc", line); /* last: rc present => out is complete */
+    /* Background leftovers still hold the pipe: a child of ours keeps copying
+     * their output (under the limit; into nothing once a blocking command's
+     * scratch dir is gone), so they never get EPIPE, and we end now. */
+    if (!eof && fork() == 0) {
+        close(ready_fd);
+        drain_pipe(pipefd[0], &out);
+        _exit(0);
+    }
     _exit(0); /* closing ready_fd tells a waiting foreground we are done */
 }
 
 static int cmd_spawn(int argc, char **argv)
 {
-    if (argc < 7 || strcmp(argv[5], "--") != 0)
-        die("usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv...");
+    int dash = 5;
+    while (dash < argc && strcmp(argv[dash], "--") != 0) dash++;
+    if (argc < 7 || dash >= argc - 1)
+        die("usage: spawn DIR PTY(0|1) WAIT(-|seconds) [--limit BYTES] [--max BYTES] -- argv...");
     const char *dir = argv[2];
     int pty = atoi(argv[3]);
     int blocking = strcmp(argv[4], "-") != 0;
     double timeout = blocking ? strtod(argv[4], NULL) : 0;
-    char **cmd = argv + 6;
+    off_t limit = option(argc, argv, 5, "--limit", DEFAULT_LIMIT);
+    off_t max = option(argc, argv, 5, "--max", 0);
+    char **cmd = argv + dash + 1;
     char wdir[4096];
     int rc;
 
@@ -416,7 +558,7 @@ static int cmd_spawn(int argc, char **argv)
     if (sup == 0) {
         close(p[0]);
         setsid();
-        supervise(wdir, pty, !blocking, p[1], cmd);
+        supervise(wdir, pty, !blocking, limit, p[1], cmd);
     }
     close(p[1]);
     char c;
@@ -448,9 +590,9 @@ static int cmd_spawn(int argc, char **argv)
                 int sdfd = open_dir(wdir);
                 session_state(sdfd, &rc);
                 int fd = openat(sdfd, "out", O_RDONLY | O_CLOEXEC);
-                printf("done %d\n", rc);
-                fflush(stdout);
-                copy_range(fd, 0, file_size(fd));
+                struct range out = load_range(sdfd, fd, 0, fd < 0 ? 0 : file_size(fd), max);
+                printf("done %d %lld\n", rc, (long long)out.dropped);
+                send_range(&out);
                 remove_flat(wdir);
                 return 0;
             }
@@ -479,18 +621,20 @@ static int cmd_spawn(int argc, char **argv)
 
 static int cmd_read(int argc, char **argv)
 {
-    if (argc < 4) die("usage: read DIR OFFSET [--if-exited]");
+    if (argc < 4) die("usage: read DIR OFFSET [--if-exited] [--max BYTES]");
     off_t offset = strtoll(argv[3], NULL, 10);
     int if_exited = argc > 4 && strcmp(argv[4], "--if-exited") == 0;
+    off_t max = option(argc, argv, 4, "--max", 0);
     int rc, dfd = open_dir(argv[2]);
     /* State first: "exited" then guarantees every byte is already in out. */
     int st = session_state(dfd, &rc);
     int fd = dfd < 0 ? -1 : openat(dfd, "out", O_RDONLY | O_CLOEXEC);
     if (fd < 0) st = ST_MISSING;
     off_t end = fd < 0 ? 0 : file_size(fd);
-    printf("%s %lld %d\n", state_names[st], (long long)end, rc);
-    fflush(stdout);
-    if (fd >= 0 && !(if_exited && st == ST_RUNNING)) copy_range(fd, offset, end);
+    struct range out = {0, 0, NULL};
+    if (fd >= 0 && !(if_exited && st == ST_RUNNING)) out = load_range(dfd, fd, offset, end, max);
+    printf("%s %lld %d %lld\n", state_names[st], (long long)end, rc, (long long)out.dropped);
+    send_range(&out);
     return 0;
 }
 
@@ -512,7 +656,8 @@ static off_t utf8_boundary(int fd, off_t end)
 
 static int cmd_write(int argc, char **argv)
 {
-    if (argc < 4) die("usage: write DIR TEXT");
+    if (argc < 4) die("usage: write DIR TEXT [--max BYTES]");
+    off_t max = option(argc, argv, 4, "--max", 0);
     int rc, dfd = open_dir(argv[2]);
     int outfd = dfd < 0 ? -1 : openat(dfd, "out", O_RDONLY | O_CLOEXEC);
     if (session_state(dfd, &rc) != ST_RUNNING || outfd < 0) {
@@ -565,9 +710,10 @@ static int cmd_write(int argc, char **argv)
         }
     }
     off_t end = file_size(outfd);
-    printf("%s %lld %lld %d\n", state_names[st], (long long)start, (long long)end, capped);
-    fflush(stdout);
-    copy_range(outfd, start, end);
+    struct range out = load_range(dfd, outfd, start, end, max);
+    printf("%s %lld %lld %d %lld\n", state_names[st], (long long)start, (long long)end, capped,
+           (long long)out.dropped);
+    send_range(&out);
     return 0;
 }
 
