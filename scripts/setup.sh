@@ -16,6 +16,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
-"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
 
 bash tasks/helper/build.sh >/dev/null
