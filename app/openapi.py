@@ -2,7 +2,9 @@
 
 Kept as Python data next to the code rather than generated from it: the pool API's shapes
 are a compatibility contract that must not drift with refactors, and the test suite checks
-that every route the app serves is described here.
+that every route the app serves is described here. The input constraints (maxLength, pattern,
+bounds) are app/validation.py's constants, and tests/test_fuzz_openapi.py runs schemathesis to
+check that the document and the code agree on what is accepted and answered.
 """
 from __future__ import annotations
 
@@ -81,7 +83,8 @@ TOOL_NAME = {**ID, "description": "An unknown name is not an HTTP error: the obs
 RUN_ID = {"type": "string", "pattern": limits.RUN_ID_PATTERN}
 JOB_ID = {"type": "string", "pattern": limits.JOB_ID_PATTERN}
 FLAG = {"type": ["boolean", "null"], "default": False}
-LEASE = _obj(["lease_id"], lease_id={**ID, "description": "The run id from /allocate."})
+LEASE_ID = {**ID, "description": "The run id from /allocate."}
+LEASE = _obj(["lease_id"], lease_id=LEASE_ID)
 BAD_INPUT = _error("Bad input (code BAD_REQUEST): a field is missing or malformed, or the body is not UTF-8, holds "
                    f"a lone surrogate, or nests deeper than {limits.MAX_JSON_DEPTH}")
 TOO_LARGE = _error(f"The body is larger than {limits.MAX_BODY_BYTES} bytes (code PAYLOAD_TOO_LARGE)")
@@ -149,8 +152,7 @@ def _pool_paths() -> dict:
     lease_ops = {
         "/heartbeat": ("Mark the lease as used.", LEASE, _ok(), {"500": _error("Unknown run_lease_id")}),
         "/exec_tool": ("Run one tool call and wait for its observation.",
-                       _obj(["lease_id", "tool_call"], lease_id=LEASE["properties"]["lease_id"],
-                            tool_call=_ref("ToolCall")),
+                       _obj(["lease_id", "tool_call"], lease_id=LEASE_ID, tool_call=_ref("ToolCall")),
                        _ok(observation=STR), {"500": _error("Unknown lease, run not reset, or the call failed")}),
         "/evaluate": ("Run the task's tests and wait for the score.", LEASE, _ok(score=NUM),
                       {"500": _error("Unknown lease, run not reset, tests timed out or output unparseable")}),
@@ -173,9 +175,8 @@ def _pool_paths() -> dict:
         "/reset": {"post": _op("Start (or restart) the run's environment and wait for it.", {
             "200": _reply("Started", _ok(user_msg=STR, tool_schemas={"type": "array", "items": {"type": "object"}})),
             "500": _error("Unknown lease, or the start failed; error says why")},
-            _body(_obj(["lease_id", "task_meta"], lease_id=LEASE["properties"]["lease_id"],
-                       task_meta=_ref("TaskMeta"), run_ctx=_nullable(_ref("RunCtx")),
-                       task_timeouts=_ref("TaskTimeouts"))))},
+            _body(_obj(["lease_id", "task_meta"], lease_id=LEASE_ID, task_meta=_ref("TaskMeta"),
+                       run_ctx=_nullable(_ref("RunCtx")), task_timeouts=_ref("TaskTimeouts"))))},
     }
     for path, (summary, body, success, failures) in lease_ops.items():
         paths[path] = {"post": _op(summary, {"200": _reply("Done", success), **failures}, _body(body))}

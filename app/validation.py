@@ -25,7 +25,8 @@ MAX_PATH_LENGTH = 1024  # task_path, log_dir
 MAX_PATH_PART_BYTES = 255  # one component of a path (the file systems' NAME_MAX)
 MAX_TEXT_LENGTH = 1 << 20  # task_meta.instruction
 MIN_INTEGER, MAX_INTEGER = -(2**63), 2**63 - 1  # ids given as integers
-PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"  # no control character (C0, DEL, C1)
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"  # C0, DEL and C1: NUL, tab, newline, ESC, ...
+PRINTABLE_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
 TEXT_PATTERN = r"^[^\x00]*$"  # free text: newlines and tabs are fine, NUL is not
 RUN_ID_PATTERN = r"^run-[0-9a-f]{16}$"
 JOB_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -33,7 +34,7 @@ TIMEOUT_KEYS = ("ensure_image", "reset_session", "close_session", "eval")
 # MAX_TASK_NAME_LENGTH and TASK_NAME_PATTERN (Docker's naming rules, termpool/task_spec.py) are
 # imported here so that app/openapi.py finds every limit in this module.
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
