@@ -4,9 +4,9 @@ from __future__ import annotations
 import ipaddress
 
 from celery import Celery
-from flask import Flask, jsonify, request
+from flask import Flask, request
 
-from app import errors, viewer
+from app import errors, validation, viewer
 from app.engine import Engine
 from termpool.config import Settings, settings
 from termpool.state import Store
@@ -30,21 +30,31 @@ def _guard(app: Flask, cfg: Settings) -> None:
     def check_client():
         if request.path == "/healthz":
             return None
-        if networks:
-            addr = ipaddress.ip_address(request.remote_addr or "0.0.0.0")
-            if not any(addr in net for net in networks):
-                return jsonify({"ok": False, "error": "client address not allowed"}), 403
+        if networks and not _allowed(_client_address(), networks):
+            return errors.error_reply(403, "client address not allowed", "FORBIDDEN")
         if cfg.api_token and request.headers.get("Authorization", "") != f"Bearer {cfg.api_token}":
             if request.blueprint == "viewer":  # a browser: the login form and its cookie (app/viewer.py)
                 return viewer.browser_gate(cfg.api_token)
-            return jsonify({"ok": False, "error": "missing or wrong bearer token"}), 401
+            return errors.error_reply(401, "missing or wrong bearer token", "UNAUTHORIZED")
         return None
+
+
+def _client_address():
+    try:
+        return ipaddress.ip_address(request.remote_addr or "")
+    except ValueError:  # a peer without an IP address (a Unix socket)
+        return None
+
+
+def _allowed(addr, networks) -> bool:
+    return addr is not None and any(addr in net for net in networks)
 
 
 def create_app(cfg: Settings | None = None) -> Flask:
     cfg = cfg or settings()
     app = Flask(__name__, static_folder=None)
     app.json.sort_keys = False
+    app.config["MAX_CONTENT_LENGTH"] = validation.MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
     app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
     _guard(app, cfg)

@@ -1,4 +1,8 @@
-"""JSON errors for every failure: bad input 400, unknown routes 404, backends away 503."""
+"""JSON errors for every failure: bad input 400, unknown routes 404, backends away 503.
+
+Every refusal is ``{"ok": false, "error": ..., "code": ..., "retryable": ...}`` with a code of
+termpool/failures.py; HTTP errors raised by Werkzeug keep their headers (a 405's ``Allow``).
+"""
 from __future__ import annotations
 
 import logging
@@ -6,31 +10,48 @@ import logging
 import kombu.exceptions
 import redis.exceptions
 from flask import Flask, jsonify
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.validation import BadRequest
+from app.validation import MAX_BODY_BYTES, BadRequest
+from termpool.failures import retryable
 
 log = logging.getLogger(__name__)
 
 BACKEND_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, kombu.exceptions.OperationalError)
 
+# Werkzeug's HTTP errors by status; any other 4xx is a bad request, any other 5xx internal.
+HTTP_CODES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
+              405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
 
-def _reply(status: int, error: str, **fields):
-    return jsonify({"ok": False, "error": error, **fields}), status
+
+def error_reply(status: int, error: str, code: str, headers=None):
+    """The JSON body, status (and headers) of a refusal; retryable as failures.py says."""
+    body = jsonify({"ok": False, "error": error, "code": code, "retryable": retryable(code)})
+    return (body, status, headers) if headers else (body, status)
+
+
+def http_code(status: int) -> str:
+    return HTTP_CODES.get(status) or ("INTERNAL" if status >= 500 else "BAD_REQUEST")
 
 
 def register(app: Flask) -> None:
     @app.errorhandler(BadRequest)
     def bad_request(exc):
-        return _reply(400, str(exc))
+        return error_reply(400, str(exc), "BAD_REQUEST")
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        return _reply(exc.code or 500, exc.description or exc.name)
+        status = exc.code or 500
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return error_reply(status, exc.description or exc.name, http_code(status), headers)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc):
+        return error_reply(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", "PAYLOAD_TOO_LARGE")
 
     def backend_down(exc):
         log.warning("backend unreachable: %s", exc)
-        return _reply(503, f"Redis is unreachable: {exc}", code="BACKEND_UNAVAILABLE")
+        return error_reply(503, f"Redis is unreachable: {exc}", "BACKEND_UNAVAILABLE")
 
     for exc_class in BACKEND_DOWN:
         app.register_error_handler(exc_class, backend_down)
@@ -38,4 +59,4 @@ def register(app: Flask) -> None:
     @app.errorhandler(Exception)
     def unexpected(exc):
         log.exception("unhandled error")
-        return _reply(500, f"{type(exc).__name__}: {exc}")
+        return error_reply(500, f"{type(exc).__name__}: {exc}", "INTERNAL")

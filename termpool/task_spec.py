@@ -200,6 +200,19 @@ def load_weights(task_dir: Path | str) -> dict[str, float] | None:
 
 _NOT_IN_IMAGE_NAME = re.compile(r"[^a-z0-9_.-]")
 
+# A task name becomes part of image, compose project and container names (image_name,
+# name_prefix): alphanumeric runs joined by one separator each, where a run of dots and dashes
+# (dots become dashes) or one or two underscores are the separators Docker's reference grammar
+# allows. 100 characters keep ``<name>.<uid>.<run id>`` under the 255-byte file name limit.
+TASK_NAME_PATTERN = r"^[A-Za-z0-9]+(?:(?:[-.]+|_{1,2})[A-Za-z0-9]+)*$"
+MAX_TASK_NAME_LENGTH = 100
+
+
+def valid_task_name(name: object) -> bool:
+    """Whether ``name`` maps to valid Docker names (see TASK_NAME_PATTERN)."""
+    return (isinstance(name, str) and len(name) <= MAX_TASK_NAME_LENGTH
+            and re.fullmatch(TASK_NAME_PATTERN, name) is not None)
+
 
 def _docker_task_name(task_name: str) -> str:
     if not isinstance(task_name, str) or not task_name.strip():

@@ -62,7 +62,7 @@ def test_metrics_follow_pool_calls(stack):
             assert value(after, ok[0], **ok[1]) - value(before, ok[0], **ok[1]) == max_runs
             inf = dict(endpoint="pool.allocate", method="POST", le="+Inf")
             assert value(after, "termpool_http_request_duration_seconds_bucket", **inf) == allocate_count(after)
-            assert errors(after, "none") - errors(before, "none") == 1
+            assert errors(after, "BAD_REQUEST") - errors(before, "BAD_REQUEST") == 1
             assert errors(after, "RUN_SLOTS_EXHAUSTED") - errors(before, "RUN_SLOTS_EXHAUSTED") == 1
             unknown_run = dict(endpoint="runs.get_run", status_class="4xx", code="UNKNOWN_RUN")
             assert value(after, "termpool_http_errors_total", **unknown_run) \

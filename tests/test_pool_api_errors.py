@@ -4,16 +4,20 @@ from __future__ import annotations
 import pytest
 import requests
 
+from tests.conftest import wait_for
+
 
 def post_raw(stack, path, data, content_type="application/json"):
     return requests.post(stack.url + path, data=data, headers={"Content-Type": content_type}, timeout=60)
 
 
-def assert_error(reply, status, text):
+def assert_error(reply, status, text, code=None):
     assert reply.status_code == status, reply.text
     assert reply.headers["Content-Type"].startswith("application/json")
     body = reply.json()
     assert body["ok"] is False and text in body["error"], body
+    if code is not None:
+        assert body["code"] == code and body["retryable"] is False, body
     return body
 
 
@@ -39,8 +43,32 @@ def test_unknown_lease(stack):
 
 
 def test_routes_and_methods_answer_json(stack):
-    assert_error(stack.get("/nope"), 404, "")
-    assert_error(stack.get("/allocate"), 405, "")
+    assert_error(stack.get("/nope"), 404, "", "NOT_FOUND")
+    assert_error(stack.get("/allocate"), 405, "", "METHOD_NOT_ALLOWED")
+    for method in ("TRACE", "PUT", "PATCH", "DELETE"):
+        reply = requests.request(method, stack.url + "/allocate", timeout=60)
+        assert_error(reply, 405, "", "METHOD_NOT_ALLOWED")
+        assert set(reply.headers["Allow"].split(", ")) == {"POST", "OPTIONS"}
+    reply = requests.request("TRACE", stack.url + "/v1/runs/run-0000000000000000", timeout=60)
+    assert set(reply.headers["Allow"].split(", ")) == {"GET", "HEAD", "DELETE", "OPTIONS"}
+
+
+def test_hostile_bodies_are_400_and_take_no_slot(stack):
+    garbage_keys = ["a\x00b", "k" * 1_000_000, "\x1b[31m"]
+    for key in garbage_keys:
+        assert_error(stack.post("/allocate", {"task_key": key}), 400, "task_key", "BAD_REQUEST")
+    assert_error(post_raw(stack, "/allocate", "[" * 100_000 + "]" * 100_000), 400, "nests deeper", "BAD_REQUEST")
+    assert_error(post_raw(stack, "/allocate", '{"task_key": "\\ud800"}'), 400, "lone surrogate", "BAD_REQUEST")
+    assert_error(post_raw(stack, "/allocate", b'{"task_key": "\xc3"}'), 400, "UTF-8", "BAD_REQUEST")
+    tasks = stack.get("/status").json()["pool"]["tasks"]
+    assert not set(garbage_keys) & set(tasks), tasks
+
+
+def test_body_size_is_capped(stack):
+    from app.validation import MAX_BODY_BYTES
+
+    body = b'{"task_key": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    assert_error(post_raw(stack, "/allocate", body), 413, str(MAX_BODY_BYTES), "PAYLOAD_TOO_LARGE")
 
 
 def test_allocate_field_types(stack):
@@ -81,6 +109,10 @@ def test_capacity_limits(stack, router):
     ({"task_name": "x", "task_path": "no-such-task"}, "task_meta.task_path"),
     ({"task_name": "x", "task_path": "hello-file\x00"}, "task_meta.task_path"),
     ({"task_name": "x", "task_path": "hello-file", "instruction": 5}, "instruction must be a string"),
+    ({"task_name": "hello-file/", "task_path": "hello-file"}, "task_meta.task_name must be"),
+    ({"task_name": "x" * 1_000_000, "task_path": "hello-file"}, "task_meta.task_name must be"),
+    ({"task_name": "x", "task_path": "t" * 1_000_000}, "task_meta.task_path is longer"),
+    ({"task_name": "x", "task_path": "hello-file/" + "t" * 300}, "task_meta.task_path has a component"),
 ])
 def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
     lease = router.allocate("hello-file")
@@ -89,7 +121,7 @@ def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
     router.close(lease)
 
 
-@pytest.mark.parametrize("log_dir", ["/tmp", "../outside", "/etc/passwd", 5])
+@pytest.mark.parametrize("log_dir", ["/tmp", "../outside", "/etc/passwd", 5, "l" * 1_000_000, "a/" + "l" * 300])
 def test_reset_rejects_log_dir_outside_output_root(stack, router, docker_client, log_dir):
     lease = router.allocate("hello-file")
     reply = router.reset(lease, "hello-file", run_ctx={"log_dir": log_dir})
@@ -117,12 +149,18 @@ def test_tool_errors_are_observations(router, docker_client):
     assert router.reset(lease, "hello-file").status_code == 200
     assert router.tool(lease, "shell_kill_process", id="x") == "[TOOL_ERROR] unknown tool: shell_kill_process"
     assert router.tool(lease, "shell_exec").startswith("[TOOL_ERROR] shell_exec: TypeError: ")
-    router.close(lease)
+    close_and_wait(router, docker_client, lease)
 
 
-def test_task_timeouts_garbage_is_ignored(router):
+def test_task_timeouts_garbage_is_ignored(router, docker_client):
     lease = router.allocate("hello-file")
     reply = router.reset(lease, "hello-file", task_timeouts={"eval": "soon", "reset_session": -3, "bogus": 1,
                                                              "ensure_image": None})
     assert reply.status_code == 200, reply.text
+    close_and_wait(router, docker_client, lease)
+
+
+def close_and_wait(router, docker_client, lease):
+    """Close, then wait for the teardown (it runs after the reply) so that nothing outlives the test."""
     router.close(lease)
+    assert wait_for(lambda: router.run_containers(docker_client, lease) == [], timeout=120)
