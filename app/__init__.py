@@ -23,7 +23,7 @@ def celery_init_app(app: Flask, cfg: Settings) -> Celery:
 
 
 def _guard(app: Flask, cfg: Settings) -> None:
-    """Optional bearer token and client allow-list (CONFIG.md); /healthz stays open."""
+    """Optional bearer token and client allow-list (docs/settings.md); /healthz stays open."""
     networks = [ipaddress.ip_network(c, strict=False) for c in cfg.allowed_clients]
 
     @app.before_request

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of both faces (POOL_API.md), served at GET /openapi.json.
+"""The OpenAPI 3.1 document of both faces (docs/http-api.md), served at GET /openapi.json.
 
 Kept as Python data next to the code rather than generated from it: the pool API's shapes
 are a compatibility contract that must not drift with refactors, and the test suite checks

@@ -1,4 +1,4 @@
-"""The pool API (POOL_API.md section 1): byte-compatible with the reference pool server.
+"""The pool API (docs/http-api.md section 1): byte-compatible with the reference pool server.
 
 Every call blocks until its job has ended, then answers the way the reference does, plus
 `code` and `retryable` on every failure (statuses per code: app/error_codes.py).

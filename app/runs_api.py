@@ -1,4 +1,4 @@
-"""The runs API (POOL_API.md section 2): submit and poll by run id and job id.
+"""The runs API (docs/http-api.md section 2): submit and poll by run id and job id.
 
 Every operation answers at once with an id; the client polls GET /v1/jobs/<id>, or
 long-polls it with ``?wait=S``. Runs and jobs are the same records the pool API uses, so a
@@ -26,7 +26,7 @@ Decisions where the spec is silent:
     ``found: false`` and the newest close job (null if none), so a client whose first
     DELETE was lost can still wait for the teardown.
   * ``?wait`` must be a number from 0 to 60; anything else is a 400, not clamped.
-  * Reading a run or one of its jobs is a call on its lease (POOL_API.md: "any call"), so it
+  * Reading a run or one of its jobs is a call on its lease (docs/http-api.md: "any call"), so it
     marks a live run as used. Every job a worker starts marks its run as used too, so a long
     one-shot episode is not reaped as idle between its steps.
   * The 202 of POST /v1/runs also carries ``reused`` and, when this request started the

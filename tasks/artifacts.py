@@ -1,4 +1,4 @@
-"""Per-run artifacts under the run's log dir (TASK_FORMAT.md, "Per-run artifacts")."""
+"""Per-run artifacts under the run's log dir (docs/task-format.md, "Per-run artifacts")."""
 from __future__ import annotations
 
 import json

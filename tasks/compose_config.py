@@ -31,7 +31,7 @@ def client_image(task_name: str, cfg: Settings) -> str:
 
 
 def compose_env(task_name: str, container: str, run_dir: Path, client_image: str) -> dict:
-    """The variables a task's compose file may use (spec TASK_FORMAT.md)."""
+    """The variables a task's compose file may use (docs/task-format.md)."""
     return {
         "T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME": client_image,
         "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME": container,

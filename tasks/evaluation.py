@@ -1,4 +1,4 @@
-"""Run a task's tests in its client container and score them (TASK_FORMAT.md, step 4).
+"""Run a task's tests in its client container and score them (docs/task-format.md, step 4).
 
 Two steps, so a caller can retry the first: copying the tests in changes nothing the tests
 look at; running them may (they are the task's code).

@@ -1,4 +1,4 @@
-"""The terminal tools of spec/TOOLS.md, run in a task's client container.
+"""The terminal tools (docs/tools.md), run in a task's client container.
 
 Every tool call runs the tp-session helper (tasks/helper/tp_session.c) once in the container:
 through its server's unix socket when the caller names one (`ctl_socket`, a host path; a few
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 _SCHEMAS_FILE = Path(__file__).with_name("tool_schemas.json")
 TOOL_SCHEMAS: list[dict] = json.loads(_SCHEMAS_FILE.read_text(encoding="utf-8"))
 
-# The opt-in fifth tool (TOOLS.md: the prompt mentions it; the reference does not expose it).
+# The opt-in fifth tool (docs/tools.md: the prompt mentions it; the reference does not expose it).
 KILL_SCHEMA: dict = {
     "type": "function",
     "function": {
@@ -66,14 +66,14 @@ KILL_SCHEMA: dict = {
 
 
 def tool_schemas(expose_kill: bool = False) -> list[dict]:
-    """The schemas `reset` returns: the four of TOOLS.md, plus shell_kill_process when opted in."""
+    """The schemas `reset` returns: the four of docs/tools.md, plus shell_kill_process when opted in."""
     schemas = copy.deepcopy(TOOL_SCHEMAS)
     if expose_kill:
         schemas.append(copy.deepcopy(KILL_SCHEMA))
     return schemas
 
 
-# ---- observation texts (TOOLS.md; the policy learned to read them, keep them exact) ----------
+# ---- observation texts (docs/tools.md; the policy learned to read them, keep them exact) ----------
 NO_OUTPUT = "Command executed successfully (no output)."
 STARTED = ("Session '{id}' started.\n\nYou could use:\n  - shell_view('{id}') - get output\n"
            "  - shell_write_to_process('{id}', '<input>') - send input\n  - shell_kill_process('{id}') - terminate")
@@ -155,7 +155,7 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
     """Run one tool call in `container` and return the observation text.
 
     `arguments` are passed exactly as the model wrote them; errors become
-    `[TOOL_ERROR] ...` observations (TOOLS.md / POOL_API.md); connection failures to Docker or
+    `[TOOL_ERROR] ...` observations (docs/tools.md / docs/http-api.md); connection failures to Docker or
     Redis propagate.
 
     `container` may be a bare model (`containers.prepare_model({"Id": ..., "Config": {"User":

@@ -1,4 +1,4 @@
-"""Keep request-supplied paths inside their roots (spec POOL_API.md section 3).
+"""Keep request-supplied paths inside their roots (docs/http-api.md section 3).
 
 Pure logic over the file system's current state: a path is accepted only if, after every
 symlink is followed and every ``..`` applied, it is the root or lies below it.

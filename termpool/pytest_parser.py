@@ -1,4 +1,4 @@
-"""Turn a test script's output into per-test results and a score (spec TASK_FORMAT.md).
+"""Turn a test script's output into per-test results and a score (docs/task-format.md).
 
 Pure logic, no I/O. The only parser the pool has is ``pytest``: it reads the
 ``short test summary info`` section that ``pytest -rA`` prints, one line per test.

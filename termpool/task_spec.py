@@ -1,4 +1,4 @@
-"""Read a terminal-bench task directory (spec TASK_FORMAT.md). Pure logic + PyYAML."""
+"""Read a terminal-bench task directory (docs/task-format.md). Pure logic + PyYAML."""
 from __future__ import annotations
 
 import json

@@ -12,7 +12,7 @@ from tests.stack import ROOT
 
 
 def _runs_api_has_routes() -> bool:
-    """The runs API counts as present once its blueprint defines routes (POOL_API.md section 2)."""
+    """The runs API counts as present once its blueprint defines routes (docs/http-api.md section 2)."""
     from app.runs_api import bp
 
     return bool(bp.deferred_functions)

@@ -1,4 +1,4 @@
-"""Request paths must stay inside their roots (POOL_API.md section 3)."""
+"""Request paths must stay inside their roots (docs/http-api.md section 3)."""
 import os
 
 import pytest

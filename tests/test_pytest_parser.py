@@ -1,4 +1,4 @@
-"""The pytest parser and scoring, per TASK_FORMAT.md "The pytest parser"."""
+"""The pytest parser and scoring, per docs/task-format.md "The pytest parser"."""
 import pytest
 
 from termpool.pytest_parser import (

@@ -1,4 +1,4 @@
-"""Reading task directories (TASK_FORMAT.md), including every fixture task."""
+"""Reading task directories (docs/task-format.md), including every fixture task."""
 from pathlib import Path
 
 import pytest
