@@ -43,7 +43,7 @@ def test_runs_continue_after_redis_restart(durable_stack, docker_client):
     assert router.solved_episode(docker_client, "partial-pass") == 0.75
 
 
-def test_call_waiting_while_redis_is_away_answers_503(durable_stack):
+def test_call_waiting_while_redis_is_away_answers_503(durable_stack, docker_client):
     stack, router = durable_stack, Router(durable_stack)
     lease = router.allocate("hello-file")
     assert router.reset(lease, "hello-file").status_code == 200
@@ -66,3 +66,4 @@ def test_call_waiting_while_redis_is_away_answers_503(durable_stack):
     # Redis is back: the same run takes calls again.
     assert wait_for(lambda: router.sh(lease, "echo again") == "again\n", 60)
     router.close(lease)
+    assert wait_for(lambda: not router.run_containers(docker_client, lease), 90), "teardown did not run"
