@@ -153,8 +153,4 @@ def private_stack(docker_client, env: dict, beat: bool = False):
     it left no containers behind."""
     s = Stack(env=env, beat=beat).start()
     yield s
-    s.stop()
-    left = leftovers(docker_client, s.host_id)
-    for name in left:
-        docker_client.containers.get(name).remove(force=True)
-    assert not left, f"containers leaked: {left}"
+    stop_checking_leaks(s, docker_client)

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import Router, leftovers, wait_for
+from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.stack import Stack
 
 
@@ -15,11 +15,7 @@ from tests.stack import Stack
 def durable_stack(base_image, docker_client):
     s = Stack(durable_redis=True).start()
     yield s
-    s.stop()
-    left = leftovers(docker_client, s.host_id)
-    for name in left:
-        docker_client.containers.get(name).remove(force=True)
-    assert not left, f"containers left behind: {left}"
+    stop_checking_leaks(s, docker_client)
 
 
 def test_runs_continue_after_redis_restart(durable_stack, docker_client):
