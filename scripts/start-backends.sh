@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start dockerd when no Docker engine answers; start a local redis-server when REDIS_URL
 # (default redis://localhost:6379/0) names none that answers. That Redis is durable: an
-# append-only file, fsynced every second, in REDIS_DATA_DIR (default /var/lib/termpool/redis),
+# append-only file, fsynced every second, in REDIS_DATA_DIR (default /var/lib/termpool/redis/<port>:
+# one folder per port, so two Redis servers on a host never share a file),
 # so a Redis restart loses no run.
 set -euo pipefail
 
@@ -14,7 +15,7 @@ fi
 url=${REDIS_URL:-redis://localhost:6379/0}
 if ! python3 -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$url" 2>/dev/null; then
   port=$(python3 -c "import sys,urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)" "$url")
-  data_dir=${REDIS_DATA_DIR:-/var/lib/termpool/redis}
+  data_dir=${REDIS_DATA_DIR:-/var/lib/termpool/redis/$port}
   mkdir -p "$data_dir"
   redis-server --port "$port" --daemonize yes --dir "$data_dir" --save '' \
     --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \
