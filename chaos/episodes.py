@@ -27,9 +27,9 @@ TOOL_CALLS = (  # (tool call, what its observation must contain)
 
 
 class StepFailed(Exception):
-    def __init__(self, step: str, code: str, detail: str):
+    def __init__(self, step: str, code: str, detail: str, retryable: bool = False):
         super().__init__(f"{step}: {code}: {detail}")
-        self.step, self.code, self.detail = step, code, detail
+        self.step, self.code, self.detail, self.retryable = step, code, detail, retryable
 
 
 @dataclass
@@ -83,18 +83,38 @@ class Client:
             self.log.request(step, seconds, good)
         if not good:
             detail = str(exc)[:200] if exc is not None else str((data or {}).get("error", ""))[:200]
-            raise StepFailed(step, failure_code(status, data, exc), detail)
+            retryable = (exc is not None or status in (429, 502, 503, 504)
+                         or (isinstance(data, dict) and data.get("retryable") is True))
+            raise StepFailed(step, failure_code(status, data, exc), detail, retryable)
         return data
 
     def close(self) -> None:
         self.http.close()
 
 
-def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS) -> dict:
-    """One episode; returns its record (never raises)."""
-    lease, lost = None, 0
+def allocate(client: Client, task_key: str, keep_trying) -> tuple[str, int]:
+    """A lease, asking again (same request id: allocate is idempotent) while the refusal is
+    retryable and keep_trying(seconds since the first refusal) says so; returns (lease, retries)."""
+    body = {"task_key": task_key, "request_id": uuid.uuid4().hex}
+    first, retries = None, 0
+    while True:
+        try:
+            return client.call("allocate", "/allocate", body)["lease_id"], retries
+        except StepFailed as failed:
+            first = first or time.monotonic()
+            if not failed.retryable or not keep_trying(time.monotonic() - first):
+                raise
+        retries += 1
+        time.sleep(1)
+
+
+def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS, keep_trying=None) -> dict:
+    """One episode; returns its record (never raises). Only allocate is retried (no run exists
+    yet, so nothing can be lost by waiting): an episode that never gets a lease was refused;
+    one that fails after it got its lease is a lost run."""
+    lease, lost, retries = None, 0, 0
     try:
-        lease = client.call("allocate", "/allocate", {"task_key": task_key, "request_id": uuid.uuid4().hex})["lease_id"]
+        lease, retries = allocate(client, task_key, keep_trying or (lambda waited: False))
         meta = {"task_name": task_name, "task_path": task_name, "instruction": "chaos episode"}
         client.call("reset", "/reset", {"lease_id": lease, "task_meta": meta})
         for call, expected in tool_calls:
@@ -114,10 +134,10 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
         lease = None
         if found is not True:
             raise StepFailed("close", "NOT_FOUND_AT_CLOSE", f"found={found!r}")
-        return {"ok": True, "lost_tool_calls": lost}
+        return {"ok": True, "lost_tool_calls": lost, "allocate_retries": retries}
     except StepFailed as failed:
         return {"ok": False, "step": failed.step, "code": failed.code, "detail": failed.detail,
-                "lost_tool_calls": lost}
+                "lost_tool_calls": lost, "allocate_retries": retries}
     finally:
         if lease:
             try:

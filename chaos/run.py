@@ -116,12 +116,16 @@ def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path
         if not hasattr(local, "client"):
             local.client = Client(service.url, log, request_timeout)
             clients.append(local.client)
-        record = episode(local.client, f"chaos-{index % concurrency}", task)
+        record = episode(local.client, f"chaos-{index % concurrency}", task, keep_trying=keep_trying)
         log.episode(record)
         return record
 
     fault_info: dict = {}
     recovery: dict = {}
+    gave_up = threading.Event()  # the service will not recover: stop waiting for a lease
+
+    def keep_trying(waited: float) -> bool:
+        return waited < RECOVER_LIMIT and not gave_up.is_set()
 
     def fault_then_recover() -> None:
         time.sleep(FAULT_AFTER)
@@ -131,6 +135,8 @@ def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path
         t0 = time.monotonic() if scenario.role != "redis" else at
         fault_info["at_s"] = round(t0 - begin, 1)
         measure_recovery(service, t0, recovery)
+        if recovery.get("recover_s") is None:
+            gave_up.set()
 
     begin = time.monotonic()
     chaos_thread = threading.Thread(target=fault_then_recover, daemon=True)
@@ -164,6 +170,9 @@ def summarize(log: Log) -> dict:
         "failed_by_code": dict(failed.most_common()),
         "failure_examples": examples,
         "lost_tool_calls": sum(e["lost_tool_calls"] for e in log.episodes),
+        "runs_lost": sum(1 for e in log.episodes if not e["ok"] and e["step"] != "allocate"),
+        "refused": sum(1 for e in log.episodes if not e["ok"] and e["step"] == "allocate"),
+        "allocate_retries": sum(e["allocate_retries"] for e in log.episodes),
         "requests": len(log.requests),
         "longest_request_s": longest[1],
         "longest_request_step": longest[0],
