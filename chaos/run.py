@@ -90,27 +90,42 @@ def measure_recovery(service: Service, t0: float, result: dict) -> None:
 
 def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path,
                  request_timeout: float = REQUEST_TIMEOUT) -> dict:
+    """Start the service, run the episodes with the fault, measure; the service is stopped and
+    cleaned up whatever happens (a scenario that could not run says why under "error")."""
     service = Service(scratch_dir())
     result: dict = {"scenario": scenario.name, "fault": scenario.fault, "episodes": episodes,
                     "concurrency": concurrency, "host_id": service.host_id}
     started = time.monotonic()
     try:
         service.start()
-    except RuntimeError as exc:
-        result["error"] = f"stack did not start: {exc}"
+        result["startup_s"] = round(time.monotonic() - started, 1)
+        ok, why = probe(service.url, BASE_TASK, 120)  # also builds the base task's image on this host
+        if not ok:
+            raise RuntimeError(f"warm-up episode failed: {why}")
+        task = service.slow_task(SLOW_BUILD_SECONDS) if scenario.slow_build else BASE_TASK
+        result.update(run_episodes(scenario, service, task, episodes, concurrency, request_timeout))
+        result["settle_s"] = leftovers.settle(service)
+        result["not_running_after"] = service.missing_roles() if service.alive() else ["serve.sh"]
+        result["leftovers"] = leftovers.measure(service)
+    except Exception as exc:  # the harness's own failure: reported, and the next scenario still runs
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
         _finish(service, result, logs, started)
-        return result
-    result["startup_s"] = round(time.monotonic() - started, 1)
-    ok, why = probe(service.url, BASE_TASK, 120)  # also builds the base task's image on this host
-    task = service.slow_task(SLOW_BUILD_SECONDS) if scenario.slow_build else BASE_TASK
-    if not ok:
-        result["error"] = f"warm-up episode failed: {why}"
-        _finish(service, result, logs, started)
-        return result
+    return result
 
+
+def run_episodes(scenario: Scenario, service: Service, task: str, episodes: int, concurrency: int,
+                 request_timeout: float) -> dict:
+    """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery."""
     log = Log()
     local = threading.local()
     clients: list[Client] = []
+    fault_info: dict = {}
+    recovery: dict = {}
+    gave_up = threading.Event()  # the service will not recover: stop waiting for a lease
+
+    def keep_trying(waited: float) -> bool:
+        return waited < RECOVER_LIMIT and not gave_up.is_set()
 
     def one(index: int) -> dict:
         if not hasattr(local, "client"):
@@ -120,18 +135,14 @@ def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path
         log.episode(record)
         return record
 
-    fault_info: dict = {}
-    recovery: dict = {}
-    gave_up = threading.Event()  # the service will not recover: stop waiting for a lease
-
-    def keep_trying(waited: float) -> bool:
-        return waited < RECOVER_LIMIT and not gave_up.is_set()
-
     def fault_then_recover() -> None:
         time.sleep(FAULT_AFTER)
         service.snapshot()
         at = time.monotonic()
-        fault_info.update(inject(scenario, service))
+        try:
+            fault_info.update(inject(scenario, service))
+        except Exception as exc:
+            fault_info["error"] = f"{type(exc).__name__}: {exc}"
         t0 = time.monotonic() if scenario.role != "redis" else at
         fault_info["at_s"] = round(t0 - begin, 1)
         measure_recovery(service, t0, recovery)
@@ -143,19 +154,11 @@ def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path
     chaos_thread.start()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         list(pool.map(one, range(episodes)))
-    result["episodes_s"] = round(time.monotonic() - begin, 1)
+    episodes_s = round(time.monotonic() - begin, 1)
     chaos_thread.join()
     for client in clients:
         client.close()
-
-    result["fault_detail"] = fault_info
-    result.update(recovery)
-    result.update(summarize(log))
-    result["settle_s"] = leftovers.settle(service)
-    result["not_running_after"] = service.missing_roles() if service.alive() else ["serve.sh"]
-    result["leftovers"] = leftovers.measure(service)
-    _finish(service, result, logs, started)
-    return result
+    return {"episodes_s": episodes_s, "fault_detail": fault_info, **recovery, **summarize(log)}
 
 
 def summarize(log: Log) -> dict:
@@ -219,10 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             "episodes": args.episodes, "concurrency": args.concurrency, "request_timeout_s": args.request_timeout,
             "fault_after_s": FAULT_AFTER, "recover_limit_s": RECOVER_LIMIT, **machine()}
     results = []
+    failed_to_run = 0
     for name in names:
         print(f"[chaos] {name} ...", file=sys.stderr, flush=True)
         result = run_scenario(SCENARIOS[name], args.episodes, args.concurrency, logs, args.request_timeout)
         results.append(result)
+        failed_to_run += "error" in result
         print(f"[chaos] {name}: {report.one_line(result)}", file=sys.stderr, flush=True)
         if args.json:  # written after every scenario: a long run that dies keeps what it measured
             args.json.write_text(json.dumps({"meta": meta, "scenarios": results}, indent=2) + "\n")
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nservice logs: {logs}", file=sys.stderr)
     if args.markdown:
         args.markdown.write_text(report.document(meta, table))
-    return 0
+    return 2 if failed_to_run else 0
 
 
 if __name__ == "__main__":

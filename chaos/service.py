@@ -141,8 +141,10 @@ class Service:
             return False
 
     def stop(self) -> list[dict]:
-        """Stop the service the way an operator would (SIGTERM to serve.sh), then kill -9 any
-        process of the stack still running: those are returned as leftover processes."""
+        """Stop the service the way an operator would: SIGTERM to serve.sh's process (the
+        launcher). Processes of the stack still running once it has exited are returned as
+        leftovers, and are then stopped here (SIGTERM, SIGKILL 10 s later)."""
+        self.snapshot()
         if self.alive():
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -152,18 +154,20 @@ class Service:
                 self.proc.wait(timeout=10)
             except ProcessLookupError:
                 pass
-        self.snapshot()
         time.sleep(1)
-        left = []
+        left, procs = [], []
         for pid, (created, role) in sorted(self.seen.items()):
             try:
                 proc = psutil.Process(pid)
                 if abs(proc.create_time() - created) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
+                    continue  # gone, and the pid reused
                 left.append({"pid": pid, "role": role, "cmdline": " ".join(proc.cmdline())[:120]})
-                proc.kill()
+                procs.append(proc)
+                proc.terminate()
             except psutil.NoSuchProcess:
                 continue
+        for proc in psutil.wait_procs(procs, timeout=10)[1]:
+            proc.kill()
         return left
 
     def stop_redis(self) -> None:
