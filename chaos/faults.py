@@ -20,7 +20,7 @@ IN_FLIGHT = {"build": "pool.ensure_image", "build-child": "pool.ensure_image", "
 IN_FLIGHT_WAIT = 40.0
 REDIS_DOWN_SECONDS = 5.0
 REDIS_SETTINGS = ("port", "bind", "dir", "dbfilename", "save", "appendonly", "appendfsync", "appenddirname",
-                  "appendfilename", "maxmemory-policy", "protected-mode", "daemonize", "logfile")
+                  "appendfilename", "maxmemory-policy", "protected-mode", "daemonize", "logfile", "pidfile")
 
 
 def active_tasks(service: Service, app) -> list[dict]:

@@ -189,9 +189,11 @@ def _finish(service: Service, result: dict, logs: Path, started: float) -> None:
     service.stop_redis()
     left["temp_files"] = leftovers.temp_files(service)
     result["leftover_count"] = leftovers.count(left)
-    logs.mkdir(parents=True, exist_ok=True)
-    if service.log_path.exists():
-        shutil.copy(service.log_path, logs / f"{result['scenario']}.log")
+    keep = logs / result["scenario"]
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in [service.log_path, *sorted(service.workdir.glob("logs/*"))]:
+        if path.is_file():
+            shutil.copy(path, keep / path.name)
     result["harness_cleanup"] = leftovers.cleanup(service)
     result["total_s"] = round(time.monotonic() - started, 1)
 

@@ -86,6 +86,11 @@ class Service:
             "TBENCH_OUTPUT_ROOT": str(self.workdir / "outputs"),
             "POOL_SOCKET_DIR": str(self.socket_dir),
             "TMPDIR": str(self.tmpdir),  # so temp files the stack leaves are attributable
+            # A launcher's own run and log folders (supervisord's config, socket and per-process
+            # logs), private to this instance; ignored by launchers that do not use them.
+            "TERMPOOL_RUN_DIR": str(self.workdir / "run"),
+            "TERMPOOL_LOG_DIR": str(self.workdir / "logs"),
+            "REDIS_DATA_DIR": str(self.workdir / "redis"),  # a durable Redis's files: never another instance's
             "CONTAINER_MEMORY_LIMIT": "1g",
             **(env or {}),
         }
