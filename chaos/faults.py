@@ -23,7 +23,7 @@ REDIS_SETTINGS = ("port", "bind", "dir", "dbfilename", "save", "appendonly", "ap
                   "appendfilename", "maxmemory-policy", "protected-mode", "daemonize", "logfile", "pidfile")
 
 
-def active_tasks(service: Service, app) -> list[dict]:
+def active_tasks(app) -> list[dict]:
     """Tasks running now on this stack's workers (Celery's inspect over the private broker)."""
     try:
         replies = app.control.inspect(timeout=1.0).active() or {}
@@ -32,11 +32,11 @@ def active_tasks(service: Service, app) -> list[dict]:
     return [dict(task, node=node) for node, tasks in replies.items() for task in tasks or []]
 
 
-def wait_in_flight(service: Service, app, task_name: str, kind: str) -> dict | None:
+def wait_in_flight(app, task_name: str, kind: str) -> dict | None:
     """The first running `task_name` on the `kind` worker (up to IN_FLIGHT_WAIT s), or None."""
     deadline = time.monotonic() + IN_FLIGHT_WAIT
     while time.monotonic() < deadline:
-        for task in active_tasks(service, app):
+        for task in active_tasks(app):
             if task.get("name") == task_name and task["node"].startswith(kind + "-"):
                 return task
         time.sleep(0.3)
@@ -55,7 +55,7 @@ def kill(proc: psutil.Process, role: str) -> dict:
 
 def kill_role(service: Service, role: str, app) -> dict:
     """kill -9 of the main process of a Procfile role, once its kind of job is in flight."""
-    task = wait_in_flight(service, app, IN_FLIGHT[role], role) if role in IN_FLIGHT else None
+    task = wait_in_flight(app, IN_FLIGHT[role], role) if role in IN_FLIGHT else None
     proc = service.mains().get(role)
     if proc is None:
         return {"action": "none", "role": role, "error": f"no {role} process in the stack's tree"}
@@ -66,7 +66,7 @@ def kill_role(service: Service, role: str, app) -> dict:
 
 def kill_build_child(service: Service, app) -> dict:
     """kill -9 of the prefork child of the build worker that is running the build."""
-    task = wait_in_flight(service, app, IN_FLIGHT["build-child"], "build")
+    task = wait_in_flight(app, IN_FLIGHT["build-child"], "build")
     children = service.children_of("build")
     if not children:
         return {"action": "none", "role": "build child", "error": "the build worker has no prefork child"}

@@ -145,7 +145,10 @@ def run_episodes(scenario: Scenario, service: Service, task: str, episodes: int,
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
         t0 = time.monotonic() if scenario.role != "redis" else at
         fault_info["at_s"] = round(t0 - begin, 1)
-        measure_recovery(service, t0, recovery)
+        try:
+            measure_recovery(service, t0, recovery)
+        except Exception as exc:  # the harness's own failure: recorded, and the episodes stop waiting
+            recovery["recover_error"] = f"{type(exc).__name__}: {exc}"
         if recovery.get("recover_s") is None:
             gave_up.set()
 

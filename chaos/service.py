@@ -192,26 +192,27 @@ class Service:
         except psutil.NoSuchProcess:
             return []
 
-    def snapshot(self) -> dict[int, str | None]:
-        """Roles of the stack's processes now (None: a launcher or shell); remembered for stop()."""
-        roles = {}
+    def snapshot(self) -> dict[int, tuple[psutil.Process, str | None, int]]:
+        """pid -> (process, role, parent pid) of the stack's processes now (role None: a
+        launcher or shell); every one is remembered for stop(). Processes that exit while
+        the tree is read are left out."""
+        found = {}
         for proc in self.tree():
             try:
                 role = role_of(proc.cmdline())
-                roles[proc.pid] = role
+                found[proc.pid] = (proc, role, proc.ppid())
                 self.seen.setdefault(proc.pid, (proc.create_time(), role or proc.name()))
             except psutil.Error:
                 continue
-        return roles
+        return found
 
     def mains(self) -> dict[str, psutil.Process]:
         """The main process of each role: a process of that role whose parent is not of it
         (a gunicorn master, a Celery worker's parent, not its prefork children)."""
-        roles = self.snapshot()
+        procs = self.snapshot()
         found = {}
-        for proc in self.tree():
-            role = roles.get(proc.pid)
-            if role and roles.get(proc.ppid()) != role:
+        for proc, role, ppid in procs.values():
+            if role and (procs.get(ppid) or (None, None))[1] != role:
                 found.setdefault(role, proc)
         return found
 
@@ -221,13 +222,9 @@ class Service:
 
     def children_of(self, role: str) -> list[psutil.Process]:
         """Processes of the same role under the role's main one (prefork children, gunicorn workers)."""
+        procs = self.snapshot()
         main = self.mains().get(role)
-        if main is None:
-            return []
-        try:
-            return [c for c in main.children() if role_of(c.cmdline()) == role]
-        except psutil.Error:
-            return []
+        return [proc for proc, r, ppid in procs.values() if main and r == role and ppid == main.pid]
 
     # ---- Redis ------------------------------------------------------------------------------
     def redis_pid(self) -> int | None:
