@@ -1,0 +1,123 @@
+"""What a scenario left behind, and the harness's own cleanup afterwards (so the next
+scenario, and the shared machine, start clean whatever the service failed to remove)."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import docker
+import docker.errors
+import redis
+import requests
+
+from chaos.service import Service
+
+HOST_LABEL = "termpool.host"  # the label termpool puts on every container and network it makes
+SETTLE_TIMEOUT = 90.0
+
+
+def _docker():
+    return docker.from_env(timeout=60)
+
+
+def containers(host_id: str) -> list:
+    return _docker().containers.list(all=True, filters={"label": f"{HOST_LABEL}={host_id}"})
+
+
+def networks(host_id: str) -> list:
+    return _docker().networks.list(filters={"label": f"{HOST_LABEL}={host_id}"})
+
+
+def capacity(service: Service) -> dict | None:
+    """Slots held and closes pending: /status when the facade answers, else straight from the
+    state store (the facade may be the process that died)."""
+    try:
+        reply = requests.get(service.url + "/status", timeout=10)
+        pool = reply.json().get("pool") if reply.ok else None
+        if isinstance(pool, dict):
+            return {"runs": pool.get("total_active_runs", 0), "closes": pool.get("pending_closes", 0), "via": "/status"}
+    except (requests.RequestException, ValueError):
+        pass
+    try:
+        status = service.store().host_status(service.host_id)
+        return {"runs": status["total_active_runs"], "closes": status["pending_closes"], "via": "redis"}
+    except redis.RedisError:
+        return None
+
+
+def settle(service: Service) -> float:
+    """Wait (up to SETTLE_TIMEOUT s) until no run holds a slot, no close is pending and no
+    container of the host is left; returns the seconds waited. A stack that exited is not
+    waited for: nothing will clean up after it."""
+    start = time.monotonic()
+    while service.alive() and time.monotonic() - start < SETTLE_TIMEOUT:
+        held = capacity(service)
+        if held and held["runs"] == 0 and held["closes"] == 0 and not containers(service.host_id):
+            break
+        time.sleep(1)
+    return round(time.monotonic() - start, 1)
+
+
+def redis_locks(service: Service) -> list[str]:
+    try:
+        return sorted(service.redis.scan_iter(match="*lock*", count=1000))
+    except redis.RedisError:
+        return []
+
+
+def measure(service: Service) -> dict:
+    """Leftovers while the stack is still up (after settle): containers, networks, socket dirs,
+    held capacity, locks."""
+    held = capacity(service)
+    return {
+        "containers": [c.name for c in containers(service.host_id)],
+        "networks": [n.name for n in networks(service.host_id)],
+        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir()),
+        "slots_held": None if held is None else held["runs"],
+        "closes_pending": None if held is None else held["closes"],
+        "capacity_via": None if held is None else held["via"],
+        "redis_locks": redis_locks(service),
+    }
+
+
+def temp_files(service: Service) -> list[str]:
+    """termpool-* files and folders the stack left in its TMPDIR once stopped (the beat
+    schedule file is meant to persist and is not counted)."""
+    return sorted(p.name for p in service.tmpdir.iterdir()
+                  if p.name.startswith("termpool-") and not p.name.startswith("termpool-beat-"))
+
+
+def count(left: dict) -> int:
+    total = 0
+    for key in ("containers", "networks", "socket_dirs", "redis_locks", "temp_files", "processes"):
+        total += len(left.get(key) or [])
+    total += (left.get("slots_held") or 0) + (left.get("closes_pending") or 0)
+    return total
+
+
+def cleanup(service: Service) -> dict:
+    """Remove whatever the stack left (after it stopped): containers, networks, the images the
+    harness built, the scenario's folders. Returns what had to be removed."""
+    removed = {"containers": 0, "networks": 0, "images": 0}
+    for container in containers(service.host_id):
+        try:
+            container.remove(force=True, v=True)
+            removed["containers"] += 1
+        except docker.errors.NotFound:
+            pass
+    for network in networks(service.host_id):
+        try:
+            network.remove()
+            removed["networks"] += 1
+        except docker.errors.NotFound:
+            pass
+    for image in service.images:
+        try:
+            _docker().images.remove(image, force=True)
+            removed["images"] += 1
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError:
+            pass  # in use by a container that is being removed: harmless, reported by count
+    shutil.rmtree(service.workdir, ignore_errors=True)
+    return removed

@@ -1,0 +1,248 @@
+"""The chaos suite: episodes through the pool API while one fault hits the service.
+
+    python -m chaos.run                                   # every scenario, 16 episodes at 4 at once
+    python -m chaos.run --scenarios baseline,kill-exec --episodes 8 --json out.json
+
+Per scenario: start the service as `scripts/serve.sh` runs it (private ports, Redis, host
+id, folders), run the episodes, inject the fault about 3 s in, measure the time until a fresh
+probe episode succeeds again, let the service settle, count what it left behind, stop it and
+clean up. Prints one markdown table; --json writes every detail.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos import faults, leftovers, report
+from chaos.episodes import Client, Log, episode, probe
+from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
+
+FAULT_AFTER = 3.0  # seconds after the episodes start
+RECOVER_LIMIT = 120.0  # a service not serving a fresh episode this long after the fault "never" recovered
+PROBE_TIMEOUT = 30.0
+SLOW_BUILD_SECONDS = 12
+REQUEST_TIMEOUT = 60.0  # client timeout of one request: a hung request counts as failed
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fault: str  # what the table says
+    role: str | None = None  # kill -9 of this role's main process
+    slow_build: bool = False  # episodes use a fresh task whose image build is slow
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("baseline", "none"),
+    Scenario("kill-build", "kill -9 build worker (mid-build)", "build", slow_build=True),
+    Scenario("kill-build-child", "kill -9 build prefork child (mid-build)", "build-child", slow_build=True),
+    Scenario("kill-lifecycle", "kill -9 lifecycle worker", "lifecycle"),
+    Scenario("kill-exec", "kill -9 exec worker", "exec"),
+    Scenario("kill-eval", "kill -9 eval worker", "eval"),
+    Scenario("kill-teardown", "kill -9 teardown worker", "teardown"),
+    Scenario("kill-beat", "kill -9 beat (scheduler)", "beat"),
+    Scenario("kill-web-master", "kill -9 gunicorn master", "web"),
+    Scenario("redis-restart", "Redis SHUTDOWN NOSAVE, back after 5 s", "redis"),
+)}
+
+
+def inject(scenario: Scenario, service: Service) -> dict:
+    if scenario.role is None:
+        return {"action": "none"}
+    if scenario.role == "redis":
+        return faults.restart_redis(service)
+    app = service.celery()
+    if scenario.role == "build-child":
+        return faults.kill_build_child(service, app)
+    return faults.kill_role(service, scenario.role, app)
+
+
+def measure_recovery(service: Service, t0: float, result: dict) -> None:
+    """Seconds from the fault until the stack is whole again (every Procfile process running)
+    and a fresh probe episode succeeds; None when that never happens (within RECOVER_LIMIT, or
+    at once when the service command itself has exited)."""
+    attempts = 0
+    while time.monotonic() - t0 < RECOVER_LIMIT:
+        attempts += 1
+        missing = service.missing_roles()
+        ok, why = probe(service.url, BASE_TASK, PROBE_TIMEOUT) if not missing else (False, f"not running: {missing}")
+        if ok:
+            result.update(recover_s=round(time.monotonic() - t0, 1), probe_attempts=attempts)
+            return
+        result["last_probe_error"] = why
+        if not service.alive():
+            result.update(recover_s=None, probe_attempts=attempts, service_exited=True)
+            return
+        time.sleep(1)
+    result.update(recover_s=None, probe_attempts=attempts)
+
+
+def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path,
+                 request_timeout: float = REQUEST_TIMEOUT) -> dict:
+    """Start the service, run the episodes with the fault, measure; the service is stopped and
+    cleaned up whatever happens (a scenario that could not run says why under "error")."""
+    service = Service(scratch_dir())
+    result: dict = {"scenario": scenario.name, "fault": scenario.fault, "episodes": episodes,
+                    "concurrency": concurrency, "host_id": service.host_id}
+    started = time.monotonic()
+    try:
+        service.start()
+        result["startup_s"] = round(time.monotonic() - started, 1)
+        ok, why = probe(service.url, BASE_TASK, 120)  # also builds the base task's image on this host
+        if not ok:
+            raise RuntimeError(f"warm-up episode failed: {why}")
+        task = service.slow_task(SLOW_BUILD_SECONDS) if scenario.slow_build else BASE_TASK
+        result.update(run_episodes(scenario, service, task, episodes, concurrency, request_timeout))
+        result["settle_s"] = leftovers.settle(service)
+        result["not_running_after"] = service.missing_roles() if service.alive() else ["serve.sh"]
+        result["leftovers"] = leftovers.measure(service)
+    except Exception as exc:  # the harness's own failure: reported, and the next scenario still runs
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        _finish(service, result, logs, started)
+    return result
+
+
+def run_episodes(scenario: Scenario, service: Service, task: str, episodes: int, concurrency: int,
+                 request_timeout: float) -> dict:
+    """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery."""
+    log = Log()
+    local = threading.local()
+    clients: list[Client] = []
+    fault_info: dict = {}
+    recovery: dict = {}
+    gave_up = threading.Event()  # the service will not recover: stop waiting for a lease
+
+    def keep_trying(waited: float) -> bool:
+        return waited < RECOVER_LIMIT and not gave_up.is_set()
+
+    def one(index: int) -> dict:
+        if not hasattr(local, "client"):
+            local.client = Client(service.url, log, request_timeout)
+            clients.append(local.client)
+        record = episode(local.client, f"chaos-{index % concurrency}", task, keep_trying=keep_trying)
+        log.episode(record)
+        return record
+
+    def fault_then_recover() -> None:
+        time.sleep(FAULT_AFTER)
+        service.snapshot()
+        at = time.monotonic()
+        try:
+            fault_info.update(inject(scenario, service))
+        except Exception as exc:
+            fault_info["error"] = f"{type(exc).__name__}: {exc}"
+        t0 = time.monotonic() if scenario.role != "redis" else at
+        fault_info["at_s"] = round(t0 - begin, 1)
+        try:
+            measure_recovery(service, t0, recovery)
+        except Exception as exc:  # the harness's own failure: recorded, and the episodes stop waiting
+            recovery["recover_error"] = f"{type(exc).__name__}: {exc}"
+        if recovery.get("recover_s") is None:
+            gave_up.set()
+
+    begin = time.monotonic()
+    chaos_thread = threading.Thread(target=fault_then_recover, daemon=True)
+    chaos_thread.start()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(one, range(episodes)))
+    episodes_s = round(time.monotonic() - begin, 1)
+    chaos_thread.join()
+    for client in clients:
+        client.close()
+    return {"episodes_s": episodes_s, "fault_detail": fault_info, **recovery, **summarize(log)}
+
+
+def summarize(log: Log) -> dict:
+    failed = collections.Counter(f"{e['code']} ({e['step']})" for e in log.episodes if not e["ok"])
+    longest = max(log.requests, key=lambda r: r[1], default=(None, 0.0, True))
+    examples = {}
+    for e in log.episodes:
+        if not e["ok"]:
+            examples.setdefault(f"{e['code']} ({e['step']})", e["detail"])
+    return {
+        "episodes_ok": sum(1 for e in log.episodes if e["ok"]),
+        "failed_by_code": dict(failed.most_common()),
+        "failure_examples": examples,
+        "lost_tool_calls": sum(e["lost_tool_calls"] for e in log.episodes),
+        "runs_lost": sum(1 for e in log.episodes if not e["ok"] and e["step"] != "allocate"),
+        "refused": sum(1 for e in log.episodes if not e["ok"] and e["step"] == "allocate"),
+        "allocate_retries": sum(e["allocate_retries"] for e in log.episodes),
+        "requests": len(log.requests),
+        "longest_request_s": longest[1],
+        "longest_request_step": longest[0],
+        "requests_over_20s": sum(1 for r in log.requests if r[1] > 20),
+    }
+
+
+def _finish(service: Service, result: dict, logs: Path, started: float) -> None:
+    left = result.setdefault("leftovers", {})
+    left["processes"] = service.stop()
+    service.stop_redis()
+    left["temp_files"] = leftovers.temp_files(service)
+    result["leftover_count"] = leftovers.count(left)
+    keep = logs / result["scenario"]
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in [service.log_path, *sorted(service.workdir.glob("logs/*"))]:
+        if path.is_file():
+            shutil.copy(path, keep / path.name)
+    result["harness_cleanup"] = leftovers.cleanup(service)
+    result["total_s"] = round(time.monotonic() - started, 1)
+
+
+def machine() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated, from: {', '.join(SCENARIOS)}")
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
+                        help="client timeout of one request, seconds (a request that hits it counts as failed)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+    parser.add_argument("--logs", type=Path, help="keep each scenario's service log here (default: a temp folder)")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+    logs = args.logs or scratch_dir()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "episodes": args.episodes, "concurrency": args.concurrency, "request_timeout_s": args.request_timeout,
+            "fault_after_s": FAULT_AFTER, "recover_limit_s": RECOVER_LIMIT, **machine()}
+    results = []
+    failed_to_run = 0
+    for name in names:
+        print(f"[chaos] {name} ...", file=sys.stderr, flush=True)
+        result = run_scenario(SCENARIOS[name], args.episodes, args.concurrency, logs, args.request_timeout)
+        results.append(result)
+        failed_to_run += "error" in result
+        print(f"[chaos] {name}: {report.one_line(result)}", file=sys.stderr, flush=True)
+        if args.json:  # written after every scenario: a long run that dies keeps what it measured
+            args.json.write_text(json.dumps({"meta": meta, "scenarios": results}, indent=2) + "\n")
+    table = report.table(results)
+    print(table)
+    print(f"\nservice logs: {logs}", file=sys.stderr)
+    if args.markdown:
+        args.markdown.write_text(report.document(meta, table))
+    return 2 if failed_to_run else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

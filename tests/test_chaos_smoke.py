@@ -1,0 +1,53 @@
+"""The chaos suite's harness keeps working: one cheap scenario end to end (the service started
+by scripts/serve.sh, two episodes, the probe, leftovers, cleanup), and its pure parts.
+
+The full suite is long and is run by hand: `python -m chaos.run` (see the README)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import docker
+
+from chaos import report
+from chaos.service import ROOT, role_of
+
+
+def test_roles_are_read_from_command_lines():
+    assert role_of(["python3", "-m", "tasks.worker", "build"]) == "build"
+    assert role_of(["/usr/bin/python3", "-m", "tasks.worker", "beat"]) == "beat"
+    assert role_of(["python3", "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"]) == "web"
+    assert role_of(["/usr/local/bin/gunicorn", "app:create_app()"]) == "web"
+    assert role_of(["python3", "-m", "tasks.flower"]) == "flower"
+    # a shell wrapper carries the whole command in one argument: not the process itself
+    assert role_of(["/bin/sh", "-c", "python3 -m tasks.worker build"]) is None
+    assert role_of(["python3", "-m", "honcho", "start", "-f", "Procfile"]) is None
+
+
+def test_table_names_failures_and_leftovers():
+    result = {"scenario": "kill-exec", "fault": "kill -9 exec worker", "episodes": 4, "episodes_ok": 3,
+              "runs_lost": 1, "refused": 0,
+              "failed_by_code": {"WORKER_LOST (reset)": 1}, "lost_tool_calls": 1, "requests": 30,
+              "longest_request_s": 21.5, "longest_request_step": "reset", "requests_over_20s": 1,
+              "recover_s": None, "service_exited": True, "not_running_after": ["serve.sh"],
+              "leftovers": {"containers": ["a"], "slots_held": 2, "redis_locks": [], "processes": []}}
+    row = report.table([result]).splitlines()[2]
+    assert "| 3/4 | 1 | 0 |" in row and "1x WORKER_LOST (reset)" in row and "21.5 s (reset); 1 > 20 s" in row
+    assert "never (service exited)" in row and "1 containers, 2 slots held" in row
+
+
+def test_baseline_scenario_runs_clean(tmp_path):
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos.run", "--scenarios", "baseline", "--episodes", "2",
+                           "--concurrency", "2", "--json", str(out), "--logs", str(tmp_path / "logs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| baseline | none | 2/2 | 0 | 0 |" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())["scenarios"][0]
+    assert "error" not in result, result
+    assert result["episodes_ok"] == 2 and result["requests"] == 16, result
+    assert result["recover_s"] is not None and result["not_running_after"] == [], result
+    assert result["leftover_count"] == 0, result["leftovers"]
+    left = docker.from_env().containers.list(all=True, filters={"label": f"termpool.host={result['host_id']}"})
+    assert left == []
