@@ -3,8 +3,12 @@ timed and every failure recorded by its code.
 
 One episode: allocate, reset, three tool calls (an echo, a blocking `sleep 2`, a pwd), write
 the solution file, evaluate (must score 1.0), close. A failed tool call is what an agent sees
-as an error observation: it is counted as a lost tool call and the episode goes on; a failure
-of any other step ends the episode as failed (its lease is still closed, best effort).
+as an error observation: it is counted as a lost tool call and the episode goes on. The other
+steps are idempotent (a reset replaces the environment, the write writes the same bytes, an
+evaluation runs the tests again, a close is a no-op the second time), so, as a router that
+honours `retryable` does, a step answered with a retryable failure is sent again while
+keep_trying allows; a step that still fails ends the episode (its lease is closed, best
+effort) and its run counts as lost.
 """
 from __future__ import annotations
 
@@ -92,31 +96,38 @@ class Client:
         self.http.close()
 
 
-def allocate(client: Client, task_key: str, keep_trying) -> tuple[str, int]:
-    """A lease, asking again (same request id: allocate is idempotent) while the refusal is
-    retryable and keep_trying(seconds since the first refusal) says so; returns (lease, retries)."""
-    body = {"task_key": task_key, "request_id": uuid.uuid4().hex}
-    first, retries = None, 0
-    while True:
-        try:
-            return client.call("allocate", "/allocate", body)["lease_id"], retries
-        except StepFailed as failed:
-            first = first or time.monotonic()
-            if not failed.retryable or not keep_trying(time.monotonic() - first):
-                raise
-        retries += 1
-        time.sleep(1)
+class Retrying:
+    """Sends an idempotent step again while its failure is retryable and keep_trying(seconds
+    since the step's first failure) says so; counts the retries."""
+
+    def __init__(self, client: Client, keep_trying):
+        self.client, self.keep_trying, self.retries = client, keep_trying, 0
+
+    def call(self, step: str, path: str, body: dict) -> dict:
+        first = None
+        while True:
+            try:
+                return self.client.call(step, path, body)
+            except StepFailed as failed:
+                first = first or time.monotonic()
+                if not failed.retryable or not self.keep_trying(time.monotonic() - first):
+                    raise
+            self.retries += 1
+            time.sleep(1)
 
 
 def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS, keep_trying=None) -> dict:
-    """One episode; returns its record (never raises). Only allocate is retried (no run exists
-    yet, so nothing can be lost by waiting): an episode that never gets a lease was refused;
-    one that fails after it got its lease is a lost run."""
-    lease, lost, retries = None, 0, 0
+    """One episode; returns its record (never raises). An episode that never gets a lease was
+    refused; one whose step fails for good after it got its lease is a lost run. Allocate (same
+    request id) and the idempotent steps are retried while retryable; tool calls never are."""
+    lease, lost = None, 0
+    steps = Retrying(client, keep_trying or (lambda waited: False))
+    allocate_retries = 0
     try:
-        lease, retries = allocate(client, task_key, keep_trying or (lambda waited: False))
+        lease = steps.call("allocate", "/allocate", {"task_key": task_key, "request_id": uuid.uuid4().hex})["lease_id"]
+        allocate_retries, steps.retries = steps.retries, 0
         meta = {"task_name": task_name, "task_path": task_name, "instruction": "chaos episode"}
-        client.call("reset", "/reset", {"lease_id": lease, "task_meta": meta})
+        steps.call("reset", "/reset", {"lease_id": lease, "task_meta": meta})
         for call, expected in tool_calls:
             try:
                 reply = client.call("tool_call", "/exec_tool", {"lease_id": lease, "tool_call": call})
@@ -124,20 +135,22 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
                     lost += 1
             except StepFailed:
                 lost += 1
-        reply = client.call("write", "/exec_tool", {"lease_id": lease, "tool_call": SOLUTION})
+        reply = steps.call("write", "/exec_tool", {"lease_id": lease, "tool_call": SOLUTION})
         if not str(reply.get("observation", "")).startswith("Content successfully written"):
             raise StepFailed("write", "WRONG_OBSERVATION", str(reply.get("observation"))[:200])
-        score = client.call("evaluate", "/evaluate", {"lease_id": lease}).get("score")
+        score = steps.call("evaluate", "/evaluate", {"lease_id": lease}).get("score")
         if score != 1.0:
             raise StepFailed("evaluate", "WRONG_SCORE", f"score {score!r}")
-        found = client.call("close", "/close", {"lease_id": lease}).get("found")
+        retried_before_close = steps.retries
+        found = steps.call("close", "/close", {"lease_id": lease}).get("found")
         lease = None
-        if found is not True:
+        if found is not True and steps.retries == retried_before_close:  # a retried close finds it closed
             raise StepFailed("close", "NOT_FOUND_AT_CLOSE", f"found={found!r}")
-        return {"ok": True, "lost_tool_calls": lost, "allocate_retries": retries}
+        return {"ok": True, "lost_tool_calls": lost, "allocate_retries": allocate_retries,
+                "step_retries": steps.retries}
     except StepFailed as failed:
         return {"ok": False, "step": failed.step, "code": failed.code, "detail": failed.detail,
-                "lost_tool_calls": lost, "allocate_retries": retries}
+                "lost_tool_calls": lost, "allocate_retries": allocate_retries, "step_retries": steps.retries}
     finally:
         if lease:
             try:

@@ -6,7 +6,8 @@ LEFTOVER_LABELS = (  # key in the leftovers record -> how the table names it
     ("slots_held", "slots held"), ("closes_pending", "closes pending"), ("redis_locks", "Redis locks"),
     ("temp_files", "temp files"), ("processes", "processes"),
 )
-COLUMNS = ("scenario", "fault", "episodes ok", "runs lost", "refused", "failed by code (step)", "tool calls lost",
+COLUMNS = ("scenario", "fault", "episodes ok", "runs lost", "refused", "failed by code (step)", "steps retried",
+           "tool calls lost",
            "longest request", "recover", "not running after", "leftovers")
 
 
@@ -45,11 +46,11 @@ def longest_cell(result: dict) -> str:
 
 def row(result: dict) -> list[str]:
     if result.get("error"):
-        return [result["scenario"], result["fault"], "-", "-", "-", result["error"][:120], "-", "-", "-", "-",
+        return [result["scenario"], result["fault"], "-", "-", "-", result["error"][:120], "-", "-", "-", "-", "-",
                 leftovers_cell(result.get("leftovers", {}))]
     failed = ", ".join(f"{n}x {code}" for code, n in result["failed_by_code"].items()) or "-"
     return [result["scenario"], result["fault"], f"{result['episodes_ok']}/{result['episodes']}",
-            str(result["runs_lost"]), str(result["refused"]), failed,
+            str(result["runs_lost"]), str(result["refused"]), failed, str(result.get("step_retries", 0)),
             str(result["lost_tool_calls"]), longest_cell(result), recover_cell(result),
             ", ".join(result.get("not_running_after") or []) or "-", leftovers_cell(result.get("leftovers", {}))]
 

@@ -179,6 +179,7 @@ def summarize(log: Log) -> dict:
         "runs_lost": sum(1 for e in log.episodes if not e["ok"] and e["step"] != "allocate"),
         "refused": sum(1 for e in log.episodes if not e["ok"] and e["step"] == "allocate"),
         "allocate_retries": sum(e["allocate_retries"] for e in log.episodes),
+        "step_retries": sum(e.get("step_retries", 0) for e in log.episodes),
         "requests": len(log.requests),
         "longest_request_s": longest[1],
         "longest_request_step": longest[0],
