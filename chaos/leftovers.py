@@ -72,7 +72,8 @@ def measure(service: Service) -> dict:
     return {
         "containers": [c.name for c in containers(service.host_id)],
         "networks": [n.name for n in networks(service.host_id)],
-        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir()),
+        # a run's (or warm container's) socket folder; not the workers' containment lock file
+        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir() if p.is_dir()),
         "slots_held": None if held is None else held["runs"],
         "closes_pending": None if held is None else held["closes"],
         "capacity_via": None if held is None else held["via"],
