@@ -1,4 +1,5 @@
 """Every setting termpool reads, from the environment, in one place (see docs/settings.md)."""
+
 from __future__ import annotations
 
 import functools

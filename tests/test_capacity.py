@@ -1,4 +1,5 @@
 """Capacity and lease rules of the state store, against a real Redis."""
+
 from __future__ import annotations
 
 import threading

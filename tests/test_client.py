@@ -2,6 +2,7 @@
 context managers, one-shot episodes, typed errors, retries of retryable failures, asyncio;
 plus what needs no stack: the error classes cover every code, and the client installs and
 imports without any of the server's packages."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,20 @@ import uuid
 import pytest
 
 from termpool import client as tc
-from termpool.client import (AsyncPool, ClientError, InfrastructureError, Pool, RunClosed, RunSlotsExhausted,
-                             ServiceUnreachable, TaskError, TermpoolError, UnknownJob, UnknownRun,
-                             exec_call)
+from termpool.client import (
+    AsyncPool,
+    ClientError,
+    InfrastructureError,
+    Pool,
+    RunClosed,
+    RunSlotsExhausted,
+    ServiceUnreachable,
+    TaskError,
+    TermpoolError,
+    UnknownJob,
+    UnknownRun,
+    exec_call,
+)
 from termpool.codes import CODES
 from tests.conftest import wait_for
 from tests.stack import ROOT, free_port
@@ -62,11 +74,17 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
-                         capture_output=True, text=True, timeout=600)
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    probe = ("import sys, termpool.client as c; from termpool.client import Pool, AsyncPool, UnknownRun; "
-             f"print(c.__file__); print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))")
+    probe = (
+        "import sys, termpool.client as c; from termpool.client import Pool, AsyncPool, UnknownRun; "
+        f"print(c.__file__); print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))"
+    )
     out = subprocess.run([python, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     where, imported = out.stdout.split("\n")[:2]

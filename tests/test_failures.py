@@ -1,4 +1,5 @@
 """The failure taxonomy: codes by exception type, no Docker needed."""
+
 import docker.errors
 import requests
 

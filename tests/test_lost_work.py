@@ -3,6 +3,7 @@
 Each case checks that the client is answered soon (the job is retried or fails WORKER_LOST),
 that no lock or half-made environment outlives the dead process, and that the run goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,9 @@ def test_a_killed_process_is_known_dead_and_a_live_one_is_not():
 
 def hold_lock(redis_server, name: str, ttl: float) -> subprocess.Popen:
     port = redis_server.connection_pool.connection_kwargs["port"]
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(port), name, str(ttl)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(port), name, str(ttl)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -149,12 +151,14 @@ def store(stack: Stack) -> Store:
 
 def start_job_on(stack: Stack, lease: str, kind: str, timeout: float = 120) -> dict:
     """The run's start job once a worker of `kind` runs it."""
+
     def running():
         jobs = store(stack).run_jobs(lease)
         job = store(stack).get_job(jobs[-1]) if jobs else None
         if job and job["state"] == "running" and job.get("node", "").startswith(kind + "-"):
             return job
         return None
+
     job = wait_for(running, timeout, 0.05)
     assert job, f"no {kind} worker took the start of {lease}"
     return job
@@ -216,6 +220,7 @@ def test_a_build_lost_twice_fails_with_worker_lost(lost_stack, pool, slow_task):
     def retry_running():
         job = store(lost_stack).get_job(job_id)
         return job.get("retry_with") and json.loads(job["retry_with"])["options"]["retries"] == 1
+
     assert wait_for(retry_running, 60, 0.1), store(lost_stack).get_job(job_id)
     time.sleep(3)
     kill_build_child(lost_stack)
@@ -257,8 +262,12 @@ def test_exec_worker_killed_during_a_tool_call(lost_stack, pool, own_task):
     assert pool.reset(lease, task).status_code == 200
     pool.sh(lease, "echo before > /tmp/kept")
     call = {"name": "shell_exec", "arguments": {"id": "x", "command": "sleep 30", "block": True, "timeout": 60}}
-    reply, answered = kill_while(lost_stack, "exec", lambda: lost_stack.post("/exec_tool", {
-        "lease_id": lease, "tool_call": call}), lambda: store(lost_stack).get_run(lease)["state"] == "busy")
+    reply, answered = kill_while(
+        lost_stack,
+        "exec",
+        lambda: lost_stack.post("/exec_tool", {"lease_id": lease, "tool_call": call}),
+        lambda: store(lost_stack).get_run(lease)["state"] == "busy",
+    )
     assert reply.status_code == 500, reply.text
     assert reply.json().get("code", "WORKER_LOST") == "WORKER_LOST", reply.text
     assert answered < 20, answered
@@ -275,8 +284,12 @@ def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
     task = own_task("slow-tests")
     lease = pool.allocate(task)
     assert pool.reset(lease, task).status_code == 200
-    reply, answered = kill_while(lost_stack, "eval", lambda: pool.evaluate(lease),
-                                 lambda: store(lost_stack).get_run(lease)["state"] == "evaluating")
+    reply, answered = kill_while(
+        lost_stack,
+        "eval",
+        lambda: pool.evaluate(lease),
+        lambda: store(lost_stack).get_run(lease)["state"] == "evaluating",
+    )
     assert reply.status_code == 500 and answered < 20, (reply.text, answered)
     job = store(lost_stack).get_job(store(lost_stack).run_jobs(lease)[-1])
     # Its tests had started: not run again (they may have changed the container).
@@ -290,8 +303,16 @@ def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
 def test_exec_worker_killed_during_an_episode(lost_stack, docker_client, own_task):
     task = own_task("hello-file")
     call = {"name": "shell_exec", "arguments": {"id": "a", "command": "sleep 30", "block": True, "timeout": 60}}
-    reply = lost_stack.post("/v1/runs", {"task_meta": {"task_name": task}, "request_id": uuid.uuid4().hex,
-                                         "script": [call, call], "evaluate": True, "close": True})
+    reply = lost_stack.post(
+        "/v1/runs",
+        {
+            "task_meta": {"task_name": task},
+            "request_id": uuid.uuid4().hex,
+            "script": [call, call],
+            "evaluate": True,
+            "close": True,
+        },
+    )
     assert reply.status_code == 202, reply.text
     run_id, jobs = reply.json()["run_id"], reply.json()["jobs"]
     first, second = jobs["tool_calls"]

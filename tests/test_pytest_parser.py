@@ -1,4 +1,5 @@
 """The pytest parser and scoring, per docs/task-format.md "The pytest parser"."""
+
 import pytest
 
 from termpool.pytest_parser import (

@@ -1,4 +1,5 @@
 """Idle runs are reaped by beat; leftovers of runs that no longer exist are reconciled away."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,15 @@ def test_heartbeat_keeps_a_run_alive(short_ttl_stack, docker_client):
 
 def test_worker_start_reconciles_orphans(short_ttl_stack, docker_client, base_image):
     orphan = docker_client.containers.run(
-        base_image, ["sleep", "infinity"], detach=True,
-        labels={"termpool.managed": "1", "termpool.host": short_ttl_stack.host_id, "termpool.run": "run-deadbeefdeadbeef"})
+        base_image,
+        ["sleep", "infinity"],
+        detach=True,
+        labels={
+            "termpool.managed": "1",
+            "termpool.host": short_ttl_stack.host_id,
+            "termpool.run": "run-deadbeefdeadbeef",
+        },
+    )
     short_ttl_stack.kill("teardown")
     short_ttl_stack.start_worker("teardown")
 
