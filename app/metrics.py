@@ -70,7 +70,7 @@ SCRAPE_REDIS_TIMEOUT = 2.0
 
 def multiprocess_dir() -> str | None:
     """The multiprocess directory when prometheus_client runs in multiprocess mode."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112 (the older name, still read)
     return path if path and os.path.isdir(path) else None
 
 

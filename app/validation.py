@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flask import request
 
 from termpool.config import Settings
 from termpool.paths import PathError, resolve_log_dir, resolve_task_path
-from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, valid_task_name
+from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, valid_task_name  # noqa: F401 (see below)
 
 MAX_BODY_BYTES = 8 << 20  # Flask's MAX_CONTENT_LENGTH: a larger body is answered 413
 MAX_JSON_DEPTH = 64  # arrays and objects nested in a body, the body itself counting as 1

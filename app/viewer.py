@@ -25,7 +25,7 @@ import hmac
 import math
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, send_file, url_for
@@ -115,7 +115,7 @@ def _headers(reply):
 def _utc(ts) -> str:
     if not isinstance(ts, (int, float)):
         return ""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @bp.app_template_filter("duration")

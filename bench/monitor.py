@@ -36,7 +36,7 @@ class Monitor:
         self._http = requests.Session()
         self._cache: dict[int, psutil.Process] = {}
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         self._thread.start()
         return self
 

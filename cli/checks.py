@@ -63,10 +63,7 @@ def find_tasks(root: Path) -> list[Path]:
 
 
 def _holds_tasks(folder: Path, depth: int) -> bool:
-    for sub in _subdirs(folder):
-        if is_task_dir(sub) or (depth < MAX_DEPTH and _holds_tasks(sub, depth + 1)):
-            return True
-    return False
+    return any(is_task_dir(sub) or (depth < MAX_DEPTH and _holds_tasks(sub, depth + 1)) for sub in _subdirs(folder))
 
 
 def task_label(task_dir: Path, root: Path) -> str:

@@ -19,8 +19,8 @@ from flask.cli import AppGroup
 
 from cli import download as dl
 from cli import oracle as orc
-from cli.output import emit_json, progress, table
 from cli.checks import check_tasks, find_tasks, task_label
+from cli.output import emit_json, progress, table
 from termpool.config import Settings
 
 dataset_cli = AppGroup("dataset", help="Work with terminal-bench task datasets.")
@@ -248,25 +248,27 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
 
     started_at, started = time.time(), time.monotonic()
     results: dict[Path, orc.OracleResult] = {}
-    with progress(
-        len(tasks), f"oracle ({jobs} at a time)", item_show_func=lambda r: r and f"{r.task}: {r.outcome}"
-    ) as bar:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="oracle") as pool:
-            futures = {
-                pool.submit(
-                    orc.run_oracle,
-                    client,
-                    path,
-                    task_label(path, root),
-                    orc.task_path_for(path, cfg.dataset_dir, root),
-                    opts,
-                ): path
-                for path in tasks
-            }
-            for future in as_completed(futures):
-                result = future.result()
-                results[futures[future]] = result
-                bar.update(1, result)
+    with (
+        progress(
+            len(tasks), f"oracle ({jobs} at a time)", item_show_func=lambda r: r and f"{r.task}: {r.outcome}"
+        ) as bar,
+        ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="oracle") as pool,
+    ):
+        futures = {
+            pool.submit(
+                orc.run_oracle,
+                client,
+                path,
+                task_label(path, root),
+                orc.task_path_for(path, cfg.dataset_dir, root),
+                opts,
+            ): path
+            for path in tasks
+        }
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            bar.update(1, result)
     ordered = [results[path] for path in tasks]
     summary = orc.summarize(ordered)
 

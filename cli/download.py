@@ -133,7 +133,7 @@ class Download:
     def step(self, name: str) -> None:
         getattr(self, "_" + name)()
 
-    def run(self) -> "Download":
+    def run(self) -> Download:
         try:
             for name in STEPS:
                 self.step(name)

@@ -223,8 +223,9 @@ def _run_local(text: str) -> None:
 def _own_container():
     """The container of the Docker daemon we drive that this worker runs in (the compose
     deployment: its hostname is its id), or None on the host (or when Docker is unreachable)."""
-    from tasks.docker_env import docker_client
     import docker.errors
+
+    from tasks.docker_env import docker_client
 
     try:
         return docker_client().containers.get(socket.gethostname())

@@ -47,8 +47,8 @@ from tasks.docker_env import (
 from tasks.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
-from termpool.task_spec import name_prefix
 from termpool.state import build_lock
+from termpool.task_spec import name_prefix
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)

@@ -45,7 +45,7 @@ def _int(env, name: str, default: int) -> int:
     try:
         value = int(raw) if raw else default
     except ValueError:
-        raise SystemExit(f"{name} must be an integer, not {raw!r}")
+        raise SystemExit(f"{name} must be an integer, not {raw!r}") from None
     if value < 0:
         raise SystemExit(f"{name} must not be negative")
     return value

@@ -18,9 +18,9 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from tasks import artifacts, environment, warm_pool
-from tasks.runtime import remove_env, store
 from tasks.docker_env import docker_client
 from tasks.evaluation import copy_tests, run_tests
+from tasks.runtime import remove_env, store
 from tasks.session_helper import prepare_container
 from tasks.shell_tools import run_tool, tool_schemas
 from termpool import failures

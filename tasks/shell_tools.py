@@ -141,7 +141,7 @@ class OutputLimits:
     observation_chars: int
 
     @classmethod
-    def from_settings(cls) -> "OutputLimits":
+    def from_settings(cls) -> OutputLimits:
         cfg = settings()
         return cls(cfg.session_output_limit, cfg.observation_limit)
 

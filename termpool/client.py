@@ -34,8 +34,9 @@ import functools
 import random
 import time
 import uuid
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any
 
 import httpx
 
@@ -343,7 +344,7 @@ class _Call:
 Op = Generator[Any, Any, Any]
 
 
-def _request(pool: "_PoolOps", call: _Call) -> Op:
+def _request(pool: _PoolOps, call: _Call) -> Op:
     """One request, sent again after retryable failures (pool._retry_delay); its JSON reply."""
     attempt = 0
     while True:
@@ -360,7 +361,7 @@ def _request(pool: "_PoolOps", call: _Call) -> Op:
         attempt += 1
 
 
-def _wait_job(pool: "_PoolOps", job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
+def _wait_job(pool: _PoolOps, job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
     """Long-poll a job until it ends; its record. A failed job raises its typed error."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -415,7 +416,7 @@ def _episode(run_id: str, run: dict, jobs: list[dict]) -> Episode:
 class _Ops:
     """Base of the objects whose methods are operations; `_pool` drives them."""
 
-    _pool: "_PoolOps"
+    _pool: _PoolOps
 
     def _call(self, method: str, path: str, **options) -> Op:
         return (yield from _request(self._pool, _Call(method, path, **options)))
@@ -718,7 +719,7 @@ class Run(_RunOps):
     info = _blocking(_RunOps.info)
     close = _blocking(_RunOps.close)
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -767,7 +768,7 @@ class Pool(_PoolOps):
         """Close the HTTP connections (not the runs)."""
         self._http.close()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -796,7 +797,7 @@ class AsyncRun(_RunOps):
     info = _awaitable(_RunOps.info)
     close = _awaitable(_RunOps.close)
 
-    async def __aenter__(self) -> "AsyncRun":
+    async def __aenter__(self) -> AsyncRun:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -844,7 +845,7 @@ class AsyncPool(_PoolOps):
         """Close the HTTP connections (not the runs)."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncPool":
+    async def __aenter__(self) -> AsyncPool:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -49,7 +49,7 @@ class Timeouts:
     close_session: float = 60.0
     eval: float = 600.0
 
-    def merged(self, overrides: dict | None) -> "Timeouts":
+    def merged(self, overrides: dict | None) -> Timeouts:
         """Apply a request's task_timeouts; values that are not positive numbers are ignored."""
         values = dict(self.__dict__)
         for key, value in (overrides or {}).items():

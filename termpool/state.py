@@ -186,7 +186,7 @@ class Store:
         self._transition = client.register_script(_TRANSITION)
 
     @classmethod
-    def from_url(cls, url: str) -> "Store":
+    def from_url(cls, url: str) -> Store:
         # Blocking waits (wait_job) poll every few seconds: the socket timeout must exceed that.
         return cls(
             redis.Redis.from_url(
@@ -686,7 +686,7 @@ class OwnedLock:
         except redis.exceptions.LockError:
             pass  # expired meanwhile (the owner stalled past its TTL): nothing to release
 
-    def __enter__(self) -> "OwnedLock":
+    def __enter__(self) -> OwnedLock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -59,7 +59,7 @@ class FaultProxy:
                     return True
         return False
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         proxy = self
 
         class Handler(socketserver.BaseRequestHandler):

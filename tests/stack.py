@@ -80,7 +80,7 @@ class Stack:
 
     # ---- processes ------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "ab")
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child's stdout: it outlives this call)
         proc = subprocess.Popen(
             argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -103,7 +103,7 @@ class Stack:
         time.sleep(down_for)
         self.start_redis()
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         self.start_redis()
         for kind in WORKER_KINDS:
             self.start_worker(kind, wait=False)

@@ -50,9 +50,11 @@ def test_every_code_has_its_class():
 
 def test_unreachable_service_is_retried_then_raised():
     started = time.monotonic()
-    with Pool(f"http://127.0.0.1:{free_port()}", retries=3, backoff=0.05) as pool:
-        with pytest.raises(ServiceUnreachable) as caught:
-            pool.status()
+    with (
+        Pool(f"http://127.0.0.1:{free_port()}", retries=3, backoff=0.05) as pool,
+        pytest.raises(ServiceUnreachable) as caught,
+    ):
+        pool.status()
     assert caught.value.retryable and caught.value.status is None
     assert time.monotonic() - started >= 0.05 * (1 + 2 + 4) * 0.5  # three backoffs, jitter at most halves them
 
@@ -119,16 +121,15 @@ def test_run_as_context_manager_solves_and_leaves_nothing(pool, docker_client):
 
 
 def test_interactive_session_and_close_on_error(pool, docker_client):
-    with pytest.raises(RuntimeError, match="agent crashed"):
-        with pool.start("interactive-guess") as run:
-            started = run.exec("guess", id="g", block=False)
-            assert started.startswith("Session 'g' started.")
-            seen = []
-            assert wait_for(lambda: seen.append(run.view("g")) or "Enter the secret word" in "".join(seen), 30)
-            assert "Wrong" in run.write_to_process("g", "banana")
-            assert "Correct!" in run.write_to_process("g", "pineapple")
-            assert run.evaluate().score == 1.0
-            raise RuntimeError("agent crashed")  # the run is closed all the same
+    with pytest.raises(RuntimeError, match="agent crashed"), pool.start("interactive-guess") as run:
+        started = run.exec("guess", id="g", block=False)
+        assert started.startswith("Session 'g' started.")
+        seen = []
+        assert wait_for(lambda: seen.append(run.view("g")) or "Enter the secret word" in "".join(seen), 30)
+        assert "Wrong" in run.write_to_process("g", "banana")
+        assert "Correct!" in run.write_to_process("g", "pineapple")
+        assert run.evaluate().score == 1.0
+        raise RuntimeError("agent crashed")  # the run is closed all the same
     assert wait_for(lambda: not run_containers(docker_client, run.id), 120)
 
 
@@ -186,17 +187,18 @@ def test_capacity_exhausted_then_retried_until_a_slot_frees(stack, pool, router)
     key = f"cap-{uuid.uuid4().hex[:6]}"
     leases = [router.allocate(key) for _ in range(8)]
     try:
-        with Pool(stack.url, retries=0) as impatient:
-            with pytest.raises(RunSlotsExhausted) as caught:
-                impatient.start("hello-file", task_key=key)
+        with Pool(stack.url, retries=0) as impatient, pytest.raises(RunSlotsExhausted) as caught:
+            impatient.start("hello-file", task_key=key)
         assert (caught.value.status, caught.value.retryable) == (429, True)
 
         release = threading.Timer(3.0, lambda: router.close(leases.pop()))
         release.start()
         started = time.monotonic()
-        with Pool(stack.url, retries=10, backoff=0.5, max_backoff=2.0) as patient:
-            with patient.start("hello-file", task_key=key) as run:  # 429s, backoff, then a slot
-                assert run.exec("echo in").strip() == "in"
+        with (
+            Pool(stack.url, retries=10, backoff=0.5, max_backoff=2.0) as patient,
+            patient.start("hello-file", task_key=key) as run,  # 429s, backoff, then a slot
+        ):
+            assert run.exec("echo in").strip() == "in"
         assert time.monotonic() - started >= 3.0
         release.join()
     finally:
@@ -222,7 +224,7 @@ def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
     results, one_shot = asyncio.run(main())
     assert [score for _, score in results] == [1.0] * 4 and one_shot.score == 1.0
     for run_id, _ in results:
-        assert wait_for(lambda: not run_containers(docker_client, run_id), 120)
+        assert wait_for(lambda: not run_containers(docker_client, run_id), 120)  # noqa: B023 (called in this iteration)
 
 
 def test_error_hierarchy_is_catchable_by_kind():

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -361,7 +361,7 @@ def test_episode_compose_healthy_sidecar(router, docker_client):
         host = client.attrs["HostConfig"]
         assert host["Memory"] == GIB and host["NanoCpus"] == 500_000_000  # pool's lower memory, task's cpus
         ready = float(sidecar.exec_run(["cat", "/tmp/ready"]).output)  # written 3 s after the sidecar starts
-        started = datetime.fromisoformat(client.attrs["State"]["StartedAt"][:26]).replace(tzinfo=timezone.utc)
+        started = datetime.fromisoformat(client.attrs["State"]["StartedAt"][:26]).replace(tzinfo=UTC)
         assert started.timestamp() >= ready, "the client started before the sidecar was healthy"
         [network] = client.attrs["NetworkSettings"]["Networks"]
         assert network.endswith("_backend")

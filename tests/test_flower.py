@@ -65,7 +65,7 @@ def flower(stack):
         "FLOWER_ADDRESS": "127.0.0.1",
         "LOG_LEVEL": "INFO",
     }
-    log = open(stack.workdir / f"{name}.log", "ab")
+    log = open(stack.workdir / f"{name}.log", "ab")  # noqa: SIM115 (flower writes it until the teardown)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tasks.flower"],
         cwd=ROOT,

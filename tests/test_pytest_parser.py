@@ -190,7 +190,7 @@ def test_weighted_score_rejects_bad_weights(bad):
 
 
 def test_parser_registry():
-    assert PARSERS == {"pytest": parse_pytest}
+    assert {"pytest": parse_pytest} == PARSERS
     assert get_parser("pytest") is parse_pytest
 
 
