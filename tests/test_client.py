@@ -38,6 +38,7 @@ SERVER_MODULES = ("flask", "celery", "kombu", "docker", "redis", "requests", "ya
 
 
 # ---- no stack ---------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_every_code_has_its_class():
     bases = {"client": ClientError, "task": TaskError, "infrastructure": InfrastructureError}
     for code in CODES.values():
@@ -48,6 +49,7 @@ def test_every_code_has_its_class():
         assert (error.code, error.retryable, error.kind) == (code.name, code.retryable, code.kind)
 
 
+@pytest.mark.unit
 def test_unreachable_service_is_retried_then_raised():
     started = time.monotonic()
     with (
@@ -59,6 +61,7 @@ def test_unreachable_service_is_retried_then_raised():
     assert time.monotonic() - started >= 0.05 * (1 + 2 + 4) * 0.5  # three backoffs, jitter at most halves them
 
 
+@pytest.mark.unit
 def test_client_module_imports_nothing_of_the_server():
     probe = f"import sys, termpool.client; print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -227,6 +230,7 @@ def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
         assert wait_for(lambda: not run_containers(docker_client, run_id), 120)  # noqa: B023 (called in this iteration)
 
 
+@pytest.mark.unit
 def test_error_hierarchy_is_catchable_by_kind():
     assert issubclass(RunSlotsExhausted, tc.CapacityExhausted) and issubclass(tc.CapacityExhausted, ClientError)
     assert issubclass(tc.WorkerLost, InfrastructureError) and issubclass(tc.WaitTimeout, TimeoutError)

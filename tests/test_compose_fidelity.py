@@ -52,6 +52,7 @@ def settings(tmp: Path, **env):
 
 
 # ---- pure merging (no Docker) ---------------------------------------------------------------
+@pytest.mark.unit
 def test_limits_go_where_the_task_put_its_own(tmp_path):
     cfg = settings(tmp_path, CONTAINER_PIDS_LIMIT="100", CONTAINER_CPU_LIMIT="2")
     deploy = {
@@ -88,6 +89,7 @@ def test_limits_go_where_the_task_put_its_own(tmp_path):
     assert container_spec.limits({}, off, True, 8) == {}
 
 
+@pytest.mark.unit
 def test_override_merges_with_deploy_limits(tmp_path):
     """The reported bug: a task with deploy.resources.limits made compose refuse termpool's
     override ("can't set distinct values on 'mem_limit' and 'deploy.resources.limits.memory'")."""
@@ -107,6 +109,7 @@ def test_override_merges_with_deploy_limits(tmp_path):
     assert client["labels"] == {"termpool.run": "x"} and client["container_name"] == "cl-x"
 
 
+@pytest.mark.unit
 def test_compose_errors_name_the_files(tmp_path):
     (tmp_path / "bad.yaml").write_text("services:\n  c:\n    image: [x\n")
     with pytest.raises(ComposeError) as err:
@@ -231,6 +234,7 @@ def normalised(container, run: dict, tmp_path: Path) -> dict:
     }
 
 
+@pytest.mark.unit
 def test_fast_path_applies_exactly_where_expected(tmp_path):
     cfg = settings(tmp_path)
     eligible = {

@@ -22,6 +22,7 @@ from tests.stack import free_port
 
 
 # ---- pure logic -------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_local_redis_is_a_port_and_remote_redis_an_address():
     local = containment.guard_from_settings(
         load_settings(
@@ -41,6 +42,7 @@ def test_local_redis_is_a_port_and_remote_redis_an_address():
     assert ("198.51.100.0/24", None) in remote.remote and ("192.0.2.9", 80) in remote.remote
 
 
+@pytest.mark.unit
 def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
     guard = Guard("p", (18081, 6379), (("192.0.2.7", 6379), ("fd00::7", None)), ("docker0",), ("br-own",))
     v4 = [(chain, " ".join(rule)) for chain, rule in containment.rules(guard, "iptables")]
@@ -70,11 +72,13 @@ def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
         {"services": {}, "networks": {"default": {"driver_opts": {"com.docker.network.bridge.name": "eth9"}}}},
     ],
 )
+@pytest.mark.unit
 def test_task_networks_that_escape_the_filter_are_refused(resolved, tmp_path):
     with pytest.raises(TaskUnsupported):
         compose_config.check_supported(resolved, tmp_path)
 
 
+@pytest.mark.unit
 def test_ordinary_task_networks_pass(tmp_path):
     compose_config.check_supported(
         {

@@ -31,12 +31,14 @@ def cli(tmp_path: Path, **env):
 
 
 # ---- check --------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_check_fixtures_are_clean(tmp_path):
     result = cli(tmp_path)("check")
     assert result.exit_code == 0, result.output
     assert "10 tasks checked" in result.stdout and "10 clean, 0 with problems" in result.stdout
 
 
+@pytest.mark.unit
 def test_check_lists_problems(tmp_path):
     data = tmp_path / "ds"
     data.mkdir()
@@ -66,6 +68,7 @@ def test_check_lists_problems(tmp_path):
     assert {"task": "broken-task", "problem": "no run-tests.sh (the grader)"} in report["problems"]
 
 
+@pytest.mark.unit
 def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
     """The same rules the start path applies (tasks/compose_config.py), before any run."""
     from tests.test_unsafe_tasks import CLIENT
@@ -133,6 +136,7 @@ def origin(tmp_path) -> Path:
     return repo
 
 
+@pytest.mark.unit
 def test_download_sparse_from_local_origin(tmp_path, origin):
     dest = tmp_path / "datasets"
     run = cli(tmp_path)
@@ -186,6 +190,7 @@ def test_prebuild_reports_built_and_failed(tmp_path, base_image, docker_client, 
             pass
 
 
+@pytest.mark.unit
 def test_prebuild_needs_redis(tmp_path):
     result = cli(tmp_path)("prebuild", FIXTURES)
     assert result.exit_code == 2 and "is needed for the build locks" in result.output

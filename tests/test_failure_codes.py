@@ -22,6 +22,7 @@ from tests.test_runs_api import finished, get_run, solution_script, submit
 
 
 # ---- the table and its statuses (no Docker) ---------------------------------------------------
+@pytest.mark.unit
 def test_every_code_has_a_status_on_each_face():
     rows = {row["code"]: row for row in error_codes.rows()}
     assert list(rows) == list(failures.CODES)
@@ -38,6 +39,7 @@ def test_every_code_has_a_status_on_each_face():
     assert error_codes.pool_status("RUN_SLOTS_EXHAUSTED") == 429
 
 
+@pytest.mark.unit
 def test_rendered_table_lists_every_code_once():
     table = error_codes.render_table()
     body = [line for line in table.splitlines() if line.startswith("| `")]
@@ -46,6 +48,7 @@ def test_rendered_table_lists_every_code_once():
     assert "| `BACKEND_UNAVAILABLE` | infrastructure | yes | 503 | 503, job record |" in table
 
 
+@pytest.mark.unit
 def test_readme_table_matches_the_codes():
     readme = (ROOT / "README.md").read_text()
     if error_codes.TABLE_BEGIN not in readme:
@@ -55,6 +58,7 @@ def test_readme_table_matches_the_codes():
     assert readme[start:end] + "\n" == error_codes.render_table(), "run python -m app.error_codes"
 
 
+@pytest.mark.unit
 def test_openapi_document_carries_the_codes():
     doc = document()
     assert doc["x-error-codes"] == error_codes.rows()
@@ -64,6 +68,7 @@ def test_openapi_document_carries_the_codes():
     assert {"code", "retryable", "attempts"} <= set(job)
 
 
+@pytest.mark.unit
 def test_error_texts_are_capped():
     text = "head " + "x" * 50_000 + " the cause at the end"
     cut = failures.cap(text)
@@ -72,6 +77,7 @@ def test_error_texts_are_capped():
     assert failures.cap("short") == "short"
 
 
+@pytest.mark.unit
 def test_only_transient_docker_failures_are_retried():
     from tasks.jobs import transient
 

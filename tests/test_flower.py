@@ -19,6 +19,7 @@ from tests.stack import ROOT, WORKER_KINDS, free_port
 
 
 # ---- the launcher's arguments (no stack) ------------------------------------------------------
+@pytest.mark.unit
 def test_argv_defaults_without_auth_bind_loopback():
     argv = flower_argv("", {})
     assert argv[0] == "flower"
@@ -27,6 +28,7 @@ def test_argv_defaults_without_auth_bind_loopback():
     assert not any(a.startswith("--basic_auth") for a in argv)
 
 
+@pytest.mark.unit
 def test_argv_with_auth_and_overrides():
     env = {
         "FLOWER_PORT": "6000",
@@ -41,11 +43,13 @@ def test_argv_with_auth_and_overrides():
 
 
 @pytest.mark.parametrize("auth", ["user", "user:", ":pw", "a:b,nopassword"])
+@pytest.mark.unit
 def test_malformed_basic_auth_is_refused(auth):
     with pytest.raises(SystemExit):
         flower_argv(auth, {})
 
 
+@pytest.mark.unit
 def test_bad_port_is_refused():
     with pytest.raises(SystemExit):
         flower_argv("", {"FLOWER_PORT": "http"})

@@ -17,6 +17,8 @@ from termpool.config import load_settings
 from termpool.task_spec import image_name, name_prefix, valid_task_name
 from tests.stack import FIXTURES, free_port
 
+pytestmark = pytest.mark.unit
+
 RUN = "run-0123456789abcdef"
 
 

@@ -36,6 +36,7 @@ SLACK = 30  # on top of what the work itself takes: a loaded machine, queue hops
 
 
 # ---- owners of processes and locks (Redis only) ----------------------------------------------
+@pytest.mark.unit
 def test_a_killed_process_is_known_dead_and_a_live_one_is_not():
     proc = subprocess.Popen(["sleep", "60"])
     facts = {"pid": proc.pid, "started": psutil.Process(proc.pid).create_time(), "pidns": processes.pid_namespace()}
@@ -57,6 +58,7 @@ def hold_lock(redis_server, name: str, ttl: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.unit
 def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
     holder = hold_lock(redis_server, "tp:test-lock:renewed", 1.5)
     try:
@@ -69,6 +71,7 @@ def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
         holder.wait()
 
 
+@pytest.mark.unit
 def test_a_dead_owners_lock_is_taken_at_once(redis_server):
     holder = hold_lock(redis_server, "tp:test-lock:dead", 60)
     holder.kill()
@@ -81,6 +84,7 @@ def test_a_dead_owners_lock_is_taken_at_once(redis_server):
     assert not redis_server.exists("tp:test-lock:dead")
 
 
+@pytest.mark.unit
 def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
     redis_server.set("tp:test-lock:remote", "elsewhere:1:1.0:otherns:abcd", px=1500)  # another machine's owner
     lock = OwnedLock(redis_server, "tp:test-lock:remote")
@@ -89,6 +93,7 @@ def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
     lock.release()
 
 
+@pytest.mark.unit
 def test_a_warm_container_claimed_by_a_lost_start_goes_when_its_run_closes(redis_server):
     state = Store(redis_server)
     state.warm_push("h", "task", {"warm_id": "warm-1"})

@@ -24,10 +24,12 @@ OLD_HELPER_COMMIT = "e1c90f7"  # the helper before output limits
 
 
 # ---- pure logic -------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_short_text_is_unchanged():
     assert cap_text("Command executed successfully (no output).", 100) == "Command executed successfully (no output)."
 
 
+@pytest.mark.unit
 def test_long_text_keeps_its_newest_part_behind_a_note():
     text = "".join(f"{i}\n" for i in range(100000))
     capped = cap_text(text, 4096)
@@ -36,6 +38,7 @@ def test_long_text_keeps_its_newest_part_behind_a_note():
     assert capped.endswith("99998\n99999\n")
 
 
+@pytest.mark.unit
 def test_tool_call_record_is_bounded(tmp_path):
     call = {"name": "shell_write_content_to_file", "arguments": {"content": "x" * 500_000, "file_path": "a"}}
     artifacts.log_tool_call(tmp_path, call, "y" * 300_000, 0.1, limit=OBSERVATION_LIMIT)

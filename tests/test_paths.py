@@ -6,6 +6,8 @@ import pytest
 
 from termpool.paths import PathError, resolve_inside, resolve_log_dir, resolve_task_path
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def tree(tmp_path):

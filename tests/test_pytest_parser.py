@@ -12,6 +12,8 @@ from termpool.pytest_parser import (
     weighted_score,
 )
 
+pytestmark = pytest.mark.unit
+
 # Real output of `pytest -rA` (pytest 7) over a file with every kind of outcome.
 MIXED_OUTPUT = """\
 ============================= test session starts ==============================

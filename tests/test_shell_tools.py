@@ -239,6 +239,7 @@ def sh(env):
 
 
 # ---- schemas ------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_schemas_are_the_spec_list():
     shipped = Path(shell_tools.__file__).with_name("tool_schemas.json")
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == SCHEMAS_SHA256

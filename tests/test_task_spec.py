@@ -15,6 +15,8 @@ from termpool.task_spec import (
     name_prefix,
 )
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 FIXTURE_NAMES = [
     "hello-file",

@@ -190,6 +190,7 @@ def test_token_gate(guarded):
 
 
 # ---- the recent-runs index and the recorded call (Redis alone) -------------------------------
+@pytest.mark.unit
 def test_recent_runs_index(redis_server, monkeypatch):
     redis_server.flushdb()
     store = Store(redis_server)
@@ -213,6 +214,7 @@ def test_recent_runs_index(redis_server, monkeypatch):
     assert [r["run_id"] for r in store.recent_runs((), 10)[0]] == [first.run_id, *ids[5:1:-1]]
 
 
+@pytest.mark.unit
 def test_recorded_call_caps_each_field():
     call = {
         "name": "shell_exec",
