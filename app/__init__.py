@@ -1,4 +1,5 @@
 """The HTTP facade: validates requests, records and enqueues jobs, answers. Never touches Docker."""
+
 from __future__ import annotations
 
 import ipaddress

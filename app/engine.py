@@ -2,6 +2,7 @@
 
 No Docker here: the facade only talks to the state store and the Celery broker.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -61,8 +62,7 @@ class Engine:
         return live or [self.cfg.host_id]
 
     def allocate(self, task_key: str, request_id: str) -> Allocation:
-        return self.store.allocate(task_key, request_id, self.hosts(), self.cfg.max_tasks,
-                                   self.cfg.max_runs_per_task)
+        return self.store.allocate(task_key, request_id, self.hosts(), self.cfg.max_tasks, self.cfg.max_runs_per_task)
 
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases."""
@@ -89,8 +89,14 @@ class Engine:
 
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
-        self.store.update_run(run["run_id"], state="starting", task_meta=task_meta, run_ctx=run_ctx,
-                              task_timeouts=task_timeouts, **NO_FAILURE)
+        self.store.update_run(
+            run["run_id"],
+            state="starting",
+            task_meta=task_meta,
+            run_ctx=run_ctx,
+            task_timeouts=task_timeouts,
+            **NO_FAILURE,
+        )
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
     def tool_call(self, run: dict, call: dict) -> str:
@@ -156,8 +162,9 @@ class Engine:
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
             return Submission(lease.run_id, self._start_job_of(lease.run_id), run["state"], True)
         self.store.update_run(lease.run_id, state="starting", **NO_FAILURE, **start)
-        jobs = dispatch.enqueue_episode(self.celery, self.store, lease.run_id, lease.host, job_id,
-                                        start["task_meta"]["task_path"], **episode)
+        jobs = dispatch.enqueue_episode(
+            self.celery, self.store, lease.run_id, lease.host, job_id, start["task_meta"]["task_path"], **episode
+        )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
     def live_run(self, run_id: str, allowed: tuple = TOOL_STATES) -> dict:
@@ -173,8 +180,10 @@ class Engine:
         if run["state"] in ("closing", "closed"):
             raise RunClosed(f"run {run_id} is {run['state']}")
         if run["state"] not in allowed:
-            raise NotReady(f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "
-                           f"(state {' / '.join(allowed)})")
+            raise NotReady(
+                f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "
+                f"(state {' / '.join(allowed)})"
+            )
         if not self.store.touch(run_id):  # released between the read and now
             raise RunClosed(f"run {run_id} is closing")
         return run

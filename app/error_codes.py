@@ -4,6 +4,7 @@ One place says which status each code gets on the pool API and on the runs API; 
 API's replies, the OpenAPI document's `x-error-codes` and the README's table are all made
 from it, so they cannot drift. `python -m app.error_codes` prints the README table.
 """
+
 from __future__ import annotations
 
 from termpool.failures import CODES, Code
@@ -56,9 +57,17 @@ def rows() -> list[dict]:
     out = []
     for code in CODES.values():
         pool = CLIENT_STATUS[code.name][0] if code.name in CLIENT_STATUS else pool_status(code.name)
-        out.append({"code": code.name, "kind": code.kind, "retryable": code.retryable, "pool_status": pool,
-                    "runs_status": runs_status(code.name), "in_job_records": in_job_records(code),
-                    "meaning": code.meaning})
+        out.append(
+            {
+                "code": code.name,
+                "kind": code.kind,
+                "retryable": code.retryable,
+                "pool_status": pool,
+                "runs_status": runs_status(code.name),
+                "in_job_records": in_job_records(code),
+                "meaning": code.meaning,
+            }
+        )
     return out
 
 
@@ -68,16 +77,21 @@ TABLE_END = "<!-- /failure-codes -->"
 
 def render_table() -> str:
     """The README's failure-code table (markdown), between its two marker comments."""
-    lines = [TABLE_BEGIN, "",
-             "| code | kind | retryable | pool API | runs API | meaning |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        TABLE_BEGIN,
+        "",
+        "| code | kind | retryable | pool API | runs API | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in rows():
         pool = str(row["pool_status"]) if row["pool_status"] else "-"
         runs = [str(row["runs_status"])] if row["runs_status"] else []
         if row["in_job_records"]:
             runs.append("job record")
-        lines.append(f"| `{row['code']}` | {row['kind']} | {'yes' if row['retryable'] else 'no'} | {pool} "
-                     f"| {', '.join(runs) or '-'} | {row['meaning']} |")
+        lines.append(
+            f"| `{row['code']}` | {row['kind']} | {'yes' if row['retryable'] else 'no'} | {pool} "
+            f"| {', '.join(runs) or '-'} | {row['meaning']} |"
+        )
     return "\n".join(lines + ["", TABLE_END]) + "\n"
 
 

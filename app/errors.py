@@ -3,6 +3,7 @@
 Every refusal is ``{"ok": false, "error": ..., "code": ..., "retryable": ...}`` with a code of
 termpool/failures.py; HTTP errors raised by Werkzeug keep their headers (a 405's ``Allow``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,14 @@ log = logging.getLogger(__name__)
 BACKEND_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, kombu.exceptions.OperationalError)
 
 # Werkzeug's HTTP errors by status; any other 4xx is a bad request, any other 5xx internal.
-HTTP_CODES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
-              405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
+HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+}
 
 
 def error_reply(status: int, error: str, code: str, headers=None):

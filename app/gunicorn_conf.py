@@ -1,4 +1,5 @@
 """gunicorn settings for the facade: threads, because pool calls block while their job runs."""
+
 import glob
 import os
 import shutil

@@ -18,6 +18,7 @@ Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.al
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is
 ``unmatched``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,25 @@ from termpool.state import Store
 log = logging.getLogger(__name__)
 
 # From a millisecond allocate to a reset that builds an image or an evaluation of minutes.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                   120.0, 300.0, 600.0, 1800.0)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
 UNMATCHED = "unmatched"
 SKIPPED_ENDPOINTS = {"metrics"}  # scrapes would only measure themselves
 # Celery's Redis transport keeps a message with priority p (p > 0) in "<queue>\x06\x16<p>".
@@ -52,7 +70,7 @@ SCRAPE_REDIS_TIMEOUT = 2.0
 
 def multiprocess_dir() -> str | None:
     """The multiprocess directory when prometheus_client runs in multiprocess mode."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112 (the older name, still read)
     return path if path and os.path.isdir(path) else None
 
 
@@ -76,16 +94,26 @@ def request_metrics() -> RequestMetrics:
     global _REQUEST_METRICS
     if _REQUEST_METRICS is None:
         _REQUEST_METRICS = RequestMetrics(
-            latency=Histogram("termpool_http_request_duration_seconds",
-                              "Time to answer a request, by Flask endpoint (the pool or runs API operation).",
-                              ["endpoint", "method"], buckets=LATENCY_BUCKETS, registry=None),
-            requests=Counter("termpool_http_requests",
-                             "Requests answered, by Flask endpoint and exact status code.",
-                             ["endpoint", "method", "status"], registry=None),
-            errors=Counter("termpool_http_errors",
-                           "Error replies (status >= 400) by endpoint, status class and the reply's "
-                           "`code` field (none when it has none).",
-                           ["endpoint", "status_class", "code"], registry=None),
+            latency=Histogram(
+                "termpool_http_request_duration_seconds",
+                "Time to answer a request, by Flask endpoint (the pool or runs API operation).",
+                ["endpoint", "method"],
+                buckets=LATENCY_BUCKETS,
+                registry=None,
+            ),
+            requests=Counter(
+                "termpool_http_requests",
+                "Requests answered, by Flask endpoint and exact status code.",
+                ["endpoint", "method", "status"],
+                registry=None,
+            ),
+            errors=Counter(
+                "termpool_http_errors",
+                "Error replies (status >= 400) by endpoint, status class and the reply's "
+                "`code` field (none when it has none).",
+                ["endpoint", "status_class", "code"],
+                registry=None,
+            ),
         )
     return _REQUEST_METRICS
 
@@ -161,9 +189,12 @@ class PoolCollector(Collector):
     def client(self) -> redis.Redis:
         if self._client is None:
             # A private client with short timeouts: a stuck Redis must not stall the scrape.
-            self._client = redis.Redis.from_url(self.cfg.redis_url, decode_responses=True,
-                                                socket_timeout=SCRAPE_REDIS_TIMEOUT,
-                                                socket_connect_timeout=SCRAPE_REDIS_TIMEOUT)
+            self._client = redis.Redis.from_url(
+                self.cfg.redis_url,
+                decode_responses=True,
+                socket_timeout=SCRAPE_REDIS_TIMEOUT,
+                socket_connect_timeout=SCRAPE_REDIS_TIMEOUT,
+            )
         return self._client
 
     def describe(self):
@@ -197,16 +228,25 @@ class PoolCollector(Collector):
             pipe.llen(key)
         replies = iter(pipe.execute())
 
-        runs = GaugeMetricFamily("termpool_live_runs", "Live runs (leases holding a capacity slot), by worker "
-                                 "host and task key.", labels=["host", "task_key"])
-        tasks = GaugeMetricFamily("termpool_active_tasks", "Distinct task keys with live runs, by worker host.",
-                                  labels=["host"])
-        total = GaugeMetricFamily("termpool_live_runs_total", "Live runs on a worker host, all task keys.",
-                                  labels=["host"])
-        closes = GaugeMetricFamily("termpool_pending_closes", "Runs released whose teardown has not finished, "
-                                   "by worker host.", labels=["host"])
-        depth = GaugeMetricFamily("termpool_queue_depth", "Messages waiting in a Celery queue (LLEN of its Redis "
-                                  "lists).", labels=["queue", "host", "kind"])
+        runs = GaugeMetricFamily(
+            "termpool_live_runs",
+            "Live runs (leases holding a capacity slot), by worker host and task key.",
+            labels=["host", "task_key"],
+        )
+        tasks = GaugeMetricFamily(
+            "termpool_active_tasks", "Distinct task keys with live runs, by worker host.", labels=["host"]
+        )
+        total = GaugeMetricFamily(
+            "termpool_live_runs_total", "Live runs on a worker host, all task keys.", labels=["host"]
+        )
+        closes = GaugeMetricFamily(
+            "termpool_pending_closes", "Runs released whose teardown has not finished, by worker host.", labels=["host"]
+        )
+        depth = GaugeMetricFamily(
+            "termpool_queue_depth",
+            "Messages waiting in a Celery queue (LLEN of its Redis lists).",
+            labels=["queue", "host", "kind"],
+        )
         for host in hosts:
             for task_key, value in status[host]["tasks"].items():
                 runs.add_metric([host, task_key], value["active_runs"])
@@ -216,25 +256,32 @@ class PoolCollector(Collector):
             for kind in QUEUE_KINDS:
                 waiting = sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE))
                 depth.add_metric([f"termpool.{host}.{kind}", host, kind], waiting)
-        depth.add_metric([MAINTENANCE_QUEUE, "", "maintenance"],
-                         sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE)))
+        depth.add_metric([MAINTENANCE_QUEUE, "", "maintenance"], sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE)))
 
         hosts_up = GaugeMetricFamily("termpool_live_hosts", "Worker hosts whose heartbeat is recent.")
         hosts_up.add_metric([], len(live))
-        limits = GaugeMetricFamily("termpool_capacity_limit", "Capacity settings of the pool, per worker host.",
-                                   labels=["limit"])
+        limits = GaugeMetricFamily(
+            "termpool_capacity_limit", "Capacity settings of the pool, per worker host.", labels=["limit"]
+        )
         limits.add_metric(["max_tasks"], self.cfg.max_tasks)
         limits.add_metric(["max_runs_per_task"], self.cfg.max_runs_per_task)
         return [runs, tasks, total, closes, depth, hosts_up, limits, *self._job_counters(store)]
 
     @staticmethod
     def _job_counters(store: Store) -> list:
-        failed = CounterMetricFamily("termpool_job_failures", "Jobs that failed, by failure code (see the failure "
-                                     "taxonomy; steps skipped after a failed one are not counted).", labels=["code"])
+        failed = CounterMetricFamily(
+            "termpool_job_failures",
+            "Jobs that failed, by failure code (see the failure "
+            "taxonomy; steps skipped after a failed one are not counted).",
+            labels=["code"],
+        )
         for code, n in sorted(store.failure_counts().items()):
             failed.add_metric([code], n)
-        retries = CounterMetricFamily("termpool_job_retries", "Automatic retries of a Celery task after a transient "
-                                      "failure, by task and reason (failure code).", labels=["task", "reason"])
+        retries = CounterMetricFamily(
+            "termpool_job_retries",
+            "Automatic retries of a Celery task after a transient failure, by task and reason (failure code).",
+            labels=["task", "reason"],
+        )
         for (task, reason), n in sorted(store.retry_counts().items()):
             retries.add_metric([task, reason], n)
         return [failed, retries]

@@ -3,6 +3,7 @@
 Every call blocks until its job has ended, then answers the way the reference does, plus
 `code` and `retryable` on every failure (statuses per code: app/error_codes.py).
 """
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
@@ -32,8 +33,9 @@ def _job_reply(job: dict, **success_fields):
     if job.get("state") == "succeeded":
         return ok(**success_fields)
     if job.get("state") in ("queued", "running"):
-        return fail("TIMEOUT", f"{job.get('kind', 'job')} did not finish in time "
-                               f"(job {job['job_id']} is {job['state']})")
+        return fail(
+            "TIMEOUT", f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})"
+        )
     code, error = job.get("code") or "INTERNAL", job.get("error") or "job failed"
     if code == "BACKEND_UNAVAILABLE":  # a worker could not reach its Docker engine
         error = f"Docker is unreachable: {error}"

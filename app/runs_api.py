@@ -36,6 +36,7 @@ Decisions where the spec is silent:
   * ``script`` holds at most MAX_SCRIPT_STEPS tool calls and MAX_SCRIPT_BYTES of JSON: each
     step of a Celery chain carries the rest of the chain in its message.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,10 +54,35 @@ bp = Blueprint("runs", __name__, url_prefix="/v1")
 MAX_WAIT = 60.0
 MAX_SCRIPT_STEPS = 1000
 MAX_SCRIPT_BYTES = 1 << 20
-RUN_FIELDS = ("run_id", "task_key", "state", "host", "created_at", "last_used_at", "user_msg", "tool_schemas",
-              "score", "tests", "error", "code", "retryable")
-JOB_FIELDS = ("job_id", "run_id", "kind", "state", "result", "error", "code", "retryable", "attempts", "queued_at",
-              "started_at", "finished_at")
+RUN_FIELDS = (
+    "run_id",
+    "task_key",
+    "state",
+    "host",
+    "created_at",
+    "last_used_at",
+    "user_msg",
+    "tool_schemas",
+    "score",
+    "tests",
+    "error",
+    "code",
+    "retryable",
+)
+JOB_FIELDS = (
+    "job_id",
+    "run_id",
+    "kind",
+    "state",
+    "result",
+    "error",
+    "code",
+    "retryable",
+    "attempts",
+    "queued_at",
+    "started_at",
+    "finished_at",
+)
 
 
 def engine() -> Engine:
@@ -152,8 +178,11 @@ def create_run():
     body = validation.json_body()
     cfg = engine().cfg
     meta = validation.task_meta(body, cfg)
-    start = {"task_meta": meta, "run_ctx": validation.run_ctx(body, cfg),
-             "task_timeouts": validation.task_timeouts(body)}
+    start = {
+        "task_meta": meta,
+        "run_ctx": validation.run_ctx(body, cfg),
+        "task_timeouts": validation.task_timeouts(body),
+    }
     episode = {"script": _script(body), "evaluate": _flag(body, "evaluate"), "close": _flag(body, "close")}
     task_key = _task_key(body, meta)
     request_id = validation.optional_str(body, "request_id")

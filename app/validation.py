@@ -3,19 +3,20 @@
 The limits below are the one place the input constraints are written down: app/openapi.py
 declares them in /openapi.json from these same constants.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flask import request
 
 from termpool.config import Settings
 from termpool.paths import PathError, resolve_log_dir, resolve_task_path
-from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, valid_task_name
+from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, valid_task_name  # noqa: F401 (see below)
 
 MAX_BODY_BYTES = 8 << 20  # Flask's MAX_CONTENT_LENGTH: a larger body is answered 413
 MAX_JSON_DEPTH = 64  # arrays and objects nested in a body, the body itself counting as 1
@@ -161,8 +162,10 @@ def task_meta(body: dict, cfg: Settings) -> dict:
     if not isinstance(name, str) or not name.strip():
         raise BadRequest("task_meta.task_name is required")
     if not valid_task_name(name):
-        raise BadRequest(f"task_meta.task_name must be letters and digits joined by '-', '.' or '_', at most "
-                         f"{MAX_TASK_NAME_LENGTH} characters: it names the task's Docker images and containers")
+        raise BadRequest(
+            f"task_meta.task_name must be letters and digits joined by '-', '.' or '_', at most "
+            f"{MAX_TASK_NAME_LENGTH} characters: it names the task's Docker images and containers"
+        )
     path = meta.get("task_path", name)
     task_dir = _path("task_meta.task_path", path, lambda p: resolve_task_path(cfg.dataset_dir, p))
     try:
@@ -178,8 +181,12 @@ def task_meta(body: dict, cfg: Settings) -> dict:
         raise BadRequest(f"task_meta.instruction is longer than {MAX_TEXT_LENGTH} characters")
     if "\x00" in instruction:
         raise BadRequest("task_meta.instruction must not contain a NUL character")
-    return {**meta, "task_name": name, "task_path": str(task_dir.relative_to(cfg.dataset_dir)),
-            "instruction": instruction}
+    return {
+        **meta,
+        "task_name": name,
+        "task_path": str(task_dir.relative_to(cfg.dataset_dir)),
+        "instruction": instruction,
+    }
 
 
 def run_ctx(body: dict, cfg: Settings) -> dict:

@@ -17,6 +17,7 @@ Pages are Jinja templates (autoescaped: observations are hostile text), served w
 Content-Security-Policy that allows only this blueprint's own script and style sheet.
 Viewing a run does not mark it as used (it is not a call on its lease).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ import hmac
 import math
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, send_file, url_for
@@ -44,8 +45,10 @@ SCAN_PAGE = 200  # index entries read per round trip while filtering the list
 OBSERVATION_SHOWN = 32 * 1024  # characters of one observation on the page (head and tail)
 MAX_FILES = 500  # files listed per run
 REFRESH_SECONDS = {"list": 5, "run": 2}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 
 
 def _engine():
@@ -86,8 +89,14 @@ def login():
     if not hmac.compare_digest(request.form.get("token", "").encode(), token.encode()):
         return render_template("viewer/login.html", next=target, wrong=True), 401
     reply = redirect(target, 303)
-    reply.set_cookie(COOKIE, _cookie_value(token), httponly=True, samesite="Lax", secure=request.is_secure,
-                     path=url_for("viewer.runs"))
+    reply.set_cookie(
+        COOKIE,
+        _cookie_value(token),
+        httponly=True,
+        samesite="Lax",
+        secure=request.is_secure,
+        path=url_for("viewer.runs"),
+    )
     return reply
 
 
@@ -106,7 +115,7 @@ def _headers(reply):
 def _utc(ts) -> str:
     if not isinstance(ts, (int, float)):
         return ""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @bp.app_template_filter("duration")
@@ -165,11 +174,13 @@ def _matching_runs(state: str, task: str, before: float | None, limit: int) -> t
 def _list_row(run: dict, start_job: dict | None, now: float) -> dict:
     closed = run.get("closed_at")
     started = start_job if start_job and start_job.get("kind") == "start" else None
-    return {**run,
-            "lifetime": _span(run.get("created_at"), closed if closed else now),
-            "live": run["state"] != "closed",
-            "start_state": started.get("state") if started else None,
-            "start_seconds": _span(started.get("queued_at"), started.get("finished_at")) if started else None}
+    return {
+        **run,
+        "lifetime": _span(run.get("created_at"), closed if closed else now),
+        "live": run["state"] != "closed",
+        "start_state": started.get("state") if started else None,
+        "start_seconds": _span(started.get("queued_at"), started.get("finished_at")) if started else None,
+    }
 
 
 @bp.get("/")
@@ -181,11 +192,23 @@ def runs():
     starts = _engine().store.first_jobs([run["run_id"] for run in found], START_JOB_FIELDS)
     now = time.time()
     rows = [_list_row(run, starts.get(run["run_id"]), now) for run in found]
-    older = url_for("viewer.runs", state=state or None, task=task or None, limit=request.args.get("limit"),
-                    before=repr(cursor)) if cursor is not None else None
+    older = (
+        url_for(
+            "viewer.runs", state=state or None, task=task or None, limit=request.args.get("limit"), before=repr(cursor)
+        )
+        if cursor is not None
+        else None
+    )
     first_page = "before" not in request.args  # it polls for new runs and state changes
-    return render_template("viewer/runs.html", rows=rows, states=STATES, state=state, task=task, older=older,
-                           refresh=REFRESH_SECONDS["list"] if first_page else 0)
+    return render_template(
+        "viewer/runs.html",
+        rows=rows,
+        states=STATES,
+        state=state,
+        task=task,
+        older=older,
+        refresh=REFRESH_SECONDS["list"] if first_page else 0,
+    )
 
 
 # ---- one run ----------------------------------------------------------------------------------
@@ -196,9 +219,12 @@ def _entries(jobs: list[dict]) -> list[dict]:
     entries, previous_end = [], None
     for job in jobs:
         ready = max(t for t in (job.get("queued_at"), previous_end, 0.0) if isinstance(t, (int, float)))
-        entry = {**job, "at": job.get("started_at") or job.get("queued_at"),
-                 "seconds": _span(job.get("started_at"), job.get("finished_at")),
-                 "waited": _span(ready, job.get("started_at"))}
+        entry = {
+            **job,
+            "at": job.get("started_at") or job.get("queued_at"),
+            "seconds": _span(job.get("started_at"), job.get("finished_at")),
+            "waited": _span(ready, job.get("started_at")),
+        }
         if job.get("kind") == "tool_call" and isinstance(job.get("result"), str):
             entry["observation"] = failures.cap(job["result"], OBSERVATION_SHOWN)
         entries.append(entry)
@@ -278,11 +304,16 @@ def run(run_id: str):
     folder = _run_folder(record)
     tests = _tests(record, jobs)
     return render_template(
-        "viewer/run.html", run=record, entries=_entries(jobs), tests=tests,
+        "viewer/run.html",
+        run=record,
+        entries=_entries(jobs),
+        tests=tests,
         failed_tests=sum(1 for outcome in tests.values() if outcome != "passed"),
         lifetime=_span(record.get("created_at"), record.get("closed_at") or time.time()),
-        run_dir=(record.get("env") or {}).get("run_dir"), files=_files(folder) if folder else None,
-        refresh=REFRESH_SECONDS["run"] if record["state"] != "closed" else 0)
+        run_dir=(record.get("env") or {}).get("run_dir"),
+        files=_files(folder) if folder else None,
+        refresh=REFRESH_SECONDS["run"] if record["state"] != "closed" else 0,
+    )
 
 
 @bp.get("/runs/<run_id>/files/<path:name>")

@@ -6,6 +6,7 @@
 Each timed operation is recorded in milliseconds in a Recorder; a failed operation is not timed
 but counted as an error (with its message), and the episode's environment is still released.
 """
+
 from __future__ import annotations
 
 import io
@@ -255,10 +256,17 @@ class Floor:
         try:
             start = time.perf_counter()
             container = self.docker.containers.create(
-                self.image, command=["sh", "-c", "sleep infinity"], name=name, labels=self.label,
+                self.image,
+                command=["sh", "-c", "sleep infinity"],
+                name=name,
+                labels=self.label,
                 environment={"TEST_DIR": "/tests"},
                 volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
-                mem_limit=self.mem_limit, memswap_limit=self.mem_limit, privileged=False, init=True)
+                mem_limit=self.mem_limit,
+                memswap_limit=self.mem_limit,
+                privileged=False,
+                init=True,
+            )
             container.start()
             rec.add("create_start", _ms_since(start))
 
@@ -285,7 +293,9 @@ class Floor:
 
             op = "test_script"
             start = time.perf_counter()
-            result = container.exec_run(["bash", "/tests/run-tests.sh"], user="root", environment={"TEST_DIR": "/tests"})
+            result = container.exec_run(
+                ["bash", "/tests/run-tests.sh"], user="root", environment={"TEST_DIR": "/tests"}
+            )
             rec.add("test_script", _ms_since(start))
             output = (result.output or b"").decode(errors="replace")
             if result.exit_code != 0 or "2 passed" not in output:

@@ -5,6 +5,7 @@ its descendants (gunicorn's master and workers are the facade; each Celery worke
 any pool children; redis-server), and reads /status for the number of live runs. Peaks are
 kept per phase (the label the benchmark sets) and for the whole run.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,7 +36,7 @@ class Monitor:
         self._http = requests.Session()
         self._cache: dict[int, psutil.Process] = {}
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         self._thread.start()
         return self
 
@@ -104,9 +105,11 @@ class Monitor:
     def peak(self, phase: str) -> dict:
         with self._lock:
             peak = self.peaks.get(phase) or {"total_mb": 0.0, "by_kind_mb": {}, "live_runs": 0}
-            return {"total_mb": round(peak["total_mb"], 1),
-                    "by_kind_mb": {k: round(v, 1) for k, v in sorted(peak["by_kind_mb"].items())},
-                    "live_runs": peak["live_runs"]}
+            return {
+                "total_mb": round(peak["total_mb"], 1),
+                "by_kind_mb": {k: round(v, 1) for k, v in sorted(peak["by_kind_mb"].items())},
+                "live_runs": peak["live_runs"],
+            }
 
     def peak_over(self, phases: list[str]) -> dict:
         """The highest figures over several phases (e.g. every phase of one concurrency level)."""

@@ -6,6 +6,7 @@ py-spy samples the exec worker and the gunicorn workers.
 Writes py-spy's raw (collapsed) stacks per process and prints the hottest frames of each, and
 the tool-call p50 of the run (with the sampler attached, so slower than the benchmark's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,21 @@ def hottest(raw: Path, top: int = 25) -> list[tuple[int, str]]:
 
 
 def record(pid: int, out: Path, seconds: int, subprocesses: bool) -> subprocess.Popen:
-    argv = ["py-spy", "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-d", str(seconds), "-r", "200",
-            "--nonblocking"]
+    argv = [
+        "py-spy",
+        "record",
+        "-p",
+        str(pid),
+        "-o",
+        str(out),
+        "-f",
+        "raw",
+        "-d",
+        str(seconds),
+        "-r",
+        "200",
+        "--nonblocking",
+    ]
     return subprocess.Popen(argv + (["--subprocesses"] if subprocesses else []), stdout=subprocess.DEVNULL)
 
 
@@ -49,8 +63,10 @@ def main() -> None:
         assert router.reset(lease, "hello-file").status_code == 200
         for _ in range(10):  # warm up connections and caches
             router.sh(lease, "echo hi")
-        samplers = {"exec": record(stack.procs["exec"].pid, Path(f"{args.out}-exec.txt"), args.seconds + 5, False),
-                    "web": record(stack.procs["web"].pid, Path(f"{args.out}-web.txt"), args.seconds + 5, True)}
+        samplers = {
+            "exec": record(stack.procs["exec"].pid, Path(f"{args.out}-exec.txt"), args.seconds + 5, False),
+            "web": record(stack.procs["web"].pid, Path(f"{args.out}-web.txt"), args.seconds + 5, True),
+        }
         time.sleep(1)
         latencies, started = [], time.monotonic()
         while time.monotonic() - started < args.seconds:

@@ -1,5 +1,6 @@
 """From raw phase records to the reported figures: medians of per-repeat statistics, ratios to
 the floor, issue 4's targets, a Markdown table and a PNG chart."""
+
 from __future__ import annotations
 
 import math
@@ -11,12 +12,18 @@ from bench.stats import median_of, median_value, summarize
 FACE_OPS = {"pool": POOL_OPS, "runs": RUNS_OPS, "floor": FLOOR_OPS + FLOOR_EXTRA_OPS}
 # (name, termpool op, floor op, how): ratio = termpool / floor; diff_ms = termpool - floor
 PAIRS = {
-    "pool": [("reset/create_start", "reset", "create_start", "ratio"), ("tool_call/exec", "tool_call", "exec", "ratio"),
-             ("write_file/put_archive", "write_file", "put_archive", "ratio"),
-             ("evaluate-test_script_ms", "evaluate", "test_script", "diff_ms")],
-    "runs": [("start/create_start", "start", "create_start", "ratio"), ("tool_call/exec", "tool_call", "exec", "ratio"),
-             ("write_file/put_archive", "write_file", "put_archive", "ratio"),
-             ("evaluate-test_script_ms", "evaluate", "test_script", "diff_ms")],
+    "pool": [
+        ("reset/create_start", "reset", "create_start", "ratio"),
+        ("tool_call/exec", "tool_call", "exec", "ratio"),
+        ("write_file/put_archive", "write_file", "put_archive", "ratio"),
+        ("evaluate-test_script_ms", "evaluate", "test_script", "diff_ms"),
+    ],
+    "runs": [
+        ("start/create_start", "start", "create_start", "ratio"),
+        ("tool_call/exec", "tool_call", "exec", "ratio"),
+        ("write_file/put_archive", "write_file", "put_archive", "ratio"),
+        ("evaluate-test_script_ms", "evaluate", "test_script", "diff_ms"),
+    ],
 }
 MEMORY_LIMIT_MB = 1536.0  # issue 4: termpool's processes under 1.5 GiB together
 
@@ -62,7 +69,8 @@ def summarize_run(raw: dict, monitor, levels: list[int]) -> dict:
             bucket["first"] += [f"c={level} {m}" for m in messages][: max(0, 10 - len(bucket["first"]))]
             for op, stats in ops.items():
                 operations.setdefault(face, {}).setdefault(op, {})[str(level)] = {
-                    k: stats[k] for k in ("p50", "p95", "max", "mean", "n")}
+                    k: stats[k] for k in ("p50", "p95", "max", "mean", "n")
+                }
         ratios: dict = {}
         floor_reps = faces.get("floor", [])
         for face, pairs in PAIRS.items():
@@ -74,17 +82,26 @@ def summarize_run(raw: dict, monitor, levels: list[int]) -> dict:
                 for mine, base in zip(faces[face], floor_reps):
                     a, b = summarize(mine["samples"].get(op, [])), summarize(base["samples"].get(floor_op, []))
                     per_repeat.append({k: _compare(a[k], b[k], how) for k in ("p50", "p95")})
-                ratios[face][name] = {"p50": median_value([r["p50"] for r in per_repeat]),
-                                      "p95": median_value([r["p95"] for r in per_repeat]),
-                                      "repeats": per_repeat}
+                ratios[face][name] = {
+                    "p50": median_value([r["p50"] for r in per_repeat]),
+                    "p95": median_value([r["p95"] for r in per_repeat]),
+                    "repeats": per_repeat,
+                }
         entry["ratios"] = ratios
         phases = [r["phase"] for reps in faces.values() for r in reps]
         entry["memory"] = monitor.peak_over(phases) if monitor else {}
         out_levels[str(level)] = entry
-    return {"levels": out_levels, "operations": operations, "errors": errors, "floor_errors": floor_errors,
-            "memory": {"interval_s": monitor.interval if monitor else None,
-                       "samples": monitor.samples if monitor else 0,
-                       "peak_whole_run": monitor.peak("all") if monitor else {}}}
+    return {
+        "levels": out_levels,
+        "operations": operations,
+        "errors": errors,
+        "floor_errors": floor_errors,
+        "memory": {
+            "interval_s": monitor.interval if monitor else None,
+            "samples": monitor.samples if monitor else 0,
+            "peak_whole_run": monitor.peak("all") if monitor else {},
+        },
+    }
 
 
 # ---- issue 4's targets ----------------------------------------------------------------------
@@ -109,52 +126,112 @@ def targets(result: dict) -> list[dict]:
         if not any(face in entry for entry in result.get("levels", {}).values()):
             continue
         v = _ratio(result, 1, face, "tool_call/exec", "p50")
-        out.append(_target("sequential (c=1) tool call p50 <= raw exec_run p50 (aim 0.5x): ratio", face, v, 1.0,
-                           None if v is None else v <= 1.0, "aim 0.5"))
+        out.append(
+            _target(
+                "sequential (c=1) tool call p50 <= raw exec_run p50 (aim 0.5x): ratio",
+                face,
+                v,
+                1.0,
+                None if v is None else v <= 1.0,
+                "aim 0.5",
+            )
+        )
         v = _ratio(result, 8, face, "tool_call/exec", "p95")
-        out.append(_target("c=8 tool call p95 within 1.5x of the floor's exec p95: ratio", face, v, 1.5,
-                           None if v is None else v <= 1.5))
+        out.append(
+            _target(
+                "c=8 tool call p95 within 1.5x of the floor's exec p95: ratio",
+                face,
+                v,
+                1.5,
+                None if v is None else v <= 1.5,
+            )
+        )
         v = _ratio(result, 1, face, reset, "p50")
-        out.append(_target(f"c=1 {reset.split('/')[0]} p50 within 2x of raw create+start p50: ratio", face, v, 2.0,
-                           None if v is None else v <= 2.0,
-                           "runs API start includes what allocate does" if face == "runs" else ""))
+        out.append(
+            _target(
+                f"c=1 {reset.split('/')[0]} p50 within 2x of raw create+start p50: ratio",
+                face,
+                v,
+                2.0,
+                None if v is None else v <= 2.0,
+                "runs API start includes what allocate does" if face == "runs" else "",
+            )
+        )
         if face == "pool":
             entry = _level(result, 1)
             v = entry["pool"]["ops"]["reset"]["p50"] if entry and "pool" in entry else None
-            out.append(_target("with a warm pool (WARM_POOL_SIZE) c=1 reset p50 < 50 ms", face, v, 50.0,
-                               None if v is None else v < 50.0,
-                               f"WARM_POOL_SIZE={warm}" if warm else "WARM_POOL_SIZE not set: these are cold resets"))
+            out.append(
+                _target(
+                    "with a warm pool (WARM_POOL_SIZE) c=1 reset p50 < 50 ms",
+                    face,
+                    v,
+                    50.0,
+                    None if v is None else v < 50.0,
+                    f"WARM_POOL_SIZE={warm}" if warm else "WARM_POOL_SIZE not set: these are cold resets",
+                )
+            )
         v = _ratio(result, 1, face, "evaluate-test_script_ms", "p50")
-        out.append(_target("c=1 evaluate p50 at most 250 ms above the test script's own p50: ms", face, v, 250.0,
-                           None if v is None else v <= 250.0))
+        out.append(
+            _target(
+                "c=1 evaluate p50 at most 250 ms above the test script's own p50: ms",
+                face,
+                v,
+                250.0,
+                None if v is None else v <= 250.0,
+            )
+        )
         entry = _level(result, 128)
         if entry and face in entry:
             errs, leaked = entry[face]["errors"]["count"], len(entry[face]["leaked"])
-            out.append(_target("128 concurrent episodes with no error and no leaked container: errors+leaks", face,
-                               errs + leaked, 0, errs + leaked == 0,
-                               f"{errs} errors, {leaked} leaked; peak live runs seen by /status "
-                               f"(sampled every 0.5 s): {entry[face]['peak_live_runs']}"))
+            out.append(
+                _target(
+                    "128 concurrent episodes with no error and no leaked container: errors+leaks",
+                    face,
+                    errs + leaked,
+                    0,
+                    errs + leaked == 0,
+                    f"{errs} errors, {leaked} leaked; peak live runs seen by /status "
+                    f"(sampled every 0.5 s): {entry[face]['peak_live_runs']}",
+                )
+            )
         else:
-            out.append(_target("128 concurrent episodes with no error and no leaked container", face, None, 0, None,
-                               "concurrency 128 was not measured in this run"))
+            out.append(
+                _target(
+                    "128 concurrent episodes with no error and no leaked container",
+                    face,
+                    None,
+                    0,
+                    None,
+                    "concurrency 128 was not measured in this run",
+                )
+            )
     levels = result.get("levels", {})
     if levels:
         top = max(levels, key=int)
         v = levels[top].get("memory", {}).get("total_mb")
-        out.append(_target(f"termpool's processes under 1.5 GiB together (peak summed RSS at c={top}): MB", "all",
-                           v, MEMORY_LIMIT_MB, None if v is None else v < MEMORY_LIMIT_MB,
-                           "" if top == "128" else "concurrency 128 was not measured in this run"))
+        out.append(
+            _target(
+                f"termpool's processes under 1.5 GiB together (peak summed RSS at c={top}): MB",
+                "all",
+                v,
+                MEMORY_LIMIT_MB,
+                None if v is None else v < MEMORY_LIMIT_MB,
+                "" if top == "128" else "concurrency 128 was not measured in this run",
+            )
+        )
     return out
 
 
 # ---- text -----------------------------------------------------------------------------------
-ROWS = [("reset / start", "reset", "start", "create_start", "reset/create_start", "start/create_start"),
-        ("tool_call", "tool_call", "tool_call", "exec", "tool_call/exec", "tool_call/exec"),
-        ("write_file", "write_file", "write_file", "put_archive", "write_file/put_archive", "write_file/put_archive"),
-        ("evaluate", "evaluate", "evaluate", "test_script", "evaluate-test_script_ms", "evaluate-test_script_ms"),
-        ("allocate", "allocate", None, None, None, None),
-        ("close", "close", "close", "remove", None, None),
-        ("(floor only)", None, None, "copy_tests", None, None)]
+ROWS = [
+    ("reset / start", "reset", "start", "create_start", "reset/create_start", "start/create_start"),
+    ("tool_call", "tool_call", "tool_call", "exec", "tool_call/exec", "tool_call/exec"),
+    ("write_file", "write_file", "write_file", "put_archive", "write_file/put_archive", "write_file/put_archive"),
+    ("evaluate", "evaluate", "evaluate", "test_script", "evaluate-test_script_ms", "evaluate-test_script_ms"),
+    ("allocate", "allocate", None, None, None, None),
+    ("close", "close", "close", "remove", None, None),
+    ("(floor only)", None, None, "copy_tests", None, None),
+]
 
 
 def _fmt(stats: dict | None) -> str:
@@ -175,57 +252,105 @@ def table(result: dict) -> str:
     """Markdown: per concurrency level, p50 / p95 / max in ms (medians over repeats)."""
     lines = []
     cfg = result.get("config", {})
-    lines.append(f"termpool benchmark, {result.get('started_at')}: concurrency {cfg.get('concurrency')}, "
-                 f"{cfg.get('repeats')} repeats, {cfg.get('tool_calls')} tool calls per episode; "
-                 f"figures are medians over repeats of p50 / p95 / max in ms")
+    lines.append(
+        f"termpool benchmark, {result.get('started_at')}: concurrency {cfg.get('concurrency')}, "
+        f"{cfg.get('repeats')} repeats, {cfg.get('tool_calls')} tool calls per episode; "
+        f"figures are medians over repeats of p50 / p95 / max in ms"
+    )
     for level, entry in sorted(result.get("levels", {}).items(), key=lambda kv: int(kv[0])):
-        lines += ["", f"### concurrency {level}", "",
-                  "| operation | pool API | runs API | floor op | floor | pool vs floor p50 (p95) | runs vs floor p50 (p95) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### concurrency {level}",
+            "",
+            "| operation | pool API | runs API | floor op | floor | pool vs floor p50 (p95) | runs vs floor p50 (p95) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for label, pop, rop, fop, pcmp, rcmp in ROWS:
             pool = entry.get("pool", {}).get("ops", {}).get(pop) if pop else None
             runs = entry.get("runs", {}).get("ops", {}).get(rop) if rop else None
             floor = entry.get("floor", {}).get("ops", {}).get(fop) if fop else None
             pc = entry.get("ratios", {}).get("pool", {}).get(pcmp) if pcmp else None
             rc = entry.get("ratios", {}).get("runs", {}).get(rcmp) if rcmp else None
-            lines.append(f"| {label} | {_fmt(pool)} | {_fmt(runs)} | {fop or '-'} | {_fmt(floor)} | "
-                         f"{_fmt_cmp(pc, pcmp)} | {_fmt_cmp(rc, rcmp)} |")
+            lines.append(
+                f"| {label} | {_fmt(pool)} | {_fmt(runs)} | {fop or '-'} | {_fmt(floor)} | "
+                f"{_fmt_cmp(pc, pcmp)} | {_fmt_cmp(rc, rcmp)} |"
+            )
         eps = " | ".join(f"{entry[f]['episodes_per_s']}" if f in entry else "-" for f in ("pool", "runs"))
         lines.append(f"| episodes/s | {eps} | | {entry['floor']['episodes_per_s'] if 'floor' in entry else '-'} | | |")
-        errs = " | ".join(f"{entry[f]['errors']['count']} / {len(entry[f]['leaked'])}" if f in entry else "-"
-                          for f in ("pool", "runs"))
-        lines.append(f"| errors / leaked | {errs} | | {entry['floor']['errors']['count'] if 'floor' in entry else '-'} | | |")
+        errs = " | ".join(
+            f"{entry[f]['errors']['count']} / {len(entry[f]['leaked'])}" if f in entry else "-"
+            for f in ("pool", "runs")
+        )
+        lines.append(
+            f"| errors / leaked | {errs} | | {entry['floor']['errors']['count'] if 'floor' in entry else '-'} | | |"
+        )
         mem = entry.get("memory", {})
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in mem.get("by_kind_mb", {}).items())
         lines.append("")
-        lines.append(f"peak RSS of termpool's processes at this level: {mem.get('total_mb', 0):.0f} MB ({kinds}); "
-                     f"peak live runs (/status, sampled): {mem.get('live_runs')}")
+        lines.append(
+            f"peak RSS of termpool's processes at this level: {mem.get('total_mb', 0):.0f} MB ({kinds}); "
+            f"peak live runs (/status, sampled): {mem.get('live_runs')}"
+        )
     lines += ["", "### targets (issue 4)", "", "| target | face | value | limit | met |", "|---|---|---|---|---|"]
     for t in result.get("targets", []):
         met = {True: "yes", False: "NO", None: "n/a"}[t["met"]]
         note = f" ({t['note']})" if t["note"] else ""
         lines.append(f"| {t['target']}{note} | {t['face']} | {t['value']} | {t['limit']} | {met} |")
     errors, floor_errors = result.get("errors", {}), result.get("floor_errors", {})
-    lines += ["", f"termpool errors: {errors.get('count_with_warmup')} "
-              f"(first: {(result.get('warmup_errors', {}).get('first', []) + errors.get('first', []))[:3]}); "
-              f"leaked containers: {len(result.get('leaked_containers', []))}; "
-              f"floor (raw SDK) errors, not counted against termpool: {floor_errors.get('count')} "
-              f"(first: {floor_errors.get('first', [])[:3]}); runs API: {result.get('runs_api')}"]
+    lines += [
+        "",
+        f"termpool errors: {errors.get('count_with_warmup')} "
+        f"(first: {(result.get('warmup_errors', {}).get('first', []) + errors.get('first', []))[:3]}); "
+        f"leaked containers: {len(result.get('leaked_containers', []))}; "
+        f"floor (raw SDK) errors, not counted against termpool: {floor_errors.get('count')} "
+        f"(first: {floor_errors.get('first', [])[:3]}); runs API: {result.get('runs_api')}",
+    ]
     return "\n".join(lines)
 
 
 # ---- chart ----------------------------------------------------------------------------------
 PANELS = [
-    ("reset (pool) / start (runs) vs create+start", [("pool reset", "pool", "reset"), ("runs start", "runs", "start"),
-                                                     ("floor create+start", "floor", "create_start")]),
-    ("tool call (echo hi) vs exec_run", [("pool tool_call", "pool", "tool_call"), ("runs tool_call", "runs", "tool_call"),
-                                         ("floor exec_run", "floor", "exec")]),
-    ("write file vs put_archive", [("pool write_file", "pool", "write_file"), ("runs write_file", "runs", "write_file"),
-                                   ("floor put_archive", "floor", "put_archive")]),
-    ("evaluate vs the test script", [("pool evaluate", "pool", "evaluate"), ("runs evaluate", "runs", "evaluate"),
-                                     ("floor test script", "floor", "test_script")]),
-    ("allocate, close vs remove", [("pool allocate", "pool", "allocate"), ("pool close", "pool", "close"),
-                                   ("runs close", "runs", "close"), ("floor remove", "floor", "remove")]),
+    (
+        "reset (pool) / start (runs) vs create+start",
+        [
+            ("pool reset", "pool", "reset"),
+            ("runs start", "runs", "start"),
+            ("floor create+start", "floor", "create_start"),
+        ],
+    ),
+    (
+        "tool call (echo hi) vs exec_run",
+        [
+            ("pool tool_call", "pool", "tool_call"),
+            ("runs tool_call", "runs", "tool_call"),
+            ("floor exec_run", "floor", "exec"),
+        ],
+    ),
+    (
+        "write file vs put_archive",
+        [
+            ("pool write_file", "pool", "write_file"),
+            ("runs write_file", "runs", "write_file"),
+            ("floor put_archive", "floor", "put_archive"),
+        ],
+    ),
+    (
+        "evaluate vs the test script",
+        [
+            ("pool evaluate", "pool", "evaluate"),
+            ("runs evaluate", "runs", "evaluate"),
+            ("floor test script", "floor", "test_script"),
+        ],
+    ),
+    (
+        "allocate, close vs remove",
+        [
+            ("pool allocate", "pool", "allocate"),
+            ("pool close", "pool", "close"),
+            ("runs close", "runs", "close"),
+            ("floor remove", "floor", "remove"),
+        ],
+    ),
 ]
 PALETTE = {"pool": ["#1f77b4", "#9467bd"], "runs": ["#2ca02c", "#bcbd22"], "floor": ["#7f7f7f"]}
 
@@ -256,9 +381,13 @@ def chart(result: dict, path: Path) -> Path:
         ax.set_title(title)
         ax.set_xticks(range(len(levels)), [f"c={lv}" for lv in levels])
         ax.set_yscale("log")
-        values = [v for lv in levels for _, face, op in series
-                  for v in [(result["levels"][lv].get(face, {}).get("ops", {}).get(op) or {}).get(k) for k in ("p50", "p95")]
-                  if v]
+        values = [
+            v
+            for lv in levels
+            for _, face, op in series
+            for v in [(result["levels"][lv].get(face, {}).get("ops", {}).get(op) or {}).get(k) for k in ("p50", "p95")]
+            if v
+        ]
         if values:  # bars start a decade below the smallest value; room above for the legend
             ax.set_ylim(10 ** math.floor(math.log10(min(values)) - 0.3), max(values) * 6)
         ax.set_ylabel("ms (log)")
@@ -280,8 +409,10 @@ def chart(result: dict, path: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     cfg = result.get("config", {})
-    fig.suptitle(f"termpool vs raw Docker SDK (floor), {result.get('started_at')}: medians of {cfg.get('repeats')} "
-                 f"repeats, {cfg.get('tool_calls')} tool calls/episode, {result.get('machine', {}).get('cpus')} cores")
+    fig.suptitle(
+        f"termpool vs raw Docker SDK (floor), {result.get('started_at')}: medians of {cfg.get('repeats')} "
+        f"repeats, {cfg.get('tool_calls')} tool calls/episode, {result.get('machine', {}).get('cpus')} cores"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

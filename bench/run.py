@@ -8,6 +8,7 @@ Exit status: 0 when every termpool episode succeeded and no container was leaked
 2 when the benchmark could not set up (no Docker, no base image, the stack did not start).
 Timings never change the exit status, nor do failures of the floor's raw SDK calls (reported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ import docker
 import psutil
 
 from bench import report
-from bench.episodes import (TASK, Floor, PoolClient, RunsClient, pool_episode, runs_api_available, runs_episode)
+from bench.episodes import TASK, Floor, PoolClient, RunsClient, pool_episode, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
 from termpool.task_spec import image_name
@@ -49,17 +50,28 @@ def log(message: str) -> None:
 # ---- command line ---------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="CI smoke run: concurrency 1,8, 1 repeat, 3 tool calls, 2 episodes at c=1")
+    p.add_argument(
+        "--quick", action="store_true", help="CI smoke run: concurrency 1,8, 1 repeat, 3 tool calls, 2 episodes at c=1"
+    )
     p.add_argument("--repeats", type=int, help="times each measurement is repeated (default 3; quick 1)")
     p.add_argument("--concurrency", help="comma-separated concurrent episodes (default 1,8,32,128; quick 1,8)")
     p.add_argument("--tool-calls", type=int, help="`echo hi` tool calls per episode (default 10; quick 3)")
-    p.add_argument("--episodes", type=int,
-                   help="at least this many episodes per measurement; each of the c workers runs "
-                        "ceil(episodes/c) (default 8; quick 2)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for <timestamp>.json/.png and latest.*")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment for the stack (repeatable), e.g. --env WARM_POOL_SIZE=8")
+    p.add_argument(
+        "--episodes",
+        type=int,
+        help="at least this many episodes per measurement; each of the c workers runs "
+        "ceil(episodes/c) (default 8; quick 2)",
+    )
+    p.add_argument(
+        "--out", default=str(ROOT / "bench" / "results"), help="folder for <timestamp>.json/.png and latest.*"
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the stack (repeatable), e.g. --env WARM_POOL_SIZE=8",
+    )
     p.add_argument("--skip-runs-api", action="store_true", help="measure the pool API and the floor only")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -135,10 +147,16 @@ def run_phase(concurrency: int, episodes_per_worker: int, make_ctx, episode, clo
 
 
 def phase_record(rec: Recorder, wall: float, **extra) -> dict:
-    return {"samples": {op: list(v) for op, v in rec.samples.items()}, "wall_s": round(wall, 3),
-            "episodes": rec.episodes_ok, "episodes_failed": rec.episodes_failed,
-            "episodes_per_s": round(rec.episodes_ok / wall, 3) if wall > 0 else None,
-            "error_count": rec.error_count, "error_messages": rec.error_messages, **extra}
+    return {
+        "samples": {op: list(v) for op, v in rec.samples.items()},
+        "wall_s": round(wall, 3),
+        "episodes": rec.episodes_ok,
+        "episodes_failed": rec.episodes_failed,
+        "episodes_per_s": round(rec.episodes_ok / wall, 3) if wall > 0 else None,
+        "error_count": rec.error_count,
+        "error_messages": rec.error_messages,
+        **extra,
+    }
 
 
 # ---- termpool's leftovers -------------------------------------------------------------------
@@ -197,8 +215,11 @@ def log_problems(stack: Stack) -> dict:
     """Lines that say ERROR or Traceback in each process's log (count and the first few)."""
     out = {}
     for path in sorted(stack.workdir.glob("*.log")):
-        lines = [line for line in path.read_text(errors="replace").splitlines()
-                 if "Traceback" in line or " ERROR" in line or "ERROR/" in line or "CRITICAL" in line]
+        lines = [
+            line
+            for line in path.read_text(errors="replace").splitlines()
+            if "Traceback" in line or " ERROR" in line or "ERROR/" in line or "CRITICAL" in line
+        ]
         if lines:
             out[path.stem] = {"count": len(lines), "first": [line[:300] for line in lines[:3]]}
     return out
@@ -210,9 +231,14 @@ def machine_info(dclient) -> dict:
         docker_version = dclient.version().get("Version")
     except Exception:
         docker_version = None
-    return {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "platform": platform.platform(), "docker": docker_version,
-            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "docker": docker_version,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,12 +265,21 @@ def main(argv: list[str] | None = None) -> int:
     bench_id = uuid.uuid4().hex[:8]
     floor_label = f"{BENCH_LABEL}={bench_id}"
     result: dict = {
-        "version": 1, "started_at": dt.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
+        "version": 1,
+        "started_at": dt.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
         "command": ["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)],
         "quick": args.quick,
-        "config": {"concurrency": args.levels, "repeats": args.repeats, "tool_calls": args.tool_calls,
-                   "episodes": args.episodes, "task": TASK, "stack_env": env, "env_overrides": args.extra_env,
-                   "runs_per_task_key": runs_per_key, "monitor_interval_s": 0.5},
+        "config": {
+            "concurrency": args.levels,
+            "repeats": args.repeats,
+            "tool_calls": args.tool_calls,
+            "episodes": args.episodes,
+            "task": TASK,
+            "stack_env": env,
+            "env_overrides": args.extra_env,
+            "runs_per_task_key": runs_per_key,
+            "monitor_interval_s": 0.5,
+        },
         "machine": machine_info(dclient),
     }
     log(f"starting the stack (logs in {workdir}/stack); stack env {env}")
@@ -280,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"runs API not measured: {why}")
 
         mem_limit = stack.env["CONTAINER_MEMORY_LIMIT"]
-        floor = Floor(dclient, image_name(TASK), mem_limit, FIXTURES / TASK, workdir / "floor",
-                      {BENCH_LABEL: bench_id})
+        floor = Floor(dclient, image_name(TASK), mem_limit, FIXTURES / TASK, workdir / "floor", {BENCH_LABEL: bench_id})
 
         def key_for(index: int) -> str:
             return f"{TASK}#{index // runs_per_key}"
@@ -294,10 +328,16 @@ def main(argv: list[str] | None = None) -> int:
 
         episode_fns = {
             "floor": (lambda i: floor, lambda ctx, i, rec: ctx.episode(rec, args.tool_calls), None),
-            "pool": (new_pool, lambda ctx, i, rec: pool_episode(ctx, rec, key_for(i), args.tool_calls),
-                     lambda ctx: ctx.close()),
-            "runs": (new_runs, lambda ctx, i, rec: runs_episode(ctx, rec, key_for(i), args.tool_calls),
-                     lambda ctx: ctx.close()),
+            "pool": (
+                new_pool,
+                lambda ctx, i, rec: pool_episode(ctx, rec, key_for(i), args.tool_calls),
+                lambda ctx: ctx.close(),
+            ),
+            "runs": (
+                new_runs,
+                lambda ctx, i, rec: runs_episode(ctx, rec, key_for(i), args.tool_calls),
+                lambda ctx: ctx.close(),
+            ),
         }
 
         # Warm-up: the first reset builds the task image (the floor needs it too); one episode
@@ -344,17 +384,24 @@ def main(argv: list[str] | None = None) -> int:
                         closed_runs |= rec.run_ids
                         leaked, spares = termpool_leftovers(dclient, host_label, closed_runs, warm)
                         if pool.get("total_active_runs") or pool.get("pending_closes"):
-                            rec.error(f"{face}: not drained after {DRAIN_TIMEOUT:g} s: /status pool {json.dumps(pool)[:300]}")
+                            rec.error(
+                                f"{face}: not drained after {DRAIN_TIMEOUT:g} s: /status pool {json.dumps(pool)[:300]}"
+                            )
                         termpool_leaks.update(leaked)
                         remove_named(dclient, leaked)  # measure the next phase on a clean host
                     peak = monitor.peak(phase)
                     if face != "floor" and warm:
                         log(f"  {len(spares)} containers left as warm spares (WARM_POOL_SIZE={warm})")
-                    raw[level][face].append(phase_record(rec, wall, leaked=leaked, drain_s=drained_in,
-                                                         memory=peak, repeat=repeat, phase=phase))
-                    log(f"{face:5s} c={level:<3d} repeat {repeat}/{args.repeats}: {rec.episodes_ok} episodes "
+                    raw[level][face].append(
+                        phase_record(
+                            rec, wall, leaked=leaked, drain_s=drained_in, memory=peak, repeat=repeat, phase=phase
+                        )
+                    )
+                    log(
+                        f"{face:5s} c={level:<3d} repeat {repeat}/{args.repeats}: {rec.episodes_ok} episodes "
                         f"in {wall:.1f} s ({rec.episodes_ok / wall if wall else 0:.2f}/s), {rec.error_count} errors, "
-                        f"{len(leaked)} leaked, peak RSS {peak['total_mb']:.0f} MB, live runs {peak['live_runs']}")
+                        f"{len(leaked)} leaked, peak RSS {peak['total_mb']:.0f} MB, live runs {peak['live_runs']}"
+                    )
         # Anything termpool left behind once every run is closed and torn down.
         monitor.set_phase("final")
         final_pool = drain(stack)
@@ -396,8 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     json_path = out_dir / f"{stamp}.json"
     json_path.write_text(json.dumps(result, indent=1))
     # Every sample (ms, 0.1 ms), for re-analysis: level -> face -> [repeat -> op -> [ms]].
-    samples = {str(lv): {face: [{op: [round(v, 1) for v in vals] for op, vals in r["samples"].items()} for r in reps]
-                         for face, reps in faces.items()} for lv, faces in raw.items()}
+    samples = {
+        str(lv): {
+            face: [{op: [round(v, 1) for v in vals] for op, vals in r["samples"].items()} for r in reps]
+            for face, reps in faces.items()
+        }
+        for lv, faces in raw.items()
+    }
     (out_dir / f"{stamp}-samples.json").write_text(json.dumps(samples))
     shutil.copyfile(json_path, out_dir / "latest.json")
     try:

@@ -1,4 +1,5 @@
 """Latency samples and their summaries: percentiles per repeat, medians across repeats."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Find the task directories of a dataset and list what is wrong with each (`dataset check`)."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,15 @@ from pathlib import Path
 from tasks import compose_config
 from termpool.config import Settings
 from termpool.failures import TaskInvalid
-from termpool.task_spec import (COMPOSE_FILE_NAMES, TaskError, compose_file, image_name, load_task,
-                                load_weights, name_prefix)
+from termpool.task_spec import (
+    COMPOSE_FILE_NAMES,
+    TaskError,
+    compose_file,
+    image_name,
+    load_task,
+    load_weights,
+    name_prefix,
+)
 
 MAX_DEPTH = 3  # dataset/collection/sub-collection/task at most
 CHECK_JOBS = 4  # tasks checked at once
@@ -55,10 +63,7 @@ def find_tasks(root: Path) -> list[Path]:
 
 
 def _holds_tasks(folder: Path, depth: int) -> bool:
-    for sub in _subdirs(folder):
-        if is_task_dir(sub) or (depth < MAX_DEPTH and _holds_tasks(sub, depth + 1)):
-            return True
-    return False
+    return any(is_task_dir(sub) or (depth < MAX_DEPTH and _holds_tasks(sub, depth + 1)) for sub in _subdirs(folder))
 
 
 def task_label(task_dir: Path, root: Path) -> str:
@@ -82,7 +87,7 @@ def _strip(message: str, task_dir: Path) -> str:
     text = str(message)
     for prefix in (str(task_dir / "task.yaml") + ": ", str(task_dir) + ": ", str(task_dir.resolve()) + "/"):
         if text.startswith(prefix):
-            return text[len(prefix):]
+            return text[len(prefix) :]
     return text
 
 
@@ -93,9 +98,13 @@ def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
     except TaskError:
         return [f"no {' or '.join(COMPOSE_FILE_NAMES)}"]
     try:
-        resolved = compose_config.resolve(task_dir, compose_config.task_files(task_dir, cfg),
-                                          name_prefix(task_dir.name).lower(),
-                                          compose_config.build_env(task_dir.name, cfg), CHECK_TIMEOUT)
+        resolved = compose_config.resolve(
+            task_dir,
+            compose_config.task_files(task_dir, cfg),
+            name_prefix(task_dir.name).lower(),
+            compose_config.build_env(task_dir.name, cfg),
+            CHECK_TIMEOUT,
+        )
     except (TaskInvalid, TaskError) as exc:
         return [_strip(exc, task_dir)]
     problems = compose_config.unsupported(resolved, task_dir) + compose_config.check_only_problems(resolved, task_dir)

@@ -5,6 +5,7 @@ REDIS_URL, POOL_HOST_ID, ENV_SERVER_PORT, POOL_API_TOKEN, ...). Tables go to std
 progress bars to stderr. Exit codes: 0 all good, 1 some task has a problem, 2 the command
 could not do its work at all (bad arguments, git, Redis or the service unreachable).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ from flask.cli import AppGroup
 
 from cli import download as dl
 from cli import oracle as orc
-from cli.output import emit_json, progress, table
 from cli.checks import check_tasks, find_tasks, task_label
+from cli.output import emit_json, progress, table
 from termpool.config import Settings
 
 dataset_cli = AppGroup("dataset", help="Work with terminal-bench task datasets.")
@@ -60,13 +61,22 @@ DIR_ARGUMENT = click.argument("directory", required=False, type=click.Path(file_
 # ---- download -----------------------------------------------------------------------------
 @dataset_cli.command("download")
 @click.argument("name", type=click.Choice(sorted(dl.DATASETS)))
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
-              help="Parent folder of the dataset (default: DATASET_DIR); it lands in DEST/NAME.")
-@click.option("--origin", help="Git URL or local path of the repository (default: the dataset's table entry, "
-                               "or TERMPOOL_DATASET_<NAME>_ORIGIN).")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Parent folder of the dataset (default: DATASET_DIR); it lands in DEST/NAME.",
+)
+@click.option(
+    "--origin",
+    help="Git URL or local path of the repository (default: the dataset's table entry, "
+    "or TERMPOOL_DATASET_<NAME>_ORIGIN).",
+)
 @click.option("--ref", default=None, help="Branch or tag (TERMPOOL_DATASET_<NAME>_REF).")
-@click.option("--subdir", default=None, help="Folder of the repository to fetch; comma-separated candidates "
-                                             "(TERMPOOL_DATASET_<NAME>_SUBDIR).")
+@click.option(
+    "--subdir",
+    default=None,
+    help="Folder of the repository to fetch; comma-separated candidates (TERMPOOL_DATASET_<NAME>_SUBDIR).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing download.")
 def download_command(name, dest, origin, ref, subdir, force):
     """Fetch dataset NAME's task folder with a shallow, sparse git clone."""
@@ -75,8 +85,11 @@ def download_command(name, dest, origin, ref, subdir, force):
     if job.exists() and not force:
         click.echo(f"{job.target} already exists; nothing to do (--force replaces it).")
         return
-    click.echo(f"Downloading {name} from {source.origin}"
-               f"{' @ ' + source.ref if source.ref else ''}, folder {' or '.join(source.subdirs)}", err=True)
+    click.echo(
+        f"Downloading {name} from {source.origin}"
+        f"{' @ ' + source.ref if source.ref else ''}, folder {' or '.join(source.subdirs)}",
+        err=True,
+    )
     try:
         with progress(len(dl.STEPS), "download", item_show_func=lambda s: s) as bar:
             for step in dl.STEPS:
@@ -87,8 +100,7 @@ def download_command(name, dest, origin, ref, subdir, force):
         raise Fatal(str(exc)) from None
     finally:
         job.cleanup()
-    click.echo(f"{name}: {job.tasks} folders in {job.target} (commit {job.commit[:12]}, "
-               f"from {job.found_subdir}/)")
+    click.echo(f"{name}: {job.tasks} folders in {job.target} (commit {job.commit[:12]}, from {job.found_subdir}/)")
 
 
 # ---- check --------------------------------------------------------------------------------
@@ -111,14 +123,22 @@ def check_command(directory, as_json):
         reports = check_tasks(root, tasks, _cfg(), on_done=lambda _: bar.update(1))
     bad = [r for r in reports if r.problems]
     if as_json:
-        emit_json({"dataset": str(root), "tasks": len(reports), "tasks_with_problems": len(bad),
-                   "ok": not bad, "problems": [{"task": r.label, "problem": p} for r in bad for p in r.problems]})
+        emit_json(
+            {
+                "dataset": str(root),
+                "tasks": len(reports),
+                "tasks_with_problems": len(bad),
+                "ok": not bad,
+                "problems": [{"task": r.label, "problem": p} for r in bad for p in r.problems],
+            }
+        )
     else:
         if bad:
             table(["TASK", "PROBLEM"], [[r.label, p] for r in bad for p in r.problems], max_width=160)
             click.echo("")
-        click.echo(f"{len(reports)} tasks checked in {root}: "
-                   f"{len(reports) - len(bad)} clean, {len(bad)} with problems.")
+        click.echo(
+            f"{len(reports)} tasks checked in {root}: {len(reports) - len(bad)} clean, {len(bad)} with problems."
+        )
     if bad:
         _fail_tasks()
 
@@ -126,8 +146,7 @@ def check_command(directory, as_json):
 # ---- prebuild -----------------------------------------------------------------------------
 @dataset_cli.command("prebuild")
 @DIR_ARGUMENT
-@click.option("-j", "--jobs", default=2, show_default=True, type=click.IntRange(1, 64),
-              help="Builds at a time.")
+@click.option("-j", "--jobs", default=2, show_default=True, type=click.IntRange(1, 64), help="Builds at a time.")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per task (default ENSURE_IMAGE_TIMEOUT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def prebuild_command(directory, jobs, timeout, as_json):
@@ -147,18 +166,29 @@ def prebuild_command(directory, jobs, timeout, as_json):
         raise Fatal(f"Redis at {cfg.redis_url} is needed for the build locks: {exc}") from None
     limit = timeout or cfg.timeouts.ensure_image
     started = time.monotonic()
-    with progress(len(tasks), f"building ({jobs} at a time)", hidden=as_json,
-                  item_show_func=lambda r: r and f"{r.task}: {r.status}") as bar:
+    with progress(
+        len(tasks),
+        f"building ({jobs} at a time)",
+        hidden=as_json,
+        item_show_func=lambda r: r and f"{r.task}: {r.status}",
+    ) as bar:
         results = pb.build_all(tasks, cfg, limit, jobs, locks, on_done=lambda r: bar.update(1, r))
     failed = [r for r in results if r.status == "failed"]
     if as_json:
-        emit_json({"dataset": str(root), "built": len(results) - len(failed), "failed": len(failed),
-                   "tasks": [r.to_dict() for r in results]})
+        emit_json(
+            {
+                "dataset": str(root),
+                "built": len(results) - len(failed),
+                "failed": len(failed),
+                "tasks": [r.to_dict() for r in results],
+            }
+        )
     else:
-        table(["TASK", "RESULT", "SECONDS", "IMAGE / ERROR"],
-              [[r.task, r.status, f"{r.seconds:.1f}", r.image or r.error] for r in results])
-        click.echo(f"\n{len(results) - len(failed)} built, {len(failed)} failed "
-                   f"in {time.monotonic() - started:.0f} s.")
+        table(
+            ["TASK", "RESULT", "SECONDS", "IMAGE / ERROR"],
+            [[r.task, r.status, f"{r.seconds:.1f}", r.image or r.error] for r in results],
+        )
+        click.echo(f"\n{len(results) - len(failed)} built, {len(failed)} failed in {time.monotonic() - started:.0f} s.")
     if failed:
         _fail_tasks()
 
@@ -180,14 +210,14 @@ def _oracle_default_dir(cfg: Settings) -> Path:
 @DIR_ARGUMENT
 @click.option("--url", help="The termpool service (default http://127.0.0.1:<ENV_SERVER_PORT>).")
 @click.option("--token", envvar="POOL_API_TOKEN", help="Bearer token (default POOL_API_TOKEN).")
-@click.option("-j", "--jobs", default=4, show_default=True, type=click.IntRange(1, 256),
-              help="Episodes at a time.")
-@click.option("-t", "--task", "only", multiple=True, help="Only this task (name or path below DIRECTORY); "
-                                                         "repeatable.")
+@click.option("-j", "--jobs", default=4, show_default=True, type=click.IntRange(1, 256), help="Episodes at a time.")
+@click.option("-t", "--task", "only", multiple=True, help="Only this task (name or path below DIRECTORY); repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per episode, from submit to close.")
-@click.option("--solution-timeout", type=click.FloatRange(min=1),
-              help=f"Seconds solution.sh may run (default max({orc.MIN_SOLUTION_TIMEOUT:g}, "
-                   "the task's max_agent_timeout_sec)).")
+@click.option(
+    "--solution-timeout",
+    type=click.FloatRange(min=1),
+    help=f"Seconds solution.sh may run (default max({orc.MIN_SOLUTION_TIMEOUT:g}, the task's max_agent_timeout_sec)).",
+)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report here.")
 def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout, report):
     """Run every task's solution.sh as one episode through the service's runs API and
@@ -218,35 +248,78 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
 
     started_at, started = time.time(), time.monotonic()
     results: dict[Path, orc.OracleResult] = {}
-    with progress(len(tasks), f"oracle ({jobs} at a time)",
-                  item_show_func=lambda r: r and f"{r.task}: {r.outcome}") as bar:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="oracle") as pool:
-            futures = {pool.submit(orc.run_oracle, client, path, task_label(path, root),
-                                   orc.task_path_for(path, cfg.dataset_dir, root), opts): path for path in tasks}
-            for future in as_completed(futures):
-                result = future.result()
-                results[futures[future]] = result
-                bar.update(1, result)
+    with (
+        progress(
+            len(tasks), f"oracle ({jobs} at a time)", item_show_func=lambda r: r and f"{r.task}: {r.outcome}"
+        ) as bar,
+        ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="oracle") as pool,
+    ):
+        futures = {
+            pool.submit(
+                orc.run_oracle,
+                client,
+                path,
+                task_label(path, root),
+                orc.task_path_for(path, cfg.dataset_dir, root),
+                opts,
+            ): path
+            for path in tasks
+        }
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            bar.update(1, result)
     ordered = [results[path] for path in tasks]
     summary = orc.summarize(ordered)
 
-    table(["TASK", "OUTCOME", "REWARD", "TESTS", "SECONDS", "CODE", "DETAIL"],
-          [[r.task, r.outcome, "" if r.reward is None else f"{r.reward:.2f}", r.tests_passed,
-            f"{r.seconds:.0f}", r.code, r.error] for r in ordered])
+    table(
+        ["TASK", "OUTCOME", "REWARD", "TESTS", "SECONDS", "CODE", "DETAIL"],
+        [
+            [
+                r.task,
+                r.outcome,
+                "" if r.reward is None else f"{r.reward:.2f}",
+                r.tests_passed,
+                f"{r.seconds:.0f}",
+                r.code,
+                r.error,
+            ]
+            for r in ordered
+        ],
+    )
     click.echo("")
-    table(["TASKS", "PASSED", "PARTIAL", "FAILED", "ERRORS", "SKIPPED", "MEAN REWARD"],
-          [[summary["tasks"], summary["passed"], summary["partial"], summary["failed"], summary["errors"],
-            summary["skipped"], "" if summary["mean_reward"] is None else f"{summary['mean_reward']:.3f}"]])
+    table(
+        ["TASKS", "PASSED", "PARTIAL", "FAILED", "ERRORS", "SKIPPED", "MEAN REWARD"],
+        [
+            [
+                summary["tasks"],
+                summary["passed"],
+                summary["partial"],
+                summary["failed"],
+                summary["errors"],
+                summary["skipped"],
+                "" if summary["mean_reward"] is None else f"{summary['mean_reward']:.3f}",
+            ]
+        ],
+    )
     if summary["errors_by_code"]:
         click.echo("\nErrors by code: " + ", ".join(f"{code} {n}" for code, n in summary["errors_by_code"].items()))
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps({
-            "url": client.url, "dataset": str(root),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
-            "seconds": round(time.monotonic() - started, 1), "summary": summary,
-            "tasks": [r.to_dict() for r in ordered],
-        }, indent=2) + "\n")
+        report.write_text(
+            json.dumps(
+                {
+                    "url": client.url,
+                    "dataset": str(root),
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+                    "seconds": round(time.monotonic() - started, 1),
+                    "summary": summary,
+                    "tasks": [r.to_dict() for r in ordered],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         click.echo(f"\nReport: {report}")
     click.echo("")
     for r in ordered:  # the last lines: one reward per task

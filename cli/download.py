@@ -10,6 +10,7 @@ The origins below are defaults; each part can be changed per dataset by the envi
 (TERMPOOL_DATASET_<NAME>_ORIGIN, _REF, _SUBDIR; e.g. TERMPOOL_DATASET_TBENCH_CORE_ORIGIN) or
 by the command's options, for mirrors and machines without internet access.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,37 @@ class DatasetSource:
 
 
 DATASETS: dict[str, DatasetSource] = {
-    source.name: source for source in (
-        DatasetSource("seta_env", "https://github.com/camel-ai/seta-env.git", "main", ("Dataset",),
-                      description="SETA synthetic terminal tasks (seta-env)"),
-        DatasetSource("tbench_core", "https://github.com/laude-institute/terminal-bench.git", "main",
-                      ("original-tasks", "tasks"), description="terminal-bench core tasks, main branch"),
-        DatasetSource("tbench_test", "https://github.com/laude-institute/terminal-bench.git",
-                      "dataset/terminal-bench-core/v0.1.x", ("tasks",),
-                      description="terminal-bench-core v0.1.x, the released test set"),
-        DatasetSource("tbench_adapted", "https://github.com/laude-institute/terminal-bench-datasets.git", "main",
-                      ("datasets",), flatten=True,
-                      description="benchmarks adapted to the terminal-bench format, one folder per benchmark"),
+    source.name: source
+    for source in (
+        DatasetSource(
+            "seta_env",
+            "https://github.com/camel-ai/seta-env.git",
+            "main",
+            ("Dataset",),
+            description="SETA synthetic terminal tasks (seta-env)",
+        ),
+        DatasetSource(
+            "tbench_core",
+            "https://github.com/laude-institute/terminal-bench.git",
+            "main",
+            ("original-tasks", "tasks"),
+            description="terminal-bench core tasks, main branch",
+        ),
+        DatasetSource(
+            "tbench_test",
+            "https://github.com/laude-institute/terminal-bench.git",
+            "dataset/terminal-bench-core/v0.1.x",
+            ("tasks",),
+            description="terminal-bench-core v0.1.x, the released test set",
+        ),
+        DatasetSource(
+            "tbench_adapted",
+            "https://github.com/laude-institute/terminal-bench-datasets.git",
+            "main",
+            ("datasets",),
+            flatten=True,
+            description="benchmarks adapted to the terminal-bench format, one folder per benchmark",
+        ),
     )
 }
 
@@ -54,8 +75,9 @@ class DownloadError(RuntimeError):
     pass
 
 
-def resolve_source(name: str, origin: str | None = None, ref: str | None = None, subdir: str | None = None,
-                   env=None) -> DatasetSource:
+def resolve_source(
+    name: str, origin: str | None = None, ref: str | None = None, subdir: str | None = None, env=None
+) -> DatasetSource:
     """The dataset's source after environment and option overrides (options win)."""
     env = os.environ if env is None else env
     source = DATASETS[name]
@@ -111,7 +133,7 @@ class Download:
     def step(self, name: str) -> None:
         getattr(self, "_" + name)()
 
-    def run(self) -> "Download":
+    def run(self) -> Download:
         try:
             for name in STEPS:
                 self.step(name)
@@ -154,11 +176,21 @@ class Download:
         else:
             folder.rename(staged)
         self.tasks = sum(1 for p in staged.iterdir() if p.is_dir() and not p.name.startswith("."))
-        (staged / SOURCE_FILE).write_text(json.dumps({
-            "dataset": self.source.name, "origin": self.source.origin, "ref": self.source.ref,
-            "subdir": self.found_subdir, "commit": self.commit, "flattened": self.source.flatten,
-            "downloaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }, indent=2) + "\n")
+        (staged / SOURCE_FILE).write_text(
+            json.dumps(
+                {
+                    "dataset": self.source.name,
+                    "origin": self.source.origin,
+                    "ref": self.source.ref,
+                    "subdir": self.found_subdir,
+                    "commit": self.commit,
+                    "flattened": self.source.flatten,
+                    "downloaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         if self.target.exists():
             if not self.force and any(self.target.iterdir()):
                 raise DownloadError(f"{self.target} already exists (use --force to replace it)")

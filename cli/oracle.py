@@ -7,6 +7,7 @@ one is an error with the failure code of its run (termpool/failures.py), so a re
 broken tasks (task codes) from infrastructure trouble worth another run (retryable codes).
 A full service (429) is waited out by the client's retries with backoff.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,17 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termpool.client import (Episode, Forbidden, Pool, ServiceUnreachable, TermpoolError, Unauthorized, WaitTimeout,
-                             exec_call, write_file_call)
+from termpool.client import (
+    Episode,
+    Forbidden,
+    Pool,
+    ServiceUnreachable,
+    TermpoolError,
+    Unauthorized,
+    WaitTimeout,
+    exec_call,
+    write_file_call,
+)
 from termpool.task_spec import TaskError, load_task
 
 SOLUTION_FILE = "solution.sh"
@@ -53,9 +63,20 @@ class OracleResult:
         return f"{passed}/{len(self.tests)}"
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "task_path": self.task_path, "outcome": self.outcome, "reward": self.reward,
-                "run_id": self.run_id, "state": self.state, "tests": self.tests, "error": self.error, "code": self.code,
-                "seconds": round(self.seconds, 1), "solution_output": self.solution_output, "jobs": self.jobs}
+        return {
+            "task": self.task,
+            "task_path": self.task_path,
+            "outcome": self.outcome,
+            "reward": self.reward,
+            "run_id": self.run_id,
+            "state": self.state,
+            "tests": self.tests,
+            "error": self.error,
+            "code": self.code,
+            "seconds": round(self.seconds, 1),
+            "solution_output": self.solution_output,
+            "jobs": self.jobs,
+        }
 
 
 def outcome_of(reward) -> str:
@@ -71,16 +92,28 @@ def summarize(results: list[OracleResult]) -> dict:
     for r in results:
         if r.outcome == "error":
             codes[r.code or "none"] = codes.get(r.code or "none", 0) + 1
-    return {"tasks": len(results), "passed": counts["passed"], "partial": counts["partial"],
-            "failed": counts["failed"], "errors": counts["error"], "skipped": counts["skipped"],
-            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
-            "errors_by_code": dict(sorted(codes.items()))}
+    return {
+        "tasks": len(results),
+        "passed": counts["passed"],
+        "partial": counts["partial"],
+        "failed": counts["failed"],
+        "errors": counts["error"],
+        "skipped": counts["skipped"],
+        "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        "errors_by_code": dict(sorted(codes.items())),
+    }
 
 
 def connect(url: str, token: str = "", capacity_wait: float = 600.0) -> Pool:
     """A client that waits out a full service for about `capacity_wait` seconds."""
-    return Pool(url, token=token or None, timeout=90.0, backoff=2.0, max_backoff=CAPACITY_BACKOFF,
-                retries=max(1, math.ceil(capacity_wait / (0.75 * CAPACITY_BACKOFF))) + 3)
+    return Pool(
+        url,
+        token=token or None,
+        timeout=90.0,
+        backoff=2.0,
+        max_backoff=CAPACITY_BACKOFF,
+        retries=max(1, math.ceil(capacity_wait / (0.75 * CAPACITY_BACKOFF))) + 3,
+    )
 
 
 def check(pool: Pool) -> None:
@@ -121,8 +154,10 @@ def episode_args(task_dir: Path, task_path: str, instruction: str, solution: str
         "instruction": instruction,
         "request_id": uuid.uuid4().hex,
         "run_ctx": {"uid": f"oracle-{uuid.uuid4().hex[:8]}"},
-        "script": [write_file_call(SOLUTION_PATH, solution),
-                   exec_call(f"bash {SOLUTION_PATH}", id="oracle", timeout=solution_timeout)],
+        "script": [
+            write_file_call(SOLUTION_PATH, solution),
+            exec_call(f"bash {SOLUTION_PATH}", id="oracle", timeout=solution_timeout),
+        ],
         "evaluate": True,
         "close": True,
     }
@@ -153,8 +188,9 @@ def _run(pool: Pool, task_dir: Path, task_path: str, opts: OracleSettings, resul
         return
     solution_timeout = opts.solution_timeout or max(MIN_SOLUTION_TIMEOUT, spec.max_agent_timeout_sec)
     budget = opts.timeout or opts.default_budget + solution_timeout
-    args = episode_args(task_dir, task_path, spec.instruction, solution_file.read_text(encoding="utf-8"),
-                        solution_timeout)
+    args = episode_args(
+        task_dir, task_path, spec.instruction, solution_file.read_text(encoding="utf-8"), solution_timeout
+    )
     try:
         episode = pool.episode(**args, check=False, timeout=budget)
     except WaitTimeout as exc:  # the client closed the run
@@ -167,8 +203,9 @@ def _run(pool: Pool, task_dir: Path, task_path: str, opts: OracleSettings, resul
 def _fill(result: OracleResult, episode: Episode) -> None:
     run = episode.run
     result.run_id, result.state, result.tests = episode.run_id, episode.state, episode.tests
-    result.jobs = [{k: job.get(k) for k in ("job_id", "kind", "state", "error", "code", "attempts")}
-                   for job in episode.jobs]
+    result.jobs = [
+        {k: job.get(k) for k in ("job_id", "kind", "state", "error", "code", "attempts")} for job in episode.jobs
+    ]
     outputs = [text for text in episode.observations if isinstance(text, str)]
     if outputs:
         result.solution_output = outputs[-1][-2000:]
@@ -178,6 +215,9 @@ def _fill(result: OracleResult, episode: Episode) -> None:
         return
     failure = episode.failure
     result.outcome = "error"
-    result.error = run.get("error") or (failure.job.get("error") if failure else "") or \
-        f"the run ended ({result.state}) without a score"
+    result.error = (
+        run.get("error")
+        or (failure.job.get("error") if failure else "")
+        or f"the run ended ({result.state}) without a score"
+    )
     result.code = run.get("code") or (failure.code if failure else "") or ""

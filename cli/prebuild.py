@@ -3,6 +3,7 @@
 Calls tasks.environment.ensure_image directly, the same code a build worker runs, with the
 same per-host Redis lock, so a prebuild and a worker never build one image twice at once.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,14 @@ class BuildResult:
     error: str = ""
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "path": str(self.path), "status": self.status, "image": self.image,
-                "seconds": round(self.seconds, 1), "error": self.error}
+        return {
+            "task": self.task,
+            "path": str(self.path),
+            "status": self.status,
+            "image": self.image,
+            "seconds": round(self.seconds, 1),
+            "error": self.error,
+        }
 
 
 def lock_client(cfg: Settings) -> redis.Redis:
@@ -50,8 +57,9 @@ def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: 
     return BuildResult(label, task_dir, "built", image=image, seconds=time.monotonic() - started)
 
 
-def build_all(tasks: list[tuple[Path, str]], cfg: Settings, timeout: float, jobs: int, locks: redis.Redis,
-              on_done=None) -> list[BuildResult]:
+def build_all(
+    tasks: list[tuple[Path, str]], cfg: Settings, timeout: float, jobs: int, locks: redis.Redis, on_done=None
+) -> list[BuildResult]:
     """Build N at a time; results in the order of tasks."""
     results: dict[Path, BuildResult] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="prebuild") as pool:

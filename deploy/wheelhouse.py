@@ -9,6 +9,7 @@ Python 3.11.3, and Debian bookworm's python3 is 3.11.2. So after `pip wheel`, wa
 requirement graph again with the markers evaluated for TARGET_PYTHON_VERSION (the base
 image's `platform.python_version()`) and add whatever is missing, until nothing is.
 """
+
 from __future__ import annotations
 
 import email.parser
@@ -59,8 +60,7 @@ def requires_dist(whl: Path) -> list[Requirement]:
 def target_environment(version: str) -> dict:
     env = dict(default_environment())
     parts = version.split(".")
-    env.update(python_full_version=version, python_version=".".join(parts[:2]),
-               implementation_version=version)
+    env.update(python_full_version=version, python_version=".".join(parts[:2]), implementation_version=version)
     return env
 
 
@@ -78,8 +78,9 @@ def missing_for(roots: list[Requirement], outdir: Path, env: dict) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
-        match = next((whl for version, whl in have.get(name, []) if req.specifier.contains(version, prereleases=True)),
-                     None)
+        match = next(
+            (whl for version, whl in have.get(name, []) if req.specifier.contains(version, prereleases=True)), None
+        )
         if match is None:
             missing.append(f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}")
             continue

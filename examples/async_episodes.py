@@ -6,6 +6,7 @@ closes the run. An infrastructure failure (retryable) is run again; a task failu
 
     python3 examples/async_episodes.py [http://127.0.0.1:18081]
 """
+
 import asyncio
 import sys
 import time
@@ -13,8 +14,10 @@ import time
 from termpool.client import AsyncPool, TermpoolError
 
 URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:18081"
-STATS = ("python3 -c \"import json; t = open('/app/input.txt').read(); "
-         "json.dump({'lines': len(t.splitlines()), 'words': len(t.split())}, open('/app/stats.json', 'w'))\"")
+STATS = (
+    "python3 -c \"import json; t = open('/app/input.txt').read(); "
+    "json.dump({'lines': len(t.splitlines()), 'words': len(t.split())}, open('/app/stats.json', 'w'))\""
+)
 AWK = "awk '$2 == \"ERROR\"' /app/server.log | wc -l > /app/errors.txt"
 EPISODES = [  # (task, what the policy does, its command): right, half right and wrong answers
     ("count-errors", "awk on the level field", AWK),

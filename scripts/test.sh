@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The test command: set up this host, start the backends, build the test base image, run
-# every test (the tests start their own Redis, Celery workers and gunicorn).
+# every test (the tests start their own Redis, Celery workers and gunicorn). Lint and format
+# are checked first: a finding fails the run before any test starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
+python3 -m ruff check .
+python3 -m ruff format --check .
 bash scripts/start-backends.sh
 bash tests/base_image.sh >/dev/null
 exec python3 -m pytest "$@"

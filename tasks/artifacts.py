@@ -1,4 +1,5 @@
 """Per-run artifacts under the run's log dir (docs/task-format.md, "Per-run artifacts")."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,12 @@ def log_tool_call(path: Path, tool_call: dict, observation: str, seconds: float,
     """Append one record; each string in it (a model's file content, an observation) is cut
     to `limit` characters (default OBSERVATION_LIMIT), so one call writes a bounded record."""
     limit = settings().observation_limit if limit is None else limit
-    record = {"time": time.time(), "tool_call": _capped(tool_call, limit), "observation": cap_text(observation, limit),
-              "seconds": round(seconds, 4)}
+    record = {
+        "time": time.time(),
+        "tool_call": _capped(tool_call, limit),
+        "observation": cap_text(observation, limit),
+        "seconds": round(seconds, 4),
+    }
     with open(path / TOOL_LOG, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 

@@ -4,6 +4,7 @@ Queues are named per worker host and kind of work: ``termpool.<host>.<kind>``. A
 always go to the queues of the host its containers live on, so routing reads the ``host``
 keyword every pool task carries. Reaping goes to the shared ``termpool.maintenance`` queue.
 """
+
 from __future__ import annotations
 
 from celery import Celery
@@ -69,8 +70,9 @@ def make_celery(cfg: Settings) -> Celery:
         # waits unacked for that restore. A build whose prefork child dies is sent again at
         # once, once; everything else lost is recovered by tasks/lost_jobs.py.
         worker_disable_prefetch=True,
-        task_annotations={"pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1,
-                                                "default_retry_delay": 0}},
+        task_annotations={
+            "pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1, "default_retry_delay": 0}
+        },
         # Job records in the state store (queued/started/finished, result, error, keyed by the
         # Celery task id) are what clients poll; storing every result and STARTED state in the
         # backend as well would cost two more Redis writes and publishes per tool call.

@@ -5,6 +5,7 @@ interpolates `${VAR:-default}` / `${VAR:?message}`, merges env_file into environ
 paths absolute and normalises every short form. termpool reads only that resolved form, both
 when it starts a run and in `dataset check` (one set of rules for both).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,18 @@ CLIENT_SERVICE = "client"
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 # Capabilities that let a container reach past its namespaces (mounts, modules, raw devices,
 # the host clock, reading any host file by handle, LSM policy, BPF programs).
-REFUSED_CAPS = {"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH",
-                "MAC_ADMIN", "MAC_OVERRIDE", "BPF"}
+REFUSED_CAPS = {
+    "ALL",
+    "SYS_ADMIN",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_BOOT",
+    "SYS_TIME",
+    "DAC_READ_SEARCH",
+    "MAC_ADMIN",
+    "MAC_OVERRIDE",
+    "BPF",
+}
 # Namespace settings whose value may be "host" (or another container's): never for a task.
 SHARED_NAMESPACES = ("network_mode", "pid", "ipc", "uts", "userns_mode", "cgroup")
 
@@ -83,8 +94,11 @@ def service_images(task_name: str, resolved: dict) -> dict:
     """Stable image names for services that build without naming an image, so one build per
     host serves every run's compose project."""
     prefix = name_prefix(task_name).lower()
-    return {name: f"{prefix}__{name}".lower() for name, svc in resolved["services"].items()
-            if "build" in svc and not svc.get("image")}
+    return {
+        name: f"{prefix}__{name}".lower()
+        for name, svc in resolved["services"].items()
+        if "build" in svc and not svc.get("image")
+    }
 
 
 # ---- what termpool refuses ------------------------------------------------------------------
@@ -102,14 +116,17 @@ def unsupported(resolved: dict, task_dir: Path) -> list[str]:
         for key in SHARED_NAMESPACES:
             value = str(svc.get(key) or "")
             if value == "host" or value.startswith("container:"):
-                problems.append(f"{where} sets {key}: {value}; a task may not share the host's or another "
-                                "container's namespace")
+                problems.append(
+                    f"{where} sets {key}: {value}; a task may not share the host's or another container's namespace"
+                )
         if svc.get("devices") or svc.get("device_cgroup_rules"):
             problems.append(f"{where} asks for host devices; refused")
         if any("unconfined" in str(opt) for opt in svc.get("security_opt") or []):
             problems.append(f"{where} turns off seccomp/AppArmor confinement (security_opt); refused")
-        problems += [f"{where} mounts {source}: task containers may not mount the Docker socket"
-                     for source in _socket_mounts(svc.get("volumes") or [])]
+        problems += [
+            f"{where} mounts {source}: task containers may not mount the Docker socket"
+            for source in _socket_mounts(svc.get("volumes") or [])
+        ]
         problems += _build_context_problems(where, svc.get("build"), task_dir)
     for key, net in (resolved.get("networks") or {}).items():
         if net.get("external"):
@@ -130,8 +147,9 @@ def _socket_mounts(volumes: list) -> list[str]:
         if not source or (isinstance(volume, dict) and volume.get("type") not in (None, "bind")):
             continue
         path = posixpath.normpath(source)
-        if "docker.sock" in path or any(sock == path or sock.startswith(path.rstrip("/") + "/")
-                                        for sock in DOCKER_SOCKETS):
+        if "docker.sock" in path or any(
+            sock == path or sock.startswith(path.rstrip("/") + "/") for sock in DOCKER_SOCKETS
+        ):
             found.append(source)
     return found
 
@@ -165,12 +183,15 @@ def check_only_problems(resolved: dict, task_dir: Path) -> list[str]:
         for volume in svc.get("volumes") or []:
             source = Path(volume.get("source") or "/")
             if volume.get("type") == "bind" and _outside(source, inside):
-                problems.append(f"service {name!r} bind-mounts the host path {source}, outside the task and run "
-                                "folders")
+                problems.append(
+                    f"service {name!r} bind-mounts the host path {source}, outside the task and run folders"
+                )
         for port in svc.get("ports") or []:
             if isinstance(port, dict) and port.get("published"):
-                problems.append(f"service {name!r} publishes host port {port['published']}: two runs of the "
-                                "task at once would collide")
+                problems.append(
+                    f"service {name!r} publishes host port {port['published']}: two runs of the "
+                    "task at once would collide"
+                )
     for kind in ("secrets", "configs"):
         for key, item in (resolved.get(kind) or {}).items():
             source = Path(item.get("file") or task_dir)

@@ -10,6 +10,7 @@ Limits, where the task sets its own:
 Each value goes where the task put its own (`deploy.resources.limits` or the service-level
 key): compose refuses distinct values in the two places.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,18 @@ from tasks.compose_config import CLIENT_SERVICE, client_service, service_images
 from termpool.config import Settings
 
 # Keys of a resolved client service that the SDK fast path reproduces exactly.
-DIRECT_SERVICE_KEYS = {"build", "image", "container_name", "command", "entrypoint", "environment", "volumes",
-                       "working_dir", "user", "networks"}
+DIRECT_SERVICE_KEYS = {
+    "build",
+    "image",
+    "container_name",
+    "command",
+    "entrypoint",
+    "environment",
+    "volumes",
+    "working_dir",
+    "user",
+    "networks",
+}
 DIRECT_BIND_KEYS = {"type", "source", "target", "bind", "read_only"}
 NANO = 1_000_000_000
 
@@ -44,11 +55,10 @@ def memory_cap(cfg: Settings) -> int | None:
 
 def limits(service: dict, cfg: Settings, is_client: bool, max_cpus: float) -> dict:
     """The override fragment with termpool's limits for one resolved service."""
-    deploy = ((service.get("deploy") or {}).get("resources") or {})
+    deploy = (service.get("deploy") or {}).get("resources") or {}
     own = deploy.get("limits")
     chosen = {}  # deploy.resources.limits name -> value
-    pids = _lower(_positive((own or {}).get("pids") or service.get("pids_limit")),
-                  _positive(cfg.container_pids_limit))
+    pids = _lower(_positive((own or {}).get("pids") or service.get("pids_limit")), _positive(cfg.container_pids_limit))
     if pids:
         chosen["pids"] = int(pids)
     if is_client:
@@ -98,8 +108,9 @@ def _proxy_env(service: dict, cfg: Settings) -> dict:
     return {k: v for k, v in cfg.proxy_env.items() if k not in own}
 
 
-def run_override(resolved: dict, task_name: str, labels: dict, name: str, ctl_mount: str, cfg: Settings,
-                 max_cpus: float) -> dict:
+def run_override(
+    resolved: dict, task_name: str, labels: dict, name: str, ctl_mount: str, cfg: Settings, max_cpus: float
+) -> dict:
     """The compose file termpool layers over the task's for one run (or, without a name, a build)."""
     client = client_service(resolved)
     images = service_images(task_name, resolved)
@@ -117,8 +128,11 @@ def run_override(resolved: dict, task_name: str, labels: dict, name: str, ctl_mo
         if ctl_mount:
             services[client]["volumes"] = [ctl_mount]
         _run_scoped_names(resolved, services, client, name)
-        override["networks"] = {key: _network(resolved["name"], key, net, labels)
-                                for key, net in (resolved.get("networks") or {}).items() if not net.get("external")}
+        override["networks"] = {
+            key: _network(resolved["name"], key, net, labels)
+            for key, net in (resolved.get("networks") or {}).items()
+            if not net.get("external")
+        }
     return override
 
 
@@ -132,8 +146,9 @@ def _run_scoped_names(resolved: dict, services: dict, client: str, project: str)
         services[svc_name]["container_name"] = f"{project}-{svc_name}"
         networks = svc.get("networks") or {}
         if networks:
-            services[svc_name]["networks"] = {key: {"aliases": [*((networks[key] or {}).get("aliases") or []), fixed]}
-                                          for key in networks}
+            services[svc_name]["networks"] = {
+                key: {"aliases": [*((networks[key] or {}).get("aliases") or []), fixed]} for key in networks
+            }
 
 
 def _network(project: str, key: str, net: dict, labels: dict) -> dict:
@@ -150,18 +165,33 @@ def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
     if set(resolved) - {"name", "networks", "services"} or list(resolved["services"]) != [CLIENT_SERVICE]:
         return False
     networks = resolved.get("networks") or {}
-    if set(networks) - {"default"} or set(networks.get("default") or {}) - {"name", "ipam"} \
-            or (networks.get("default") or {}).get("ipam"):
+    if (
+        set(networks) - {"default"}
+        or set(networks.get("default") or {}) - {"name", "ipam"}
+        or (networks.get("default") or {}).get("ipam")
+    ):
         return False
     svc = resolved["services"][CLIENT_SERVICE]
     build = svc.get("build")
-    return (not set(svc) - DIRECT_SERVICE_KEYS
-            and svc.get("networks", {"default": None}) == {"default": None}
-            and svc.get("image", image) == image
-            and (build is None or (not set(build) - {"context", "dockerfile"}
-                                   and Path(build.get("context", "")).resolve() == Path(task_dir).resolve()))
-            and all(isinstance(v, dict) and v.get("type") == "bind" and not set(v) - DIRECT_BIND_KEYS
-                    and not set(v.get("bind") or {}) - {"create_host_path"} for v in svc.get("volumes") or []))
+    return (
+        not set(svc) - DIRECT_SERVICE_KEYS
+        and svc.get("networks", {"default": None}) == {"default": None}
+        and svc.get("image", image) == image
+        and (
+            build is None
+            or (
+                not set(build) - {"context", "dockerfile"}
+                and Path(build.get("context", "")).resolve() == Path(task_dir).resolve()
+            )
+        )
+        and all(
+            isinstance(v, dict)
+            and v.get("type") == "bind"
+            and not set(v) - DIRECT_BIND_KEYS
+            and not set(v.get("bind") or {}) - {"create_host_path"}
+            for v in svc.get("volumes") or []
+        )
+    )
 
 
 def direct_options(resolved: dict, cfg: Settings, ctl_mount: str, max_cpus: float) -> dict:
@@ -171,9 +201,14 @@ def direct_options(resolved: dict, cfg: Settings, ctl_mount: str, max_cpus: floa
     # "src:dst:rw" as compose writes its binds
     volumes = [f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}" for v in svc.get("volumes") or []]
     fragment = limits(svc, cfg, True, max_cpus)
-    options = dict(command=svc.get("command"), entrypoint=svc.get("entrypoint"),
-                   environment={**environment, **_proxy_env(svc, cfg)},
-                   volumes=volumes + ([f"{ctl_mount}:rw"] if ctl_mount else []), init=True, privileged=False)
+    options = dict(
+        command=svc.get("command"),
+        entrypoint=svc.get("entrypoint"),
+        environment={**environment, **_proxy_env(svc, cfg)},
+        volumes=volumes + ([f"{ctl_mount}:rw"] if ctl_mount else []),
+        init=True,
+        privileged=False,
+    )
     if svc.get("working_dir"):
         options["working_dir"] = svc["working_dir"]
     if svc.get("user"):

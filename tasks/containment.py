@@ -26,6 +26,7 @@ its image on the host's network with NET_ADMIN runs the script. Either way under
 POOL_SOCKET_DIR (a host folder, mounted at the same path in worker containers), so workers
 starting together do not interleave. `python -m tasks.containment apply|remove|show`.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -129,8 +130,13 @@ def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = ()) -> Guard:
             remote += [(address, port) for address in _resolve(host)]
     for entry in cfg.containment_block:
         remote += parse_destination(entry)
-    return Guard(tag=_safe_tag(cfg.host_id), local_ports=tuple(sorted(ports)), remote=tuple(remote),
-                 interfaces=cfg.containment_interfaces, exempt=exempt)
+    return Guard(
+        tag=_safe_tag(cfg.host_id),
+        local_ports=tuple(sorted(ports)),
+        remote=tuple(remote),
+        interfaces=cfg.containment_interfaces,
+        exempt=exempt,
+    )
 
 
 # ---- the rules ------------------------------------------------------------------------------
@@ -147,11 +153,29 @@ def rules(guard: Guard, family: str) -> list[tuple[str, list[str]]]:
     ports = ",".join(str(p) for p in guard.local_ports)
     for iface in guard.interfaces:
         if ports:
-            out.append((INPUT_CHAIN, ["-i", iface, "-p", "tcp", "-m", "multiport", "--dports", ports, *tag,
-                                      *TCP_RESET]))
+            out.append(
+                (INPUT_CHAIN, ["-i", iface, "-p", "tcp", "-m", "multiport", "--dports", ports, *tag, *TCP_RESET])
+            )
         for port in guard.local_ports:  # published by Docker: DNAT-ed, so forwarded, not input
-            out.append((FORWARD_CHAIN, ["-i", iface, "-p", "tcp", "-m", "conntrack", "--ctstate", "DNAT",
-                                        "--ctorigdstport", str(port), *tag, *TCP_RESET]))
+            out.append(
+                (
+                    FORWARD_CHAIN,
+                    [
+                        "-i",
+                        iface,
+                        "-p",
+                        "tcp",
+                        "-m",
+                        "conntrack",
+                        "--ctstate",
+                        "DNAT",
+                        "--ctorigdstport",
+                        str(port),
+                        *tag,
+                        *TCP_RESET,
+                    ],
+                )
+            )
         for address, port in guard.remote:
             if _family_of(address) != family:
                 continue
@@ -165,8 +189,7 @@ def rules(guard: Guard, family: str) -> list[tuple[str, list[str]]]:
 def _drop_tagged(ipt: str, chain: str, comment: str) -> str:
     """Shell: delete the chain's rules that carry this comment (as `-S` prints them)."""
     pattern = shlex.quote(f'--comment "?{re.escape(comment)}"?( |$)')
-    return (f"{ipt} -S {chain} | grep -E -- {pattern} | cut -c4- | "
-            f"while read -r rule; do eval \"{ipt} -D $rule\"; done")
+    return f'{ipt} -S {chain} | grep -E -- {pattern} | cut -c4- | while read -r rule; do eval "{ipt} -D $rule"; done'
 
 
 def script(guard: Guard | None, comment: str) -> str:
@@ -200,8 +223,9 @@ def _run_local(text: str) -> None:
 def _own_container():
     """The container of the Docker daemon we drive that this worker runs in (the compose
     deployment: its hostname is its id), or None on the host (or when Docker is unreachable)."""
-    from tasks.docker_env import docker_client
     import docker.errors
+
+    from tasks.docker_env import docker_client
 
     try:
         return docker_client().containers.get(socket.gethostname())
@@ -214,8 +238,15 @@ def _run_on_host(text: str, image: str) -> None:
     NET_ADMIN there changes the host's packet filter and nothing else."""
     from tasks.docker_env import docker_client
 
-    docker_client().containers.run(image, ["sh", "-c", text], entrypoint=[], remove=True, user="root",
-                                   network_mode="host", cap_add=["NET_ADMIN", "NET_RAW"])
+    docker_client().containers.run(
+        image,
+        ["sh", "-c", text],
+        entrypoint=[],
+        remove=True,
+        user="root",
+        network_mode="host",
+        cap_add=["NET_ADMIN", "NET_RAW"],
+    )
 
 
 def own_bridges(container) -> tuple[str, ...]:
@@ -253,14 +284,21 @@ def install(cfg: Settings) -> Guard | None:
         container = _own_container()
         guard = guard_from_settings(cfg, own_bridges(container) if container is not None else ())
         execute(script(guard, guard.comment), cfg.socket_dir, container)
-        log.info("containment: task containers are refused ports %s of this host and %s elsewhere",
-                 guard.local_ports, [f"{a}:{p or '*'}" for a, p in guard.remote] or "nothing")
+        log.info(
+            "containment: task containers are refused ports %s of this host and %s elsewhere",
+            guard.local_ports,
+            [f"{a}:{p or '*'}" for a, p in guard.remote] or "nothing",
+        )
         return guard
     except Exception as exc:
         if cfg.containment == "require":
             raise
-        log.error("containment: rules NOT installed (%s: %s); task containers may reach termpool's services "
-                  "(CONTAINMENT=require makes this fatal, CONTAINMENT=off silences it)", type(exc).__name__, exc)
+        log.error(
+            "containment: rules NOT installed (%s: %s); task containers may reach termpool's services "
+            "(CONTAINMENT=require makes this fatal, CONTAINMENT=off silences it)",
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 

@@ -3,6 +3,7 @@
 Used by the facade (both HTTP faces) and by the reaper; imports nothing Docker-side, so the
 facade can send work without loading the worker code.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def new_job(store: Store, run_id: str, kind: str, **extra) -> str:
 def recorded_call(tool_call: dict) -> dict:
     """The tool call as its job record keeps it, for the run viewer's transcript: the name and
     each argument (non-strings as JSON) cut to CALL_FIELD_LIMIT characters."""
+
     def short(value):
         if isinstance(value, (bool, int, float)) or value is None:
             return value
@@ -46,8 +48,10 @@ def recorded_call(tool_call: dict) -> dict:
         return failures.cap(text, CALL_FIELD_LIMIT) if len(text) > CALL_FIELD_LIMIT else value
 
     arguments = tool_call.get("arguments") or {}
-    return {"name": failures.cap(str(tool_call.get("name")), CALL_FIELD_LIMIT),
-            "arguments": {failures.cap(str(key), CALL_FIELD_LIMIT): short(value) for key, value in arguments.items()}}
+    return {
+        "name": failures.cap(str(tool_call.get("name")), CALL_FIELD_LIMIT),
+        "arguments": {failures.cap(str(key), CALL_FIELD_LIMIT): short(value) for key, value in arguments.items()},
+    }
 
 
 def _start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
@@ -67,16 +71,25 @@ def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_pat
     return job_id
 
 
-def enqueue(celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, job_fields: dict | None = None,
-            **kwargs) -> str:
+def enqueue(
+    celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, job_fields: dict | None = None, **kwargs
+) -> str:
     job_id = new_job(store, run_id, kind, **(job_fields or {}))
     _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     return job_id
 
 
 def enqueue_tool_call(celery: Celery, store: Store, run_id: str, host: str, tool_call: dict) -> str:
-    return enqueue(celery, store, "tool_call", "pool.exec_tool", run_id, host,
-                   job_fields={"call": recorded_call(tool_call)}, tool_call=tool_call)
+    return enqueue(
+        celery,
+        store,
+        "tool_call",
+        "pool.exec_tool",
+        run_id,
+        host,
+        job_fields={"call": recorded_call(tool_call)},
+        tool_call=tool_call,
+    )
 
 
 def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:
@@ -108,8 +121,9 @@ def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evalu
     }
 
 
-def _episode_steps(celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list,
-                   task_path: str) -> list:
+def _episode_steps(
+    celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list, task_path: str
+) -> list:
     ids = dict(host=host, run_id=run_id)
     start = jobs["start"]
     steps = _start_steps(celery, store, run_id, host, start, task_path)
@@ -126,8 +140,17 @@ def _episode_steps(celery: Celery, store: Store, run_id: str, host: str, jobs: d
     return steps
 
 
-def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_job: str, task_path: str,
-                    script: list, evaluate: bool = False, close: bool = False) -> dict:
+def enqueue_episode(
+    celery: Celery,
+    store: Store,
+    run_id: str,
+    host: str,
+    start_job: str,
+    task_path: str,
+    script: list,
+    evaluate: bool = False,
+    close: bool = False,
+) -> dict:
     """A whole episode as one Celery chain: start, the script's tool calls, evaluation, close.
 
     Every step has its own job record. A failing step stops the chain; the error callback
@@ -142,8 +165,11 @@ def enqueue_episode(celery: Celery, store: Store, run_id: str, host: str, start_
     store.set_episode_jobs(start_job, order)
     steps = _episode_steps(celery, store, run_id, host, jobs, script, task_path)
     # Every step's message carries the rest of the chain, each step with this callback: keep it small.
-    on_error = celery.signature(EPISODE_FAILED_TASK, immutable=True, kwargs=dict(
-        host=host, run_id=run_id, start_job=start_job, close_job=jobs["close"] or ""))
+    on_error = celery.signature(
+        EPISODE_FAILED_TASK,
+        immutable=True,
+        kwargs=dict(host=host, run_id=run_id, start_job=start_job, close_job=jobs["close"] or ""),
+    )
     workflow = chain(*steps, app=celery)
     workflow.link_error(on_error)
     workflow.apply_async()

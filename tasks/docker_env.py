@@ -1,4 +1,5 @@
 """Docker resources shared by a worker process: the SDK client and the compose CLI."""
+
 from __future__ import annotations
 
 import functools
@@ -60,8 +61,14 @@ def run_compose(args: list[str], env: dict, timeout: float, cwd: Path) -> str:
     if len(command) > MAX_COMMAND:
         command = command[:MAX_COMMAND] + "..."
     try:
-        proc = subprocess.run([*compose_command(), *args], env={**os.environ, **env}, cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [*compose_command(), *args],
+            env={**os.environ, **env},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"{command} did not finish within {timeout:g} s") from None
     if proc.returncode != 0:

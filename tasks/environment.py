@@ -6,6 +6,7 @@ straight through the docker SDK (one create+start, no compose process); any othe
 `docker compose up` with a generated override (tasks/container_spec.py) that adds termpool's
 labels and limits to whatever the task sets.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,15 +24,31 @@ import redis
 import yaml
 
 from tasks import container_spec
-from tasks.compose_config import (CLIENT_SERVICE, build_env, check_supported, client_image, compose_env,
-                                  resolve, service_images, task_files)
-from tasks.docker_env import (HOST_LABEL, MANAGED_LABEL, MAX_OUTPUT, RUN_LABEL, ComposeError, docker_client,
-                              run_compose, termpool_labels)
+from tasks.compose_config import (
+    CLIENT_SERVICE,
+    build_env,
+    check_supported,
+    client_image,
+    compose_env,
+    resolve,
+    service_images,
+    task_files,
+)
+from tasks.docker_env import (
+    HOST_LABEL,
+    MANAGED_LABEL,
+    MAX_OUTPUT,
+    RUN_LABEL,
+    ComposeError,
+    docker_client,
+    run_compose,
+    termpool_labels,
+)
 from tasks.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
-from termpool.task_spec import name_prefix
 from termpool.state import build_lock
+from termpool.task_spec import name_prefix
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
@@ -50,7 +67,6 @@ class RunEnv:
     ctl_dir: str = ""  # host folder mounted at CTL_MOUNT: the in-container tool server's socket
     user: str = ""  # the client container's configured user
 
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -63,8 +79,9 @@ def run_name(task_name: str, run_id: str) -> str:
 
 def load_compose(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> dict:
     """The task's resolved compose model with build-time variables (TaskInvalid when malformed)."""
-    return resolve(task_dir, task_files(task_dir, cfg), name_prefix(task_name).lower(), build_env(task_name, cfg),
-                   timeout)
+    return resolve(
+        task_dir, task_files(task_dir, cfg), name_prefix(task_name).lower(), build_env(task_name, cfg), timeout
+    )
 
 
 def is_template(compose: dict, cfg: Settings, task_dir: Path, task_name: str) -> bool:
@@ -106,8 +123,9 @@ def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
     """Every image a compose build produces (client first), as compose resolved their names."""
     generated = service_images(task_name, compose)
     images = [client_image(task_name, cfg)]
-    images += [generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items()
-               if "build" in svc]
+    images += [
+        generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
+    ]
     return list(dict.fromkeys(i for i in images if i))
 
 
@@ -125,8 +143,9 @@ def _pull_if_absent(image: str, timeout: float) -> None:
     try:
         docker_client().images.pull(image)
     except docker.errors.APIError as exc:
-        raise TaskBuildFailed(f"image {image} is not on this host and could not be pulled: "
-                              f"{exc.explanation or exc}") from None
+        raise TaskBuildFailed(
+            f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
+        ) from None
 
 
 def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float) -> None:
@@ -134,29 +153,42 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
     dockerfile = build.get("dockerfile", "Dockerfile")
     deadline = time.monotonic() + timeout
     log = []
-    stream = docker_client().api.build(path=str(task_dir), dockerfile=dockerfile, tag=image, rm=True, forcerm=True,
-                                       buildargs=dict(cfg.proxy_env), decode=True, timeout=timeout)
+    stream = docker_client().api.build(
+        path=str(task_dir),
+        dockerfile=dockerfile,
+        tag=image,
+        rm=True,
+        forcerm=True,
+        buildargs=dict(cfg.proxy_env),
+        decode=True,
+        timeout=timeout,
+    )
     for chunk in stream:
         log.append(chunk.get("stream") or chunk.get("status") or "")
         if "error" in chunk:
             tail = "".join(log)[-MAX_OUTPUT:]
-            raise TaskBuildFailed(f"building {image} from {Path(task_dir) / dockerfile} failed: "
-                                  f"{chunk['error'].strip()}\n{tail}", output=tail)
+            raise TaskBuildFailed(
+                f"building {image} from {Path(task_dir) / dockerfile} failed: {chunk['error'].strip()}\n{tail}",
+                output=tail,
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
 
 
-def _build_with_compose(task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings,
-                        timeout: float) -> None:
+def _build_with_compose(
+    task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float
+) -> None:
     with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
         override = container_spec.run_override(compose, task_name, {}, "", "", cfg, 0)
         files = _compose_files(task_dir, cfg, override, Path(tmp))
         try:
-            run_compose(["-p", name_prefix(task_name).lower(), *files, "build"], build_env(task_name, cfg), timeout,
-                        task_dir)
+            run_compose(
+                ["-p", name_prefix(task_name).lower(), *files, "build"], build_env(task_name, cfg), timeout, task_dir
+            )
         except ComposeError as exc:
-            raise TaskBuildFailed(f"building the images of {files[1]} failed: {exc.stderr_tail}",
-                                  output=exc.stderr_tail) from None
+            raise TaskBuildFailed(
+                f"building the images of {files[1]} failed: {exc.stderr_tail}", output=exc.stderr_tail
+            ) from None
 
 
 # ---- start ----------------------------------------------------------------------------------
@@ -183,8 +215,9 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
             mode = "direct"
         else:
             override = container_spec.run_override(resolved, task_name, labels, name, ctl_mount, cfg, engine_cpus())
-            container = _start_compose(task_dir, override, env, name, run_dir, cfg,
-                                       max(1.0, deadline - time.monotonic()))
+            container = _start_compose(
+                task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
+            )
             mode = "compose"
     except BaseException:
         remove_run_resources(run["run_id"], name)
@@ -258,8 +291,9 @@ def _start_compose(task_dir, override, env, name, run_dir, cfg, timeout):
 
 
 def _project_containers(project: str) -> list:
-    return docker_client().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"},
-                                           ignore_removed=True)
+    return docker_client().containers.list(
+        all=True, filters={"label": f"com.docker.compose.project={project}"}, ignore_removed=True
+    )
 
 
 def _raise_if_failed(containers: list, stderr: str, client: str) -> None:
@@ -270,8 +304,11 @@ def _raise_if_failed(containers: list, stderr: str, client: str) -> None:
         state = container.attrs.get("State") or {}
         health = (state.get("Health") or {}).get("Status", "")
         stopped = state.get("Status") in ("exited", "dead", "created")
-        failed = (stopped and (container.name == client or state.get("ExitCode", 0) != 0 or state["Status"] == "dead")) \
-            or health == "unhealthy" or (stderr and health == "starting")
+        failed = (
+            (stopped and (container.name == client or state.get("ExitCode", 0) != 0 or state["Status"] == "dead"))
+            or health == "unhealthy"
+            or (stderr and health == "starting")
+        )
         if failed:
             service = container.labels.get("com.docker.compose.service") or container.name
             what = f"health {health}" if health in ("unhealthy", "starting") else f"exit code {state.get('ExitCode')}"
@@ -285,8 +322,7 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
     """Remove every container and network of a run (found by labels); return containers removed."""
     client = docker_client()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"},
-                                            ignore_removed=True):
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True):
         try:
             container.remove(force=True, v=True)
             removed += 1
@@ -308,8 +344,9 @@ def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     """Remove termpool containers and networks of this host whose run no longer exists."""
     client = docker_client()
     orphans = set()
-    for container in client.containers.list(all=True, filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]},
-                                            ignore_removed=True):  # one may vanish between list and inspect
+    for container in client.containers.list(
+        all=True, filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}, ignore_removed=True
+    ):  # one may vanish between list and inspect
         run_id = container.labels.get(RUN_LABEL, "")
         if not is_live(run_id):
             orphans.add(run_id)

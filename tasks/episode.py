@@ -5,6 +5,7 @@ sends the rest, so without help their job records would stay ``queued`` forever 
 that asked to be closed would keep its containers and capacity slot until the reaper came.
 `episode_failed` is the chain's error callback that settles all of that.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,10 @@ def _settle_failed_step(jobs: list[dict]) -> tuple[str, str]:
             store().job_finished(job["job_id"], error="the step ended without recording a result", code="WORKER_LOST")
             job = store().get_job(job["job_id"]) or job
         if job["state"] == "failed":
-            return (f"the episode stopped at its {job.get('kind')} step (job {job['job_id']} failed)",
-                    job.get("code") or "INTERNAL")
+            return (
+                f"the episode stopped at its {job.get('kind')} step (job {job['job_id']} failed)",
+                job.get("code") or "INTERNAL",
+            )
     return "the episode stopped at a step that left no failure record", "INTERNAL"
 
 

@@ -3,6 +3,7 @@
 Two steps, so a caller can retry the first: copying the tests in changes nothing the tests
 look at; running them may (they are the task's code).
 """
+
 from __future__ import annotations
 
 import io
@@ -65,7 +66,10 @@ def run_tests(container, spec: TaskSpec, eval_timeout: float) -> Evaluation:
     budget = test_budget(spec, eval_timeout)
     result = container.exec_run(
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", f"{TESTS_DIR}/run-tests.sh"],
-        user="root", environment={"TEST_DIR": TESTS_DIR}, demux=False)
+        user="root",
+        environment={"TEST_DIR": TESTS_DIR},
+        demux=False,
+    )
     output = (result.output or b"").decode("utf-8", errors="replace")
     if result.exit_code == TIMED_OUT:
         raise TestsTimeout(f"tests timed out: they did not finish within {budget:g} s", output)

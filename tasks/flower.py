@@ -17,6 +17,7 @@ Settings, from the environment:
                          dashboard (default 3600: restarted worker pools get new names)
 Any other FLOWER_<OPTION> variable reaches Flower as usual (e.g. FLOWER_URL_PREFIX).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,13 @@ DEFAULT_MAX_TASKS = 10_000
 DEFAULT_PURGE_OFFLINE = 3600
 TASK_COLUMNS = "name,uuid,state,kwargs,received,started,runtime,worker"
 # The variables this launcher turns into arguments itself.
-OWN_VARIABLES = ("FLOWER_PORT", "FLOWER_ADDRESS", "FLOWER_BASIC_AUTH", "FLOWER_MAX_TASKS",
-                 "FLOWER_PURGE_OFFLINE_WORKERS")
+OWN_VARIABLES = (
+    "FLOWER_PORT",
+    "FLOWER_ADDRESS",
+    "FLOWER_BASIC_AUTH",
+    "FLOWER_MAX_TASKS",
+    "FLOWER_PURGE_OFFLINE_WORKERS",
+)
 
 
 def _int(env, name: str, default: int) -> int:
@@ -39,7 +45,7 @@ def _int(env, name: str, default: int) -> int:
     try:
         value = int(raw) if raw else default
     except ValueError:
-        raise SystemExit(f"{name} must be an integer, not {raw!r}")
+        raise SystemExit(f"{name} must be an integer, not {raw!r}") from None
     if value < 0:
         raise SystemExit(f"{name} must not be negative")
     return value
@@ -60,11 +66,13 @@ def flower_argv(basic_auth: str, env=None) -> list[str]:
     env = os.environ if env is None else env
     pairs = check_basic_auth(basic_auth) if basic_auth else []
     address = env.get("FLOWER_ADDRESS", "").strip() or ("0.0.0.0" if pairs else "127.0.0.1")
-    argv = ["flower",
-            f"--port={_int(env, 'FLOWER_PORT', DEFAULT_PORT)}",
-            f"--address={address}",
-            f"--max_tasks={_int(env, 'FLOWER_MAX_TASKS', DEFAULT_MAX_TASKS)}",
-            f"--purge_offline_workers={_int(env, 'FLOWER_PURGE_OFFLINE_WORKERS', DEFAULT_PURGE_OFFLINE)}"]
+    argv = [
+        "flower",
+        f"--port={_int(env, 'FLOWER_PORT', DEFAULT_PORT)}",
+        f"--address={address}",
+        f"--max_tasks={_int(env, 'FLOWER_MAX_TASKS', DEFAULT_MAX_TASKS)}",
+        f"--purge_offline_workers={_int(env, 'FLOWER_PURGE_OFFLINE_WORKERS', DEFAULT_PURGE_OFFLINE)}",
+    ]
     if not env.get("FLOWER_TASKS_COLUMNS", "").strip():
         argv.append(f"--tasks_columns={TASK_COLUMNS}")
     if pairs:
@@ -84,8 +92,10 @@ def main() -> None:
         if name in OWN_VARIABLES or not os.environ[name].strip():
             del os.environ[name]
     if not any(a.startswith("--basic_auth=") for a in argv):
-        log.warning("FLOWER_BASIC_AUTH is not set: Flower's pages are open to anyone who reaches %s, "
-                    "and its HTTP API is off", next(a for a in argv if a.startswith("--address=")).split("=", 1)[1])
+        log.warning(
+            "FLOWER_BASIC_AUTH is not set: Flower's pages are open to anyone who reaches %s, and its HTTP API is off",
+            next(a for a in argv if a.startswith("--address=")).split("=", 1)[1],
+        )
     sys.exit(celery_app.start(argv) or 0)
 
 

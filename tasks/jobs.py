@@ -5,6 +5,7 @@ the state store so the facade (and pollers) see the outcome whatever the queue d
 failure with its code (termpool/failures.py), and retries transient Docker failures of the
 tasks that can safely run again.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,9 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from tasks import artifacts, environment, warm_pool
-from tasks.runtime import remove_env, store
 from tasks.docker_env import docker_client
 from tasks.evaluation import copy_tests, run_tests
+from tasks.runtime import remove_env, store
 from tasks.session_helper import prepare_container
 from tasks.shell_tools import run_tool, tool_schemas
 from termpool import failures
@@ -47,8 +48,9 @@ class Transient(Exception):
 
 # Automatic retries of transient Docker failures: Celery's autoretry with exponential backoff
 # and full jitter (waits of up to 2, 4, 8 s). Only tasks whose work can be redone safely opt in.
-RETRY_OPTIONS = dict(autoretry_for=(Transient,), max_retries=3, retry_backoff=2, retry_backoff_max=30,
-                     retry_jitter=True)
+RETRY_OPTIONS = dict(
+    autoretry_for=(Transient,), max_retries=3, retry_backoff=2, retry_backoff_max=30, retry_jitter=True
+)
 NO_RETRY = "termpool_no_retry"  # set on an exception raised inside `committed()`
 
 
@@ -100,8 +102,12 @@ def _job(fn=None, *, on_failure=None, retry=False):
             return None  # another task carries this job on
         except Exception as exc:
             code, error = failures.classify(exc), _describe(exc)
-            if retry and not getattr(exc, NO_RETRY, False) and transient(exc) \
-                    and self.request.retries < self.max_retries:
+            if (
+                retry
+                and not getattr(exc, NO_RETRY, False)
+                and transient(exc)
+                and self.request.retries < self.max_retries
+            ):
                 store().job_retrying(job_id, self.name, code, error)
                 raise Transient(error) from exc
             if on_failure:
@@ -177,8 +183,9 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
-    image = environment.ensure_image(run["task_meta"]["task_name"], _task_dir(run), settings(),
-                                     timeouts.ensure_image, store().r)
+    image = environment.ensure_image(
+        run["task_meta"]["task_name"], _task_dir(run), settings(), timeouts.ensure_image, store().r
+    )
     store().mark_image_ready(host, run["task_meta"]["task_path"])
     return image
 
@@ -203,19 +210,29 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
                 raise
             # The image was removed since it was built: build it again, then start.
             store().mark_image_ready(host, meta["task_path"], False)
-            chain(self.app.signature("pool.ensure_image", kwargs=dict(host=host, run_id=run_id, job_id=job_id,
-                                                                       final=False), immutable=True),
-                  self.app.signature("pool.start_run", kwargs=dict(host=host, run_id=run_id, job_id=job_id,
-                                                                    first_try=False), immutable=True)).apply_async()
+            chain(
+                self.app.signature(
+                    "pool.ensure_image",
+                    kwargs=dict(host=host, run_id=run_id, job_id=job_id, final=False),
+                    immutable=True,
+                ),
+                self.app.signature(
+                    "pool.start_run",
+                    kwargs=dict(host=host, run_id=run_id, job_id=job_id, first_try=False),
+                    immutable=True,
+                ),
+            ).apply_async()
             raise HandedOver() from None
     if warm:
-        self.app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"],
-                                                       "task_name": meta["task_name"]})
+        self.app.send_task(
+            "pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"], "task_name": meta["task_name"]}
+        )
     instruction = meta.get("instruction") or spec.instruction
-    reply = {"user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
-             "tool_schemas": tool_schemas(settings().expose_kill_tool)}
-    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), score=None, tests=None, **NO_FAILURE,
-                                     **reply):
+    reply = {
+        "user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
+        "tool_schemas": tool_schemas(settings().expose_kill_tool),
+    }
+    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), score=None, tests=None, **NO_FAILURE, **reply):
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
@@ -224,8 +241,9 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
 def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
     ctx = run.get("run_ctx") or {}
     log_dir = ctx.get("log_dir") or str(settings().default_log_dir)
-    return artifacts.run_dir(log_dir, run["task_meta"]["task_name"], str(ctx.get("uid", "0")), run["run_id"],
-                             mounts_from)
+    return artifacts.run_dir(
+        log_dir, run["task_meta"]["task_name"], str(ctx.get("uid", "0")), run["run_id"], mounts_from
+    )
 
 
 def _start_cold(run: dict, task_dir: Path) -> environment.RunEnv:
@@ -246,9 +264,14 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
     started = time.monotonic()
     store().transition(run_id, ("ready", "evaluated"), "busy")
     try:
-        observation = run_tool(container, tool_call.get("name"), tool_call.get("arguments"), _RunSessions(run_id),
-                               expose_kill=settings().expose_kill_tool,
-                               ctl_socket=environment.ctl_socket(run["env"]) or None)
+        observation = run_tool(
+            container,
+            tool_call.get("name"),
+            tool_call.get("arguments"),
+            _RunSessions(run_id),
+            expose_kill=settings().expose_kill_tool,
+            ctl_socket=environment.ctl_socket(run["env"]) or None,
+        )
     finally:
         store().transition(run_id, ("busy",), "ready")
     artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
@@ -280,12 +303,16 @@ def evaluate(self, *, host, run_id, job_id):
         except Exception as exc:
             if isinstance(exc, failures.Failure) and exc.output:
                 artifacts.write_test_output(run_path, exc.output)
-            artifacts.write_results(run_path, {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc),
-                                               "code": failures.classify(exc)})
+            artifacts.write_results(
+                run_path,
+                {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc), "code": failures.classify(exc)},
+            )
             raise
     artifacts.write_test_output(run_path, result.output)
-    artifacts.write_results(run_path, {"run_id": run_id, "task_name": run["task_meta"]["task_name"],
-                                       "score": result.score, "tests": result.tests})
+    artifacts.write_results(
+        run_path,
+        {"run_id": run_id, "task_name": run["task_meta"]["task_name"], "score": result.score, "tests": result.tests},
+    )
     store().set_state_if_live(run_id, "evaluated", score=result.score, tests=result.tests, **NO_FAILURE)
     return {"score": result.score, "tests": result.tests}
 
@@ -304,5 +331,3 @@ def close_run(self, *, host, run_id, job_id):
     store().mark_closed(run_id)
     store().fail_queued_jobs(run_id, f"run {run_id} was closed before this job ran")
     return {"containers_removed": removed}
-
-

@@ -22,6 +22,7 @@ retry is the lost step's own message, rebuilt with Celery's public `signature_fr
 (so the rest of an episode's chain and its error callback ride along) and counted in the
 message's `retries`; a step lost on its retry fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -130,8 +131,9 @@ def _recover(app, job_id: str, node: str) -> None:
     attempts = store().job_lost_retry(job_id, error)
     retries = int(retry_with.get("options", {}).get("retries") or 0) + 1
     app.signature(retry_with).apply_async(retries=retries)
-    log.warning("job %s (%s) was lost with worker %s; sent again (attempt %s)", job_id, retry_with.get("task"),
-                node, attempts)
+    log.warning(
+        "job %s (%s) was lost with worker %s; sent again (attempt %s)", job_id, retry_with.get("task"), node, attempts
+    )
 
 
 def _retry_signature(job: dict) -> dict | None:
@@ -170,8 +172,10 @@ def _settle_episode(app, job: dict) -> None:
     if job["job_id"] not in jobs:
         return
     close = next((j for j in jobs if (store().get_job(j) or {}).get("kind") == "close"), "")
-    app.send_task(EPISODE_FAILED_TASK, kwargs={"host": run["host"], "run_id": run["run_id"], "start_job": start_job,
-                                                "close_job": close})
+    app.send_task(
+        EPISODE_FAILED_TASK,
+        kwargs={"host": run["host"], "run_id": run["run_id"], "start_job": start_job, "close_job": close},
+    )
 
 
 # ---- this process's beat and scan ----------------------------------------------------------
@@ -191,8 +195,9 @@ def _watch(app, host: str, facts: dict) -> None:
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_):
     facts = {"node": sender.hostname, **processes.this_process()}
-    threading.Thread(target=_watch, args=(sender.app, settings().host_id, facts), daemon=True,
-                     name="termpool-lost-jobs").start()
+    threading.Thread(
+        target=_watch, args=(sender.app, settings().host_id, facts), daemon=True, name="termpool-lost-jobs"
+    ).start()
 
 
 @worker_shutdown.connect

@@ -1,5 +1,6 @@
 """Maintenance: the idle reaper (beat), the reconcile sweep (at worker start and every
 RECONCILE_SECONDS from beat), and worker liveness heartbeats."""
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,9 @@ def reap(self):
     for host in hosts:
         # An /allocate never followed by a reset holds a slot; heartbeats do not extend it.
         candidates = [(run_id, "idle", "") for run_id in store().idle_runs(host, cfg.run_idle_ttl)]
-        candidates += [(run_id, "never_reset", "allocated")
-                       for run_id in store().never_reset_runs(host, cfg.allocated_ttl)]
+        candidates += [
+            (run_id, "never_reset", "allocated") for run_id in store().never_reset_runs(host, cfg.allocated_ttl)
+        ]
         for run_id, reason, only_state in candidates:
             if store().release(run_id, reason=reason, only_state=only_state):
                 enqueue_close(self.app, store(), run_id, host)
@@ -86,8 +88,9 @@ _stop_heartbeat = threading.Event()
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_):
     node = sender.hostname
-    threading.Thread(target=_heartbeat, args=(node, settings().host_id, _stop_heartbeat), daemon=True,
-                     name="termpool-heartbeat").start()
+    threading.Thread(
+        target=_heartbeat, args=(node, settings().host_id, _stop_heartbeat), daemon=True, name="termpool-heartbeat"
+    ).start()
     sender.app.send_task("pool.reconcile", kwargs={"host": settings().host_id})
 
 

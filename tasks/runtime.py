@@ -1,4 +1,5 @@
 """What every job module of a worker process shares: the state store and run teardown."""
+
 from __future__ import annotations
 
 import functools

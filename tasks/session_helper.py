@@ -8,6 +8,7 @@ protocol), so sessions survive restarts of every worker process.
 over a unix socket in CTL_DIR (a host directory bind-mounted there), which is much cheaper than a
 `docker exec` per call. It lives in the container, so it too outlives the workers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,10 @@ def helper_binary() -> Path:
     if shutil.which("gcc") is None:
         if built:  # the source looks newer (a fresh checkout, say) but we cannot rebuild
             return BINARY
-        raise RuntimeError(f"the tp-session helper is not built ({BINARY}) and gcc is not installed: "
-                           f"install gcc and libc6-dev, or run {BUILD_SCRIPT} where they are")
+        raise RuntimeError(
+            f"the tp-session helper is not built ({BINARY}) and gcc is not installed: "
+            f"install gcc and libc6-dev, or run {BUILD_SCRIPT} where they are"
+        )
     proc = subprocess.run(["sh", str(BUILD_SCRIPT)], capture_output=True, text=True)
     if proc.returncode != 0 or not BINARY.is_file():
         raise RuntimeError(f"building the tp-session helper failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -87,8 +90,9 @@ def is_root(user: str) -> bool:
 _NUMERIC_USER = re.compile(r"^(\d+)(?::(\d+))?$")
 
 
-def _tar_member(tar: tarfile.TarFile, name: str, mode: int, data: bytes | None = None,
-                uid: int = 0, gid: int = 0) -> None:
+def _tar_member(
+    tar: tarfile.TarFile, name: str, mode: int, data: bytes | None = None, uid: int = 0, gid: int = 0
+) -> None:
     info = tarfile.TarInfo(name)
     info.mode, info.uid, info.gid, info.mtime = mode, uid, gid, int(time.time())
     if data is None:
@@ -129,8 +133,9 @@ def prepare_container(container, serve: bool = False) -> None:
     if chown_by_name:
         result = container.exec_run(["chown", user, WORKSPACE], user="root")
         if result.exit_code != 0:
-            raise RuntimeError(f"chown {user} {WORKSPACE} failed: "
-                               f"{(result.output or b'').decode('utf-8', 'replace').strip()}")
+            raise RuntimeError(
+                f"chown {user} {WORKSPACE} failed: {(result.output or b'').decode('utf-8', 'replace').strip()}"
+            )
     if serve:
         try:
             start_server(container)

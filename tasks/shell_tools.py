@@ -13,6 +13,7 @@ observations need between calls (kind, read offset, whether the end was reported
 
 so a session survives a restart of every worker process.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,8 +36,15 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from tasks.session_helper import (HELPER_PATH, WORKSPACE, container_user, is_root, prepare_container,
-                                  session_dir, start_server)
+from tasks.session_helper import (
+    HELPER_PATH,
+    WORKSPACE,
+    container_user,
+    is_root,
+    prepare_container,
+    session_dir,
+    start_server,
+)
 from termpool.config import settings
 
 log = logging.getLogger(__name__)
@@ -75,25 +83,34 @@ def tool_schemas(expose_kill: bool = False) -> list[dict]:
 
 # ---- observation texts (docs/tools.md; the policy learned to read them, keep them exact) ----------
 NO_OUTPUT = "Command executed successfully (no output)."
-STARTED = ("Session '{id}' started.\n\nYou could use:\n  - shell_view('{id}') - get output\n"
-           "  - shell_write_to_process('{id}', '<input>') - send input\n  - shell_kill_process('{id}') - terminate")
-EXISTS = ("Error: Session '{id}' already exists and is running. "
-          "Use a different ID or kill the existing session first.")
-TIMED_OUT = ("Command did not complete within {timeout} seconds. Process continues in background as session "
-             "'{id}'.\n\nYou can use:\n  - shell_view('{id}') - get output\n  - shell_kill_process('{id}') - terminate")
+STARTED = (
+    "Session '{id}' started.\n\nYou could use:\n  - shell_view('{id}') - get output\n"
+    "  - shell_write_to_process('{id}', '<input>') - send input\n  - shell_kill_process('{id}') - terminate"
+)
+EXISTS = "Error: Session '{id}' already exists and is running. Use a different ID or kill the existing session first."
+TIMED_OUT = (
+    "Command did not complete within {timeout} seconds. Process continues in background as session "
+    "'{id}'.\n\nYou can use:\n  - shell_view('{id}') - get output\n  - shell_kill_process('{id}') - terminate"
+)
 NO_SESSION = "Error: No session found with ID '{id}'."
-IDLE = ("[No new output]\nSession is running but idle. Actions could take:\n"
-        "  - For interactive sessions: Send input with shell_write_to_process()\n"
-        "  - For long tasks: Check again later (don't poll too frequently)")
+IDLE = (
+    "[No new output]\nSession is running but idle. Actions could take:\n"
+    "  - For interactive sessions: Send input with shell_write_to_process()\n"
+    "  - For long tasks: Check again later (don't poll too frequently)"
+)
 TERMINATED = "\n\n--- SESSION TERMINATED ---"
 TERMINATED_NO_NEW = "--- SESSION TERMINATED (no new output) ---"
-STILL_RUNNING = ("[Process still running]\nCommand is executing in background. Check again later for output.\n"
-                 "Use shell_kill_process() to terminate if needed.")
+STILL_RUNNING = (
+    "[Process still running]\nCommand is executing in background. Check again later for output.\n"
+    "Use shell_kill_process() to terminate if needed."
+)
 COMPLETED = "\n\n--- SESSION COMPLETED ---"
 NO_ACTIVE = "Error: No active non-blocking session found with ID '{id}'."
 SENT_NO_OUTPUT = "Input sent to session '{id}' successfully (no output)."
-STILL_OUTPUTTING = ("\n--- WARNING: Process is still actively outputting after max wait time. "
-                    "Consider waiting before sending the next command. ---")
+STILL_OUTPUTTING = (
+    "\n--- WARNING: Process is still actively outputting after max wait time. "
+    "Consider waiting before sending the next command. ---"
+)
 WRITE_TERMINATED = "\n--- SESSION TERMINATED ---"
 WRITTEN = "Content successfully written to '{path}' in Docker container."
 WRITE_FAILED = "Error writing to file '{path}' in Docker container: {reason}"
@@ -124,7 +141,7 @@ class OutputLimits:
     observation_chars: int
 
     @classmethod
-    def from_settings(cls) -> "OutputLimits":
+    def from_settings(cls) -> OutputLimits:
         cfg = settings()
         return cls(cfg.session_output_limit, cfg.observation_limit)
 
@@ -143,15 +160,23 @@ def cap_text(text: str, limit: int) -> str:
     if limit <= 0 or len(text) <= limit:
         return text
     keep = max(limit - _NOTE_RESERVE, 0)
-    return OMITTED.format(count=len(text) - keep, unit="characters") + text[len(text) - keep:]
+    return OMITTED.format(count=len(text) - keep, unit="characters") + text[len(text) - keep :]
 
 
 def _with_omitted(text: str, dropped: int) -> str:
     return OMITTED.format(count=dropped, unit="bytes") + text if dropped > 0 else text
 
 
-def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
-             ctl_socket: str | None = None, limits: OutputLimits | None = None) -> str:
+def run_tool(
+    container,
+    name,
+    arguments,
+    sessions,
+    *,
+    expose_kill: bool = False,
+    ctl_socket: str | None = None,
+    limits: OutputLimits | None = None,
+) -> str:
     """Run one tool call in `container` and return the observation text.
 
     `arguments` are passed exactly as the model wrote them; errors become
@@ -165,8 +190,9 @@ def run_tool(container, name, arguments, sessions, *, expose_kill: bool = False,
     `limits` defaults to the settings' (SESSION_OUTPUT_LIMIT, OBSERVATION_LIMIT).
     """
     limits = limits or OutputLimits.from_settings()
-    return cap_text(_run_tool(container, name, arguments, sessions, expose_kill, ctl_socket, limits),
-                    limits.observation_chars)
+    return cap_text(
+        _run_tool(container, name, arguments, sessions, expose_kill, ctl_socket, limits), limits.observation_chars
+    )
 
 
 def _run_tool(container, name, arguments, sessions, expose_kill, ctl_socket, limits) -> str:
@@ -209,8 +235,9 @@ class _Context:
         # The low-level API: exec_create + exec_start is one round trip fewer than exec_run
         # (which also inspects the exit code we do not need).
         api = self.container.client.api
-        exec_id = api.exec_create(self.container.id, argv, stdout=True, stderr=True, workdir=workdir,
-                                  environment=environment)["Id"]
+        exec_id = api.exec_create(
+            self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
+        )["Id"]
         out, err = api.exec_start(exec_id, demux=True)
         return out or b"", err or b""
 
@@ -235,8 +262,9 @@ class _Context:
         status, _, reason = out.decode("utf-8", "replace").partition("\n")[0].partition(" ")
         return status, reason
 
-    def run_helper(self, args: list[str], workdir: str | None = None,
-                   environment: dict | None = None) -> tuple[bytes, bytes]:
+    def run_helper(
+        self, args: list[str], workdir: str | None = None, environment: dict | None = None
+    ) -> tuple[bytes, bytes]:
         """Run tp-session in the container; its stdout and stderr (both in the first through
         the server, which merges them)."""
         if self.ctl_socket:
@@ -261,8 +289,9 @@ class _Context:
             out, err = self._exec(argv, workdir, environment)
         return out, err
 
-    def helper(self, args: list[str], *, workdir: str | None = None,
-               environment: dict | None = None) -> tuple[list[str], bytes]:
+    def helper(
+        self, args: list[str], *, workdir: str | None = None, environment: dict | None = None
+    ) -> tuple[list[str], bytes]:
         """Run tp-session; returns its header line's fields and the raw bytes after it."""
         out, err = self.run_helper(args, workdir, environment)
         if (err or out).startswith(_OLD_SPAWN_USAGE):
@@ -348,8 +377,10 @@ def _ask_server(path: str, request: bytes, stdin: bytes = b"") -> bytes | None:
 
 def _unprepared(out: bytes) -> bool:
     """The server could not run the request because /workspace or the helper is gone."""
-    return out.startswith((b"tp-session: chdir ", b"tp-session: cannot run the helper ")) and \
-        b"No such file or directory" in out.split(b"\n", 1)[0]
+    return (
+        out.startswith((b"tp-session: chdir ", b"tp-session: cannot run the helper "))
+        and b"No such file or directory" in out.split(b"\n", 1)[0]
+    )
 
 
 _restart_lock = threading.Lock()
@@ -433,6 +464,7 @@ def _complete_len(data: bytes) -> int:
 # unexpected argument raises the usual TypeError, e.g. "shell_view() missing 1 required
 # positional argument: 'id'".
 
+
 def shell_exec(ctx: _Context, /, id, command, block=True, timeout=20.0) -> str:
     _require_str("id", id)
     _require_str("command", command)
@@ -445,8 +477,9 @@ def shell_exec(ctx: _Context, /, id, command, block=True, timeout=20.0) -> str:
     sdir = session_dir(id)
     if block:
         wait = "-1" if timeout is None or timeout == math.inf else repr(max(float(timeout), 0.0))
-        head, body = ctx.helper(["spawn", sdir, "0", wait, *ctx.spawn_limits, "--", "bash", "-c", command],
-                                workdir=WORKSPACE)
+        head, body = ctx.helper(
+            ["spawn", sdir, "0", wait, *ctx.spawn_limits, "--", "bash", "-c", command], workdir=WORKSPACE
+        )
         if head[0] == "done":
             text = _with_omitted(_clean(body), _dropped(head, 2))
             return text if text.strip() else NO_OUTPUT
@@ -454,8 +487,11 @@ def shell_exec(ctx: _Context, /, id, command, block=True, timeout=20.0) -> str:
             ctx.sessions.set(id, kind=KIND_BLOCKING, offset="0", done="0")
             return TIMED_OUT.format(timeout=timeout, id=id)
     else:
-        head, _ = ctx.helper(["spawn", sdir, "1", "-", *ctx.spawn_limits, "--", "bash", "-c", command],
-                             workdir=WORKSPACE, environment={"PYTHONUNBUFFERED": "1"})
+        head, _ = ctx.helper(
+            ["spawn", sdir, "1", "-", *ctx.spawn_limits, "--", "bash", "-c", command],
+            workdir=WORKSPACE,
+            environment={"PYTHONUNBUFFERED": "1"},
+        )
         if head[0] == "exists":
             return EXISTS.format(id=id)
         if head[0] == "started":
@@ -570,5 +606,7 @@ def shell_write_content_to_file(ctx: _Context, /, content, file_path) -> str:
     return WRITTEN.format(path=file_path)
 
 
-_TOOLS = {f.__name__: f for f in (shell_exec, shell_view, shell_write_to_process, shell_write_content_to_file,
-                                  shell_kill_process)}
+_TOOLS = {
+    f.__name__: f
+    for f in (shell_exec, shell_view, shell_write_to_process, shell_write_content_to_file, shell_kill_process)
+}

@@ -4,6 +4,7 @@ A reset takes one with LPOP, so no container ever serves two runs; the pool refi
 background on the lifecycle queue. Pooled containers carry their warm id as run label (labels
 cannot change later); tp:warmid:<id> keeps them safe from the reconcile sweep.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -27,9 +28,15 @@ def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
             return None
         if environment.client_if_running(entry["client"]) is not None:
             run_path = run_path(run, mounts_from=Path(entry["run_dir"]))
-            return environment.RunEnv("direct", entry["project"], entry["client"], str(run_path),
-                                      warm_id=entry["warm_id"], ctl_dir=entry.get("ctl_dir", ""),
-                                      user=entry.get("user", ""))
+            return environment.RunEnv(
+                "direct",
+                entry["project"],
+                entry["client"],
+                str(run_path),
+                warm_id=entry["warm_id"],
+                ctl_dir=entry.get("ctl_dir", ""),
+                user=entry.get("user", ""),
+            )
         environment.remove_run_resources(entry["warm_id"])  # died while pooled
         environment.remove_ctl_dir(entry.get("ctl_dir", ""))
         store().warm_forget(entry["warm_id"])
@@ -49,16 +56,26 @@ def refill_warm(self, *, host, task_path, task_name):
             warm_id = "warm-" + secrets.token_hex(8)
             pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
             store().warm_reserve(warm_id, cfg.timeouts.reset_session + 60)
-            env, container = environment.start(pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg,
-                                               cfg.timeouts.reset_session)
+            env, container = environment.start(
+                pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg, cfg.timeouts.reset_session
+            )
             try:
                 prepare_container(container, serve=bool(env.ctl_dir))
             except BaseException:
                 remove_env(warm_id, env.to_dict())
                 raise
-            store().warm_push(host, task_path, {"warm_id": warm_id, "client": env.client, "project": env.project,
-                                                "run_dir": str(_warm_dir(cfg, warm_id)), "ctl_dir": env.ctl_dir,
-                                                "user": env.user})
+            store().warm_push(
+                host,
+                task_path,
+                {
+                    "warm_id": warm_id,
+                    "client": env.client,
+                    "project": env.project,
+                    "run_dir": str(_warm_dir(cfg, warm_id)),
+                    "ctl_dir": env.ctl_dir,
+                    "user": env.user,
+                },
+            )
             started += 1
     return started
 

@@ -1,8 +1,9 @@
 """Start one worker pool (per queue kind) or the beat scheduler, sized from the settings.
 
-    python -m tasks.worker exec        # the exec queue of this host
-    python -m tasks.worker beat        # the reaper's schedule
+python -m tasks.worker exec        # the exec queue of this host
+python -m tasks.worker beat        # the reaper's schedule
 """
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,22 @@ def worker_argv(kind: str) -> list[str]:
     queues = [queue_name(cfg.host_id, kind)]
     if kind == "teardown":
         queues.append(MAINTENANCE_QUEUE)
-    argv = ["worker", "-Q", ",".join(queues), "-P", POOLS.get(kind, "threads"),
-            "-c", str(cfg.concurrency[kind]), "-n", node_name(kind, cfg.host_id),
-            "--without-gossip", "--without-mingle", "-E", "-l", cfg.log_level]
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-P",
+        POOLS.get(kind, "threads"),
+        "-c",
+        str(cfg.concurrency[kind]),
+        "-n",
+        node_name(kind, cfg.host_id),
+        "--without-gossip",
+        "--without-mingle",
+        "-E",
+        "-l",
+        cfg.log_level,
+    ]
     if kind == "build":
         argv += ["--time-limit", str(int(cfg.timeouts.ensure_image) + 60)]
     return argv

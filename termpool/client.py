@@ -26,6 +26,7 @@ episode again).
 
 This module needs only httpx and termpool/codes.py (pure data): nothing of the server's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,18 +34,34 @@ import functools
 import random
 import time
 import uuid
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any
 
 import httpx
 
 from termpool.codes import CODES
 
 __all__ = [
-    "Pool", "AsyncPool", "Run", "AsyncRun", "Job", "AsyncJob", "Evaluation", "Episode",
-    "tool_call", "exec_call", "write_file_call",
-    "TermpoolError", "ClientError", "TaskError", "InfrastructureError", "CapacityExhausted",
-    "ServiceUnreachable", "WaitTimeout", "error_class",
+    "Pool",
+    "AsyncPool",
+    "Run",
+    "AsyncRun",
+    "Job",
+    "AsyncJob",
+    "Evaluation",
+    "Episode",
+    "tool_call",
+    "exec_call",
+    "write_file_call",
+    "TermpoolError",
+    "ClientError",
+    "TaskError",
+    "InfrastructureError",
+    "CapacityExhausted",
+    "ServiceUnreachable",
+    "WaitTimeout",
+    "error_class",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:18081"
@@ -61,8 +78,16 @@ class TermpoolError(Exception):
 
     code = "INTERNAL"
 
-    def __init__(self, message: str, *, code: str | None = None, retryable: bool | None = None,
-                 status: int | None = None, job: dict | None = None, reply: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retryable: bool | None = None,
+        status: int | None = None,
+        job: dict | None = None,
+        reply: dict | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.code = code or type(self).code
@@ -74,8 +99,10 @@ class TermpoolError(Exception):
         self.reply = reply
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(code={self.code!r}, retryable={self.retryable}, status={self.status}, " \
-               f"message={self.message[:200]!r})"
+        return (
+            f"{type(self).__name__}(code={self.code!r}, retryable={self.retryable}, status={self.status}, "
+            f"message={self.message[:200]!r})"
+        )
 
 
 class ClientError(TermpoolError):
@@ -95,32 +122,108 @@ class CapacityExhausted(ClientError):
 
 
 # One class per code of termpool/codes.py; tests/test_client.py checks that none is missing.
-class BadRequest(ClientError): code = "BAD_REQUEST"                     # noqa: E701
-class Unauthorized(ClientError): code = "UNAUTHORIZED"                  # noqa: E701
-class Forbidden(ClientError): code = "FORBIDDEN"                        # noqa: E701
-class NotFound(ClientError): code = "NOT_FOUND"                         # noqa: E701
-class MethodNotAllowed(ClientError): code = "METHOD_NOT_ALLOWED"        # noqa: E701
-class PayloadTooLarge(ClientError): code = "PAYLOAD_TOO_LARGE"          # noqa: E701
-class UnknownLease(ClientError): code = "UNKNOWN_LEASE"                 # noqa: E701
-class UnknownRun(ClientError): code = "UNKNOWN_RUN"                     # noqa: E701
-class UnknownJob(ClientError): code = "UNKNOWN_JOB"                     # noqa: E701
-class RunNotReady(ClientError): code = "RUN_NOT_READY"                  # noqa: E701
-class RunClosed(ClientError): code = "RUN_CLOSED"                       # noqa: E701
-class TaskSlotsExhausted(CapacityExhausted): code = "TASK_SLOTS_EXHAUSTED"  # noqa: E701
-class RunSlotsExhausted(CapacityExhausted): code = "RUN_SLOTS_EXHAUSTED"    # noqa: E701
-class TaskInvalid(TaskError): code = "TASK_INVALID"                     # noqa: E701
-class TaskBuildFailed(TaskError): code = "TASK_BUILD_FAILED"            # noqa: E701
-class TaskStartFailed(TaskError): code = "TASK_START_FAILED"            # noqa: E701
-class TaskUnsupported(TaskError): code = "TASK_UNSUPPORTED"             # noqa: E701
-class TestsTimeout(TaskError): code = "TESTS_TIMEOUT"                   # noqa: E701
-class TestsUnparsable(TaskError): code = "TESTS_UNPARSABLE"             # noqa: E701
-class BackendUnavailable(InfrastructureError): code = "BACKEND_UNAVAILABLE"  # noqa: E701
-class DockerError(InfrastructureError): code = "DOCKER_ERROR"           # noqa: E701
-class WorkerLost(InfrastructureError): code = "WORKER_LOST"             # noqa: E701
-class OperationTimeout(InfrastructureError): code = "TIMEOUT"           # noqa: E701
-class HostLost(InfrastructureError): code = "HOST_LOST"                 # noqa: E701
-class WorkersDown(InfrastructureError): code = "WORKERS_DOWN"           # noqa: E701
-class InternalError(InfrastructureError): code = "INTERNAL"             # noqa: E701
+class BadRequest(ClientError):
+    code = "BAD_REQUEST"  # noqa: E701
+
+
+class Unauthorized(ClientError):
+    code = "UNAUTHORIZED"  # noqa: E701
+
+
+class Forbidden(ClientError):
+    code = "FORBIDDEN"  # noqa: E701
+
+
+class NotFound(ClientError):
+    code = "NOT_FOUND"  # noqa: E701
+
+
+class MethodNotAllowed(ClientError):
+    code = "METHOD_NOT_ALLOWED"  # noqa: E701
+
+
+class PayloadTooLarge(ClientError):
+    code = "PAYLOAD_TOO_LARGE"  # noqa: E701
+
+
+class UnknownLease(ClientError):
+    code = "UNKNOWN_LEASE"  # noqa: E701
+
+
+class UnknownRun(ClientError):
+    code = "UNKNOWN_RUN"  # noqa: E701
+
+
+class UnknownJob(ClientError):
+    code = "UNKNOWN_JOB"  # noqa: E701
+
+
+class RunNotReady(ClientError):
+    code = "RUN_NOT_READY"  # noqa: E701
+
+
+class RunClosed(ClientError):
+    code = "RUN_CLOSED"  # noqa: E701
+
+
+class TaskSlotsExhausted(CapacityExhausted):
+    code = "TASK_SLOTS_EXHAUSTED"  # noqa: E701
+
+
+class RunSlotsExhausted(CapacityExhausted):
+    code = "RUN_SLOTS_EXHAUSTED"  # noqa: E701
+
+
+class TaskInvalid(TaskError):
+    code = "TASK_INVALID"  # noqa: E701
+
+
+class TaskBuildFailed(TaskError):
+    code = "TASK_BUILD_FAILED"  # noqa: E701
+
+
+class TaskStartFailed(TaskError):
+    code = "TASK_START_FAILED"  # noqa: E701
+
+
+class TaskUnsupported(TaskError):
+    code = "TASK_UNSUPPORTED"  # noqa: E701
+
+
+class TestsTimeout(TaskError):
+    code = "TESTS_TIMEOUT"  # noqa: E701
+
+
+class TestsUnparsable(TaskError):
+    code = "TESTS_UNPARSABLE"  # noqa: E701
+
+
+class BackendUnavailable(InfrastructureError):
+    code = "BACKEND_UNAVAILABLE"  # noqa: E701
+
+
+class DockerError(InfrastructureError):
+    code = "DOCKER_ERROR"  # noqa: E701
+
+
+class WorkerLost(InfrastructureError):
+    code = "WORKER_LOST"  # noqa: E701
+
+
+class OperationTimeout(InfrastructureError):
+    code = "TIMEOUT"  # noqa: E701
+
+
+class HostLost(InfrastructureError):
+    code = "HOST_LOST"  # noqa: E701
+
+
+class WorkersDown(InfrastructureError):
+    code = "WORKERS_DOWN"  # noqa: E701
+
+
+class InternalError(InfrastructureError):
+    code = "INTERNAL"  # noqa: E701
 
 
 class ServiceUnreachable(InfrastructureError):
@@ -142,9 +245,18 @@ TestsTimeout.__test__ = TestsUnparsable.__test__ = False  # names pytest would o
 
 _KIND_BASES = {"client": ClientError, "task": TaskError, "infrastructure": InfrastructureError}
 # A reply without a code (none expected, but a proxy may answer): the code its status means.
-_STATUS_CODES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
-                 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE", 429: "RUN_SLOTS_EXHAUSTED",
-                 502: "BACKEND_UNAVAILABLE", 503: "BACKEND_UNAVAILABLE", 504: "TIMEOUT"}
+_STATUS_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    429: "RUN_SLOTS_EXHAUSTED",
+    502: "BACKEND_UNAVAILABLE",
+    503: "BACKEND_UNAVAILABLE",
+    504: "TIMEOUT",
+}
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -232,7 +344,7 @@ class _Call:
 Op = Generator[Any, Any, Any]
 
 
-def _request(pool: "_PoolOps", call: _Call) -> Op:
+def _request(pool: _PoolOps, call: _Call) -> Op:
     """One request, sent again after retryable failures (pool._retry_delay); its JSON reply."""
     attempt = 0
     while True:
@@ -249,14 +361,15 @@ def _request(pool: "_PoolOps", call: _Call) -> Op:
         attempt += 1
 
 
-def _wait_job(pool: "_PoolOps", job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
+def _wait_job(pool: _PoolOps, job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
     """Long-poll a job until it ends; its record. A failed job raises its typed error."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = MAX_LONG_POLL if deadline is None else deadline - time.monotonic()
         wait = round(max(0.0, min(MAX_LONG_POLL, left)), 1)
-        reply = yield from _request(pool, _Call("GET", f"/v1/jobs/{job_id}", params={"wait": wait}, idempotent=True,
-                                                long_poll=wait))
+        reply = yield from _request(
+            pool, _Call("GET", f"/v1/jobs/{job_id}", params={"wait": wait}, idempotent=True, long_poll=wait)
+        )
         job = reply["job"]
         if job.get("state") == "failed" and raise_failed:
             raise _job_error(job)
@@ -266,8 +379,15 @@ def _wait_job(pool: "_PoolOps", job_id: str, timeout: float | None, raise_failed
             raise WaitTimeout(f"job {job_id} ({job.get('kind')}) is still {job.get('state')} after {timeout:g} s")
 
 
-def _run_body(task: str, task_path: str | None, instruction: str | None, request_id: str | None,
-              run_ctx: dict | None, task_timeouts: dict | None, task_key: str | None) -> dict:
+def _run_body(
+    task: str,
+    task_path: str | None,
+    instruction: str | None,
+    request_id: str | None,
+    run_ctx: dict | None,
+    task_timeouts: dict | None,
+    task_key: str | None,
+) -> dict:
     meta = {"task_name": task, "task_path": task_path or task, "instruction": instruction or ""}
     body = {"task_key": task_key or task, "task_meta": meta, "request_id": request_id or uuid.uuid4().hex}
     if run_ctx:
@@ -281,16 +401,22 @@ def _episode(run_id: str, run: dict, jobs: list[dict]) -> Episode:
     failed = [job for job in jobs if job.get("state") == "failed"]
     tool_jobs = [job for job in jobs if job.get("kind") == "tool_call"]
     score = run.get("score")
-    return Episode(run_id=run_id, state=run.get("state", ""), run=run, jobs=jobs, tests=run.get("tests") or {},
-                   score=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
-                   observations=[job.get("result") if job.get("state") == "succeeded" else None for job in tool_jobs],
-                   failure=_job_error(failed[0]) if failed else None)
+    return Episode(
+        run_id=run_id,
+        state=run.get("state", ""),
+        run=run,
+        jobs=jobs,
+        tests=run.get("tests") or {},
+        score=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
+        observations=[job.get("result") if job.get("state") == "succeeded" else None for job in tool_jobs],
+        failure=_job_error(failed[0]) if failed else None,
+    )
 
 
 class _Ops:
     """Base of the objects whose methods are operations; `_pool` drives them."""
 
-    _pool: "_PoolOps"
+    _pool: _PoolOps
 
     def _call(self, method: str, path: str, **options) -> Op:
         return (yield from _request(self._pool, _Call(method, path, **options)))
@@ -298,17 +424,21 @@ class _Ops:
 
 def _blocking(op):
     """A method that drives the operation `op` to its end with blocking requests."""
+
     @functools.wraps(op)
     def method(self, *args, **kwargs):
         return self._pool._drive(op(self, *args, **kwargs))
+
     return method
 
 
 def _awaitable(op):
     """A coroutine method that drives the operation `op` with awaited requests."""
+
     @functools.wraps(op)
     async def method(self, *args, **kwargs):
         return await self._pool._drive(op(self, *args, **kwargs))
+
     return method
 
 
@@ -360,8 +490,7 @@ class _RunOps(_Ops):
         """Run any tool call and return its observation text."""
         return (yield from self._tool(tool_call(name, **arguments)))
 
-    def exec(self, command: str, *, id: str = "main", block: bool | None = True,
-             timeout: float | None = 20.0) -> Op:
+    def exec(self, command: str, *, id: str = "main", block: bool | None = True, timeout: float | None = 20.0) -> Op:
         """shell_exec: the command's output (blocking), or the session-started text (block=False)."""
         return (yield from self._tool(exec_call(command, id=id, block=block, timeout=timeout)))
 
@@ -408,9 +537,18 @@ class _PoolOps(_Ops):
     _run_class: type
     _job_class: type
 
-    def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None, timeout: float = 30.0,
-                 retries: int = 8, backoff: float = 0.5, max_backoff: float = 30.0,
-                 job_timeout: float | None = 3600.0, headers: dict | None = None):
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 8,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        job_timeout: float | None = 3600.0,
+        headers: dict | None = None,
+    ):
         """url: the termpool facade. token: POOL_API_TOKEN, when the service has one.
         timeout: seconds for one HTTP request (a long poll gets its wait on top).
         retries, backoff, max_backoff: how often and how patiently a retryable failure is
@@ -427,15 +565,20 @@ class _PoolOps(_Ops):
         return {"base_url": self.url, "headers": self._headers, "timeout": self._timeout}
 
     def _request_args(self, call: _Call) -> dict:
-        return {"method": call.method, "url": call.path, "json": call.body, "params": call.params,
-                "timeout": httpx.Timeout(self._timeout, read=self._timeout + call.long_poll)}
+        return {
+            "method": call.method,
+            "url": call.path,
+            "json": call.body,
+            "params": call.params,
+            "timeout": httpx.Timeout(self._timeout, read=self._timeout + call.long_poll),
+        }
 
     def _retry_delay(self, call: _Call, error: TermpoolError, attempt: int) -> float | None:
         """Seconds to wait before sending `call` again, or None to give up."""
         refused = error.status == 429 or isinstance(error.__cause__, httpx.ConnectError)
         if attempt >= self.retries or not error.retryable or not (call.idempotent or refused):
             return None
-        return min(self.max_backoff, self.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
+        return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
     @staticmethod
     def _outcome(call: _Call, response: httpx.Response) -> dict | TermpoolError:
@@ -453,9 +596,18 @@ class _PoolOps(_Ops):
         return error
 
     # ---- operations (driven by the subclasses' _drive) ----------------------------------------
-    def start(self, task: str, *, task_path: str | None = None, instruction: str | None = None,
-              request_id: str | None = None, run_ctx: dict | None = None, task_timeouts: dict | None = None,
-              task_key: str | None = None, wait: bool = True) -> Op:
+    def start(
+        self,
+        task: str,
+        *,
+        task_path: str | None = None,
+        instruction: str | None = None,
+        request_id: str | None = None,
+        run_ctx: dict | None = None,
+        task_timeouts: dict | None = None,
+        task_key: str | None = None,
+        wait: bool = True,
+    ) -> Op:
         """Allocate a run of `task` (a folder of the service's DATASET_DIR) and start it; the
         Run, ready for tool calls (wait=False: at once; then run.wait_ready()). A start that
         fails releases the run and raises its typed error (TaskBuildFailed, ...)."""
@@ -475,10 +627,22 @@ class _PoolOps(_Ops):
         run.user_msg, run.tool_schemas = result.get("user_msg"), result.get("tool_schemas")
         return run
 
-    def episode(self, task: str, script: list[dict], *, evaluate: bool = True, close: bool = True,
-                check: bool = True, timeout: float | None = None, task_path: str | None = None,
-                instruction: str | None = None, request_id: str | None = None, run_ctx: dict | None = None,
-                task_timeouts: dict | None = None, task_key: str | None = None) -> Op:
+    def episode(
+        self,
+        task: str,
+        script: list[dict],
+        *,
+        evaluate: bool = True,
+        close: bool = True,
+        check: bool = True,
+        timeout: float | None = None,
+        task_path: str | None = None,
+        instruction: str | None = None,
+        request_id: str | None = None,
+        run_ctx: dict | None = None,
+        task_timeouts: dict | None = None,
+        task_key: str | None = None,
+    ) -> Op:
         """A whole episode in one request (an oracle or a replay): start, the script's tool
         calls (tool_call / exec_call / write_file_call), evaluation, close, run by the
         workers as one chain. Waits for every step; the Episode. A failed step raises its
@@ -489,8 +653,11 @@ class _PoolOps(_Ops):
         body.update(script=list(script), evaluate=evaluate, close=close)
         reply = yield from self._call("POST", "/v1/runs", body=body, idempotent=True)
         run_id, steps = reply["run_id"], reply.get("jobs") or {}
-        order = [steps.get("start") or reply["job_id"], *steps.get("tool_calls", []),
-                 *[steps[k] for k in ("evaluation", "close") if steps.get(k)]]
+        order = [
+            steps.get("start") or reply["job_id"],
+            *steps.get("tool_calls", []),
+            *[steps[k] for k in ("evaluation", "close") if steps.get(k)],
+        ]
         deadline = None if timeout is None else time.monotonic() + timeout
         jobs = []
         try:
@@ -552,7 +719,7 @@ class Run(_RunOps):
     info = _blocking(_RunOps.info)
     close = _blocking(_RunOps.close)
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -601,7 +768,7 @@ class Pool(_PoolOps):
         """Close the HTTP connections (not the runs)."""
         self._http.close()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -630,7 +797,7 @@ class AsyncRun(_RunOps):
     info = _awaitable(_RunOps.info)
     close = _awaitable(_RunOps.close)
 
-    async def __aenter__(self) -> "AsyncRun":
+    async def __aenter__(self) -> AsyncRun:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -678,7 +845,7 @@ class AsyncPool(_PoolOps):
         """Close the HTTP connections (not the runs)."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncPool":
+    async def __aenter__(self) -> AsyncPool:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -4,6 +4,7 @@ Pure data with no dependencies, so the client (termpool/client.py) can use it on
 machine that has none of the server's packages; termpool/failures.py (the server side)
 builds its exceptions and classifier on it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,37 +18,40 @@ class Code:
     meaning: str
 
 
-CODES: dict[str, Code] = {c.name: c for c in (
-    # client errors
-    Code("BAD_REQUEST", "client", False, "the request body or a field is invalid"),
-    Code("UNAUTHORIZED", "client", False, "missing or wrong bearer token"),
-    Code("FORBIDDEN", "client", False, "the client address is not allowed"),
-    Code("NOT_FOUND", "client", False, "no such route"),
-    Code("METHOD_NOT_ALLOWED", "client", False, "the route does not take this method"),
-    Code("PAYLOAD_TOO_LARGE", "client", False, "the request body is too large"),
-    Code("UNKNOWN_LEASE", "client", False, "the lease is unknown or released (pool API)"),
-    Code("UNKNOWN_RUN", "client", False, "no such run (runs API)"),
-    Code("UNKNOWN_JOB", "client", False, "no such job (runs API)"),
-    Code("RUN_NOT_READY", "client", False, "the run has not been started (reset) successfully"),
-    Code("RUN_CLOSED", "client", False, "the run has been released"),
-    Code("TASK_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_TASKS distinct task keys have live runs"),
-    Code("RUN_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_RUNS_PER_TASK runs of this key are live"),
-    # task errors: the task is broken, retrying does not help
-    Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
-    Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),
-    Code("TASK_START_FAILED", "task", False, "a service of the task exited or never became healthy"),
-    Code("TASK_UNSUPPORTED", "task", False, "the task's files ask for something termpool refuses"),
-    Code("TESTS_TIMEOUT", "task", False, "the task's tests did not finish within their time limit"),
-    Code("TESTS_UNPARSABLE", "task", False, "the task's test output could not be parsed"),
-    # infrastructure errors: retry the episode
-    Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
-    Code("DOCKER_ERROR", "infrastructure", True, "the Docker engine answered with a server error"),
-    Code("WORKER_LOST", "infrastructure", True, "the worker process running the job died"),
-    Code("TIMEOUT", "infrastructure", True, "an operation of termpool's did not finish within its time limit"),
-    Code("HOST_LOST", "infrastructure", True, "the worker host of the run stopped answering"),
-    Code("WORKERS_DOWN", "infrastructure", True, "no live worker consumes the queue this job needs"),
-    Code("INTERNAL", "infrastructure", True, "an unexpected error in termpool (a bug: please report it)"),
-)}
+CODES: dict[str, Code] = {
+    c.name: c
+    for c in (
+        # client errors
+        Code("BAD_REQUEST", "client", False, "the request body or a field is invalid"),
+        Code("UNAUTHORIZED", "client", False, "missing or wrong bearer token"),
+        Code("FORBIDDEN", "client", False, "the client address is not allowed"),
+        Code("NOT_FOUND", "client", False, "no such route"),
+        Code("METHOD_NOT_ALLOWED", "client", False, "the route does not take this method"),
+        Code("PAYLOAD_TOO_LARGE", "client", False, "the request body is too large"),
+        Code("UNKNOWN_LEASE", "client", False, "the lease is unknown or released (pool API)"),
+        Code("UNKNOWN_RUN", "client", False, "no such run (runs API)"),
+        Code("UNKNOWN_JOB", "client", False, "no such job (runs API)"),
+        Code("RUN_NOT_READY", "client", False, "the run has not been started (reset) successfully"),
+        Code("RUN_CLOSED", "client", False, "the run has been released"),
+        Code("TASK_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_TASKS distinct task keys have live runs"),
+        Code("RUN_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_RUNS_PER_TASK runs of this key are live"),
+        # task errors: the task is broken, retrying does not help
+        Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
+        Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),
+        Code("TASK_START_FAILED", "task", False, "a service of the task exited or never became healthy"),
+        Code("TASK_UNSUPPORTED", "task", False, "the task's files ask for something termpool refuses"),
+        Code("TESTS_TIMEOUT", "task", False, "the task's tests did not finish within their time limit"),
+        Code("TESTS_UNPARSABLE", "task", False, "the task's test output could not be parsed"),
+        # infrastructure errors: retry the episode
+        Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
+        Code("DOCKER_ERROR", "infrastructure", True, "the Docker engine answered with a server error"),
+        Code("WORKER_LOST", "infrastructure", True, "the worker process running the job died"),
+        Code("TIMEOUT", "infrastructure", True, "an operation of termpool's did not finish within its time limit"),
+        Code("HOST_LOST", "infrastructure", True, "the worker host of the run stopped answering"),
+        Code("WORKERS_DOWN", "infrastructure", True, "no live worker consumes the queue this job needs"),
+        Code("INTERNAL", "infrastructure", True, "an unexpected error in termpool (a bug: please report it)"),
+    )
+}
 
 
 def retryable(code: str) -> bool:

@@ -1,4 +1,5 @@
 """Every setting termpool reads, from the environment, in one place (see docs/settings.md)."""
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,7 @@ class Timeouts:
     close_session: float = 60.0
     eval: float = 600.0
 
-    def merged(self, overrides: dict | None) -> "Timeouts":
+    def merged(self, overrides: dict | None) -> Timeouts:
         """Apply a request's task_timeouts; values that are not positive numbers are ignored."""
         values = dict(self.__dict__)
         for key, value in (overrides or {}).items():

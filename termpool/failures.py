@@ -14,6 +14,7 @@ The codes themselves are in termpool/codes.py (pure data, shared with the client
 Docker side raises `Failure` subclasses where it knows what went wrong; `classify` maps
 any other exception to a code by its type (never by its message text).
 """
+
 from __future__ import annotations
 
 import docker.errors
@@ -31,7 +32,7 @@ def cap(text: str, limit: int = ERROR_LIMIT) -> str:
         return text
     head = limit // 4
     marker = f"\n... ({len(text) - limit} characters cut) ...\n"
-    return text[:head] + marker + text[-(limit - head - len(marker)):]
+    return text[:head] + marker + text[-(limit - head - len(marker)) :]
 
 
 class Failure(Exception):

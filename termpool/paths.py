@@ -3,6 +3,7 @@
 Pure logic over the file system's current state: a path is accepted only if, after every
 symlink is followed and every ``..`` applied, it is the root or lies below it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -67,9 +68,7 @@ def resolve_inside(
     try:
         resolved.relative_to(root_real)
     except ValueError:
-        raise PathError(
-            f"{what} {candidate!r} resolves to {resolved}, which is outside {root_real}"
-        ) from None
+        raise PathError(f"{what} {candidate!r} resolves to {resolved}, which is outside {root_real}") from None
     return resolved
 
 

@@ -4,6 +4,7 @@ A pid says something only inside one pid namespace of one boot of one kernel, an
 its start time (pids are reused). Outside our namespace nothing is concluded: the caller
 falls back to heartbeats and TTLs.
 """
+
 from __future__ import annotations
 
 import functools

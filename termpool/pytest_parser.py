@@ -3,11 +3,12 @@
 Pure logic, no I/O. The only parser the pool has is ``pytest``: it reads the
 ``short test summary info`` section that ``pytest -rA`` prints, one line per test.
 """
+
 from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 PASSED = "passed"
 FAILED = "failed"
@@ -49,8 +50,7 @@ def parse_pytest(output: str) -> dict[str, str]:
             break
     if start is None:
         raise ParseError(
-            "no 'short test summary info' line in the test output "
-            "(did the tests run, and with pytest -rA?)"
+            "no 'short test summary info' line in the test output (did the tests run, and with pytest -rA?)"
         )
 
     results: dict[str, str] = {}

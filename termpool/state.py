@@ -20,6 +20,7 @@ Keys (all under ``tp:``):
   worker:<token>:jobs   set: jobs that worker process is running now (lost if it dies)
   runs:recent           zset: run ids by creation time, newest RECENT_RUNS_KEPT (the run viewer)
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,19 @@ HOST_ALIVE_SECONDS = 30
 NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
 # Stored as JSON (structured, or possibly null); every other field is a plain string, so a
 # client's task_key of "null" or "true" stays that string.
-JSON_FIELDS = ("task_meta", "run_ctx", "task_timeouts", "tool_schemas", "tests", "env", "script", "result", "score",
-               "retryable", "call")
+JSON_FIELDS = (
+    "task_meta",
+    "run_ctx",
+    "task_timeouts",
+    "tool_schemas",
+    "tests",
+    "env",
+    "script",
+    "result",
+    "score",
+    "retryable",
+    "call",
+)
 INT_FIELDS = ("attempts",)
 NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
 FAILURE_COUNTS = PREFIX + "count:failures"
@@ -174,10 +186,13 @@ class Store:
         self._transition = client.register_script(_TRANSITION)
 
     @classmethod
-    def from_url(cls, url: str) -> "Store":
+    def from_url(cls, url: str) -> Store:
         # Blocking waits (wait_job) poll every few seconds: the socket timeout must exceed that.
-        return cls(redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                        socket_timeout=30, socket_connect_timeout=5))
+        return cls(
+            redis.Redis.from_url(
+                url, decode_responses=True, health_check_interval=30, socket_timeout=30, socket_connect_timeout=5
+            )
+        )
 
     def ping(self) -> bool:
         return bool(self.r.ping())
@@ -275,8 +290,11 @@ class Store:
         for run_id in runs:
             pipe.hmget(PREFIX + "run:" + run_id, "state", "created_at", "start_job")
         cutoff = time.time() - older_than
-        return [run_id for run_id, (state, created, start_job) in zip(runs, pipe.execute())
-                if state == "allocated" and not start_job and created is not None and float(created) < cutoff]
+        return [
+            run_id
+            for run_id, (state, created, start_job) in zip(runs, pipe.execute())
+            if state == "allocated" and not start_job and created is not None and float(created) < cutoff
+        ]
 
     def live_runs(self, host: str) -> list[str]:
         return self.r.zrange(f"{PREFIX}host:{host}:live", 0, -1)
@@ -361,15 +379,21 @@ class Store:
     # ---- jobs ---------------------------------------------------------------------------
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         pipe = self.r.pipeline()
-        pipe.hset(PREFIX + "job:" + job_id, mapping=_encode(
-            {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}))
+        pipe.hset(
+            PREFIX + "job:" + job_id,
+            mapping=_encode(
+                {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
+            ),
+        )
         pipe.rpush(PREFIX + "run:" + run_id + ":jobs", job_id)
         pipe.execute()
 
     def job_started(self, job_id: str, node: str) -> None:
         """The job's first attempt began (a retry only moves it to its new node: job_attempt)."""
-        self.r.hset(PREFIX + "job:" + job_id, mapping=_encode(
-            {"state": "running", "started_at": time.time(), "node": node, "attempts": 1}))
+        self.r.hset(
+            PREFIX + "job:" + job_id,
+            mapping=_encode({"state": "running", "started_at": time.time(), "node": node, "attempts": 1}),
+        )
 
     def job_attempt(self, job_id: str, node: str) -> None:
         self.r.hset(PREFIX + "job:" + job_id, "node", node)
@@ -383,8 +407,9 @@ class Store:
         pipe.hincrby(RETRY_COUNTS, f"{task}|{code}", 1)
         pipe.execute()
 
-    def job_finished(self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True,
-                     **extra) -> None:
+    def job_finished(
+        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, **extra
+    ) -> None:
         """End a job. A failure (an error) carries its code and retryable, and is counted by
         code for /metrics unless `counted` is false (a step skipped for another's failure)."""
         state = "failed" if error else "succeeded"
@@ -661,7 +686,7 @@ class OwnedLock:
         except redis.exceptions.LockError:
             pass  # expired meanwhile (the owner stalled past its TTL): nothing to release
 
-    def __enter__(self) -> "OwnedLock":
+    def __enter__(self) -> OwnedLock:
         return self
 
     def __exit__(self, *exc) -> None:

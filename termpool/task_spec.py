@@ -1,4 +1,5 @@
 """Read a terminal-bench task directory (docs/task-format.md). Pure logic + PyYAML."""
+
 from __future__ import annotations
 
 import json
@@ -210,8 +211,11 @@ MAX_TASK_NAME_LENGTH = 100
 
 def valid_task_name(name: object) -> bool:
     """Whether ``name`` maps to valid Docker names (see TASK_NAME_PATTERN)."""
-    return (isinstance(name, str) and len(name) <= MAX_TASK_NAME_LENGTH
-            and re.fullmatch(TASK_NAME_PATTERN, name) is not None)
+    return (
+        isinstance(name, str)
+        and len(name) <= MAX_TASK_NAME_LENGTH
+        and re.fullmatch(TASK_NAME_PATTERN, name) is not None
+    )
 
 
 def _docker_task_name(task_name: str) -> str:

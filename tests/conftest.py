@@ -1,5 +1,6 @@
 """Shared fixtures: the test base image, a real stack (Redis, Celery workers, gunicorn), and a
 router-like client for the pool API."""
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,11 @@ class Router:
         return reply.json()["lease_id"]
 
     def reset(self, lease: str, task: str, **extra):
-        body = {"lease_id": lease, "task_meta": {"task_name": task, "task_path": task,
-                                                 "instruction": f"solve {task}"}, **extra}
+        body = {
+            "lease_id": lease,
+            "task_meta": {"task_name": task, "task_path": task, "instruction": f"solve {task}"},
+            **extra,
+        }
         return self.stack.post("/reset", body)
 
     def tool(self, lease: str, name: str, **arguments) -> str:
@@ -98,8 +102,7 @@ class Router:
         return reply.json()["score"]
 
     def run_containers(self, docker_client, lease: str) -> list:
-        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"},
-                                             ignore_removed=True)
+        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"}, ignore_removed=True)
 
 
 @pytest.fixture(scope="session")
@@ -132,8 +135,9 @@ def redis_server():
     from tests.stack import free_port
 
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""], stdout=subprocess.DEVNULL
+    )
     client = redis_lib.Redis(port=port, decode_responses=True)
     wait_for(lambda: _pings(client), 10, 0.05)
     yield client

@@ -8,6 +8,7 @@ chunked bodies, no pipelining: Docker clients wait for each answer) so it can pi
 out of kept-alive connections; after a request asking for a protocol upgrade (exec/attach
 hijacking, BuildKit sessions) the connection is relayed raw both ways.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,7 @@ class FaultProxy:
                     return True
         return False
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         proxy = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -95,8 +96,10 @@ class FaultProxy:
                 if self._take_fault(method, path):
                     _forward_body(reader, headers, None)
                     body = json.dumps({"message": f"fault injected by the test proxy: {method} {path}"}).encode()
-                    client.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    client.sendall(
+                        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                    )
                     continue
                 upstream.sendall(head)
                 _forward_body(reader, headers, upstream)
@@ -138,6 +141,7 @@ def _parse_head(head: bytes) -> tuple[str, str, dict]:
 
 def _forward_body(reader, headers: dict, sink: socket.socket | None) -> None:
     """Copy one request body (Content-Length or chunked) to sink, or drop it when sink is None."""
+
     def send(data: bytes):
         if sink is not None and data:
             sink.sendall(data)

@@ -1,5 +1,6 @@
 """Start a whole termpool stack as real processes: redis-server, one Celery worker per queue
 kind, beat, and gunicorn serving the facade. Used by the tests and the benchmark."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def free_port() -> int:
 
 
 class Stack:
-    def __init__(self, env: dict | None = None, beat: bool = False, workdir: Path | None = None,
-                 durable_redis: bool = False):
+    def __init__(
+        self, env: dict | None = None, beat: bool = False, workdir: Path | None = None, durable_redis: bool = False
+    ):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="termpool-stack-"))
         self.redis_port = free_port()
         self.port = free_port()
@@ -56,18 +58,32 @@ class Stack:
         self.beat = beat
         # durable_redis: an append-only file in the workdir, fsynced every second, as the
         # deployments run it (scripts/start-backends.sh, docker-compose.yml).
-        persistence = (["--dir", str(self.workdir), "--appendonly", "yes", "--appendfsync", "everysec"]
-                       if durable_redis else ["--appendonly", "no"])
-        self.redis_argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
-                           *persistence, "--maxmemory-policy", "noeviction"]
+        persistence = (
+            ["--dir", str(self.workdir), "--appendonly", "yes", "--appendfsync", "everysec"]
+            if durable_redis
+            else ["--appendonly", "no"]
+        )
+        self.redis_argv = [
+            "redis-server",
+            "--port",
+            str(self.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            *persistence,
+            "--maxmemory-policy",
+            "noeviction",
+        ]
         self.procs: dict[str, subprocess.Popen] = {}
         self.url = f"http://127.0.0.1:{self.port}"
 
     # ---- processes ------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child's stdout: it outlives this call)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs[name] = proc
         return proc
 
@@ -87,7 +103,7 @@ class Stack:
         time.sleep(down_for)
         self.start_redis()
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         self.start_redis()
         for kind in WORKER_KINDS:
             self.start_worker(kind, wait=False)

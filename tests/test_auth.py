@@ -1,4 +1,5 @@
 """POOL_API_TOKEN and POOL_ALLOWED_CLIENTS guard every endpoint but /healthz."""
+
 from __future__ import annotations
 
 import http.client
@@ -19,8 +20,9 @@ def guarded_stack(base_image):
 
 
 def call(stack, method, path, body=None, token=None, source="127.0.0.1"):
-    conn = http.client.HTTPConnection("127.0.0.1" if source == "127.0.0.1" else source, stack.port, timeout=30,
-                                      source_address=(source, 0))
+    conn = http.client.HTTPConnection(
+        "127.0.0.1" if source == "127.0.0.1" else source, stack.port, timeout=30, source_address=(source, 0)
+    )
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -1,4 +1,5 @@
 """Redis or Docker away: 503 with a clear JSON error, and recovery once they return."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,9 @@ def test_redis_down_gives_503_then_recovers(lonely_stack):
     assert reply.json()["code"] == "BACKEND_UNAVAILABLE" and "Redis" in reply.json()["error"]
     assert lonely_stack.get("/status").status_code == 503
     assert lonely_stack.get("/healthz").status_code == 200
-    lonely_stack._spawn("redis", ["redis-server", "--port", str(lonely_stack.redis_port), "--bind", "127.0.0.1",
-                                  "--save", ""])
+    lonely_stack._spawn(
+        "redis", ["redis-server", "--port", str(lonely_stack.redis_port), "--bind", "127.0.0.1", "--save", ""]
+    )
     assert wait_for(lambda: lonely_stack.get("/status").status_code == 200, 30)
     reply = lonely_stack.post("/allocate", {"task_key": "hello-file"})
     assert reply.status_code == 200 and reply.json()["ok"] is True

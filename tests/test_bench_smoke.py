@@ -1,6 +1,7 @@
 """The benchmark harness's smoke run (bench/README.md): `python -m bench.run --quick` starts its
 own stack, drives whole episodes through both HTTP faces and the raw Docker SDK at concurrency
 1 and 8, and must finish with no error and no leaked container. Timings are never asserted."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ def _assert_stats(stats: dict, where: str) -> None:
 
 
 def test_bench_quick_run(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
 
     result = json.loads((tmp_path / "latest.json").read_text())

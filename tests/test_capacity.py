@@ -1,11 +1,15 @@
 """Capacity and lease rules of the state store, against a real Redis."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from termpool.state import CapacityError, Store
+from termpool.state import IDEMPOTENCY_TTL, CapacityError, Store
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
@@ -48,6 +52,55 @@ def test_idempotent_allocate(store):
     store.release(first.run_id)
     fresh = store.allocate("a", "req-1", ["h1"], max_tasks=1, max_runs=1)
     assert fresh.run_id != first.run_id and not fresh.reused
+
+
+def test_idempotency_lasts_the_ttl_then_a_request_id_is_new(store, redis_server):
+    first = store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=2)
+    [key] = redis_server.keys("tp:req:*")  # the request's key (state.py's key layout: req:<task>:<id>)
+    assert 0 < redis_server.ttl(key) <= IDEMPOTENCY_TTL
+    assert store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=2).run_id == first.run_id
+    redis_server.pexpire(key, 1)  # the TTL runs out
+    assert wait_for(lambda: not redis_server.exists(key), 5, 0.01)
+    later = store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=2)
+    assert later.run_id != first.run_id and not later.reused
+
+
+def test_a_request_id_is_scoped_to_its_task_key(store):
+    a = store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=1)
+    b = store.allocate("b", "req-1", ["h1"], max_tasks=2, max_runs=1)
+    assert a.run_id != b.run_id and not b.reused
+
+
+def test_a_reused_allocation_takes_no_slot(store):
+    first = store.allocate("a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    for _ in range(3):
+        assert store.allocate("a", "req-1", ["h1"], max_tasks=1, max_runs=1).reused
+    assert store.host_status("h1")["total_active_runs"] == 1
+    with pytest.raises(CapacityError) as exc:
+        store.allocate("a", "req-2", ["h1"], max_tasks=1, max_runs=1)
+    assert exc.value.code == "RUN_SLOTS_EXHAUSTED"
+    assert store.release(first.run_id) is True
+
+
+def test_release_frees_the_task_slot_for_another_task(store):
+    run = store.allocate("a", "", ["h1"], max_tasks=1, max_runs=1)
+    with pytest.raises(CapacityError) as exc:
+        store.allocate("b", "", ["h1"], max_tasks=1, max_runs=1)
+    assert exc.value.code == "TASK_SLOTS_EXHAUSTED"
+    assert store.release(run.run_id) is True
+    assert store.host_status("h1")["tasks"] == {}
+    assert store.allocate("b", "", ["h1"], max_tasks=1, max_runs=1).host == "h1"
+
+
+def test_release_of_an_unknown_run_or_in_another_state(store):
+    assert store.release("run-0000000000000000") is False
+    run = store.allocate("a", "", ["h1"], max_tasks=1, max_runs=1)
+    assert store.release(run.run_id, only_state="running") is False  # it is still "allocated"
+    assert store.host_status("h1")["total_active_runs"] == 1
+    assert store.release(run.run_id, reason="never_reset", only_state="allocated") is True
+    assert store.get_run(run.run_id)["closing_reason"] == "never_reset"
+    assert store.release(run.run_id) is False
+    assert store.host_status("h1")["total_active_runs"] == 0
 
 
 def test_concurrent_allocations_never_overcommit(store):

@@ -2,6 +2,7 @@
 context managers, one-shot episodes, typed errors, retries of retryable failures, asyncio;
 plus what needs no stack: the error classes cover every code, and the client installs and
 imports without any of the server's packages."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,20 @@ import uuid
 import pytest
 
 from termpool import client as tc
-from termpool.client import (AsyncPool, ClientError, InfrastructureError, Pool, RunClosed, RunSlotsExhausted,
-                             ServiceUnreachable, TaskError, TermpoolError, UnknownJob, UnknownRun,
-                             exec_call)
+from termpool.client import (
+    AsyncPool,
+    ClientError,
+    InfrastructureError,
+    Pool,
+    RunClosed,
+    RunSlotsExhausted,
+    ServiceUnreachable,
+    TaskError,
+    TermpoolError,
+    UnknownJob,
+    UnknownRun,
+    exec_call,
+)
 from termpool.codes import CODES
 from tests.conftest import wait_for
 from tests.stack import ROOT, free_port
@@ -26,6 +38,7 @@ SERVER_MODULES = ("flask", "celery", "kombu", "docker", "redis", "requests", "ya
 
 
 # ---- no stack ---------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_every_code_has_its_class():
     bases = {"client": ClientError, "task": TaskError, "infrastructure": InfrastructureError}
     for code in CODES.values():
@@ -36,15 +49,19 @@ def test_every_code_has_its_class():
         assert (error.code, error.retryable, error.kind) == (code.name, code.retryable, code.kind)
 
 
+@pytest.mark.unit
 def test_unreachable_service_is_retried_then_raised():
     started = time.monotonic()
-    with Pool(f"http://127.0.0.1:{free_port()}", retries=3, backoff=0.05) as pool:
-        with pytest.raises(ServiceUnreachable) as caught:
-            pool.status()
+    with (
+        Pool(f"http://127.0.0.1:{free_port()}", retries=3, backoff=0.05) as pool,
+        pytest.raises(ServiceUnreachable) as caught,
+    ):
+        pool.status()
     assert caught.value.retryable and caught.value.status is None
     assert time.monotonic() - started >= 0.05 * (1 + 2 + 4) * 0.5  # three backoffs, jitter at most halves them
 
 
+@pytest.mark.unit
 def test_client_module_imports_nothing_of_the_server():
     probe = f"import sys, termpool.client; print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -62,11 +79,17 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
-                         capture_output=True, text=True, timeout=600)
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    probe = ("import sys, termpool.client as c; from termpool.client import Pool, AsyncPool, UnknownRun; "
-             f"print(c.__file__); print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))")
+    probe = (
+        "import sys, termpool.client as c; from termpool.client import Pool, AsyncPool, UnknownRun; "
+        f"print(c.__file__); print(sorted(m for m in {SERVER_MODULES!r} if m in sys.modules))"
+    )
     out = subprocess.run([python, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     where, imported = out.stdout.split("\n")[:2]
@@ -101,16 +124,15 @@ def test_run_as_context_manager_solves_and_leaves_nothing(pool, docker_client):
 
 
 def test_interactive_session_and_close_on_error(pool, docker_client):
-    with pytest.raises(RuntimeError, match="agent crashed"):
-        with pool.start("interactive-guess") as run:
-            started = run.exec("guess", id="g", block=False)
-            assert started.startswith("Session 'g' started.")
-            seen = []
-            assert wait_for(lambda: seen.append(run.view("g")) or "Enter the secret word" in "".join(seen), 30)
-            assert "Wrong" in run.write_to_process("g", "banana")
-            assert "Correct!" in run.write_to_process("g", "pineapple")
-            assert run.evaluate().score == 1.0
-            raise RuntimeError("agent crashed")  # the run is closed all the same
+    with pytest.raises(RuntimeError, match="agent crashed"), pool.start("interactive-guess") as run:
+        started = run.exec("guess", id="g", block=False)
+        assert started.startswith("Session 'g' started.")
+        seen = []
+        assert wait_for(lambda: seen.append(run.view("g")) or "Enter the secret word" in "".join(seen), 30)
+        assert "Wrong" in run.write_to_process("g", "banana")
+        assert "Correct!" in run.write_to_process("g", "pineapple")
+        assert run.evaluate().score == 1.0
+        raise RuntimeError("agent crashed")  # the run is closed all the same
     assert wait_for(lambda: not run_containers(docker_client, run.id), 120)
 
 
@@ -168,17 +190,18 @@ def test_capacity_exhausted_then_retried_until_a_slot_frees(stack, pool, router)
     key = f"cap-{uuid.uuid4().hex[:6]}"
     leases = [router.allocate(key) for _ in range(8)]
     try:
-        with Pool(stack.url, retries=0) as impatient:
-            with pytest.raises(RunSlotsExhausted) as caught:
-                impatient.start("hello-file", task_key=key)
+        with Pool(stack.url, retries=0) as impatient, pytest.raises(RunSlotsExhausted) as caught:
+            impatient.start("hello-file", task_key=key)
         assert (caught.value.status, caught.value.retryable) == (429, True)
 
         release = threading.Timer(3.0, lambda: router.close(leases.pop()))
         release.start()
         started = time.monotonic()
-        with Pool(stack.url, retries=10, backoff=0.5, max_backoff=2.0) as patient:
-            with patient.start("hello-file", task_key=key) as run:  # 429s, backoff, then a slot
-                assert run.exec("echo in").strip() == "in"
+        with (
+            Pool(stack.url, retries=10, backoff=0.5, max_backoff=2.0) as patient,
+            patient.start("hello-file", task_key=key) as run,  # 429s, backoff, then a slot
+        ):
+            assert run.exec("echo in").strip() == "in"
         assert time.monotonic() - started >= 3.0
         release.join()
     finally:
@@ -204,9 +227,10 @@ def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
     results, one_shot = asyncio.run(main())
     assert [score for _, score in results] == [1.0] * 4 and one_shot.score == 1.0
     for run_id, _ in results:
-        assert wait_for(lambda: not run_containers(docker_client, run_id), 120)
+        assert wait_for(lambda: not run_containers(docker_client, run_id), 120)  # noqa: B023 (called in this iteration)
 
 
+@pytest.mark.unit
 def test_error_hierarchy_is_catchable_by_kind():
     assert issubclass(RunSlotsExhausted, tc.CapacityExhausted) and issubclass(tc.CapacityExhausted, ClientError)
     assert issubclass(tc.WorkerLost, InfrastructureError) and issubclass(tc.WaitTimeout, TimeoutError)

@@ -7,12 +7,13 @@ a build context in a subfolder, a sidecar image named from T_BENCH_TASK_DOCKER_N
 service-level mem_limit / cpus), compose-env (${VAR:-default}, ${VAR:?message}, env_file,
 working_dir, entrypoint, user; on the SDK fast path).
 """
+
 from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -26,35 +27,69 @@ from tests.conftest import wait_for
 from tests.stack import FIXTURES
 from tests.test_unsafe_tasks import CLIENT  # the template's client service, no volumes
 
-GIB = 1024 ** 3
-FAST_PATH = {"hello-file", "partial-pass", "slow-tests", "interactive-guess", "broken-dockerfile", "compose-env",
-             "slow-build"}
+GIB = 1024**3
+FAST_PATH = {
+    "hello-file",
+    "partial-pass",
+    "slow-tests",
+    "interactive-guess",
+    "broken-dockerfile",
+    "compose-env",
+    "slow-build",
+}
 
 
 def settings(tmp: Path, **env):
-    return load_settings({"POOL_HOST_ID": "t" + uuid.uuid4().hex[:8], "CONTAINER_MEMORY_LIMIT": "1g",
-                          "POOL_SOCKET_DIR": str(tmp / "sock"), "TBENCH_OUTPUT_ROOT": str(tmp / "out"), **env})
+    return load_settings(
+        {
+            "POOL_HOST_ID": "t" + uuid.uuid4().hex[:8],
+            "CONTAINER_MEMORY_LIMIT": "1g",
+            "POOL_SOCKET_DIR": str(tmp / "sock"),
+            "TBENCH_OUTPUT_ROOT": str(tmp / "out"),
+            **env,
+        }
+    )
 
 
 # ---- pure merging (no Docker) ---------------------------------------------------------------
+@pytest.mark.unit
 def test_limits_go_where_the_task_put_its_own(tmp_path):
     cfg = settings(tmp_path, CONTAINER_PIDS_LIMIT="100", CONTAINER_CPU_LIMIT="2")
-    deploy = {"deploy": {"resources": {"limits": {"cpus": 1, "memory": str(4 * GIB), "pids": 500},
-                                       "reservations": {"memory": str(2 * GIB)}}}}
+    deploy = {
+        "deploy": {
+            "resources": {
+                "limits": {"cpus": 1, "memory": str(4 * GIB), "pids": 500},
+                "reservations": {"memory": str(2 * GIB)},
+            }
+        }
+    }
     assert container_spec.limits(deploy, cfg, True, 8) == {
         "memswap_limit": str(GIB),
-        "deploy": {"resources": {"limits": {"pids": 100, "memory": str(GIB)},  # pool's lower values win
-                                 "reservations": {"memory": str(GIB)}}}}  # capped: it may not exceed the limit
+        "deploy": {
+            "resources": {
+                "limits": {"pids": 100, "memory": str(GIB)},  # pool's lower values win
+                "reservations": {"memory": str(GIB)},
+            }
+        },
+    }  # capped: it may not exceed the limit
     own = {"mem_limit": str(GIB // 2), "cpus": 0.5, "pids_limit": 50}
     assert container_spec.limits(own, cfg, True, 8) == {
-        "memswap_limit": str(GIB // 2), "mem_limit": str(GIB // 2), "pids_limit": 50}  # task's lower ones win
+        "memswap_limit": str(GIB // 2),
+        "mem_limit": str(GIB // 2),
+        "pids_limit": 50,
+    }  # task's lower ones win
     assert container_spec.limits({}, cfg, True, 1) == {
-        "memswap_limit": str(GIB), "mem_limit": str(GIB), "pids_limit": 100, "cpus": 1}  # clamped to the host
+        "memswap_limit": str(GIB),
+        "mem_limit": str(GIB),
+        "pids_limit": 100,
+        "cpus": 1,
+    }  # clamped to the host
     assert container_spec.limits({}, cfg, False, 8) == {"pids_limit": 100}  # memory and cpus: client only
     off = settings(tmp_path, CONTAINER_PIDS_LIMIT="0", CONTAINER_CPU_LIMIT="0", CONTAINER_MEMORY_LIMIT="0")
     assert container_spec.limits({}, off, True, 8) == {}
 
 
+@pytest.mark.unit
 def test_override_merges_with_deploy_limits(tmp_path):
     """The reported bug: a task with deploy.resources.limits made compose refuse termpool's
     override ("can't set distinct values on 'mem_limit' and 'deploy.resources.limits.memory'")."""
@@ -63,16 +98,18 @@ def test_override_merges_with_deploy_limits(tmp_path):
     env = compose_config.compose_env("compose-limits", "cl-x", tmp_path, "tb__compose-limits__client")
     files = compose_config.task_files(task_dir, cfg)
     resolved = compose_config.resolve(task_dir, files, "cl-x", env, 60)
-    override = container_spec.run_override(resolved, "compose-limits", {"termpool.run": "x"}, "cl-x",
-                                           "/tmp/ctl:/.termpool/ctl", cfg, 2)
+    override = container_spec.run_override(
+        resolved, "compose-limits", {"termpool.run": "x"}, "cl-x", "/tmp/ctl:/.termpool/ctl", cfg, 2
+    )
     (tmp_path / "o.yaml").write_text(yaml.safe_dump(override))
     merged = compose_config.resolve(task_dir, files + ["-f", str(tmp_path / "o.yaml")], "cl-x", env, 60)
     client = merged["services"]["client"]
-    assert client["deploy"]["resources"]["limits"] == {"cpus": 1, "memory": str(512 * 1024 ** 2), "pids": 128}
-    assert client["memswap_limit"] == str(512 * 1024 ** 2) and client["init"] is True
+    assert client["deploy"]["resources"]["limits"] == {"cpus": 1, "memory": str(512 * 1024**2), "pids": 128}
+    assert client["memswap_limit"] == str(512 * 1024**2) and client["init"] is True
     assert client["labels"] == {"termpool.run": "x"} and client["container_name"] == "cl-x"
 
 
+@pytest.mark.unit
 def test_compose_errors_name_the_files(tmp_path):
     (tmp_path / "bad.yaml").write_text("services:\n  c:\n    image: [x\n")
     with pytest.raises(ComposeError) as err:
@@ -87,11 +124,8 @@ def task_copy(tmp_path: Path, compose: str, name: str = "t-task", base: str = "h
     return task_dir
 
 
-
-
 def start(task_dir: Path, cfg, tmp_path: Path, force_compose=False):
-    run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name,
-           "task_meta": {"task_name": task_dir.name}}
+    run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
     run_dir = tmp_path / run["run_id"]
     run_dir.mkdir()
     return run, environment.start(run, task_dir, run_dir, cfg, 240, force_compose=force_compose)
@@ -102,11 +136,16 @@ def leaves_nothing(docker_client, run):
     assert not docker_client.networks.list(filters={"label": f"termpool.run={run['run_id']}"})
 
 
-@pytest.mark.parametrize("compose, word", [
-    (CLIENT + "    environment:\n      - X=${TP_NOT_SET_ANYWHERE:?set TP_NOT_SET_ANYWHERE first}\n",
-     "set TP_NOT_SET_ANYWHERE first"),
-    (CLIENT + "    image: [broken\n", "yaml"),
-])
+@pytest.mark.parametrize(
+    "compose, word",
+    [
+        (
+            CLIENT + "    environment:\n      - X=${TP_NOT_SET_ANYWHERE:?set TP_NOT_SET_ANYWHERE first}\n",
+            "set TP_NOT_SET_ANYWHERE first",
+        ),
+        (CLIENT + "    image: [broken\n", "yaml"),
+    ],
+)
 def test_invalid_files_are_task_invalid(tmp_path, docker_client, compose, word):
     cfg = settings(tmp_path)
     with pytest.raises(TaskInvalid) as err:
@@ -137,16 +176,27 @@ def test_build_failure_names_the_task_and_log(tmp_path, redis_server):
     assert str(task_dir / "docker-compose.yaml") in text and "side-marker" in text and len(text) < 2600
 
 
-@pytest.mark.parametrize("sidecar, word", [
-    ("    command: [ \"sh\", \"-c\", \"echo sidecar-dies; exit 3\" ]\n"
-     "    healthcheck: {test: [ \"CMD\", \"true\" ], interval: 1s}\n", "sidecar-dies"),
-    ("    command: [ \"sh\", \"-c\", \"echo never-healthy; sleep infinity\" ]\n"
-     "    healthcheck: {test: [ \"CMD\", \"false\" ], interval: 1s, retries: 2}\n", "unhealthy"),
-])
+@pytest.mark.parametrize(
+    "sidecar, word",
+    [
+        (
+            '    command: [ "sh", "-c", "echo sidecar-dies; exit 3" ]\n'
+            '    healthcheck: {test: [ "CMD", "true" ], interval: 1s}\n',
+            "sidecar-dies",
+        ),
+        (
+            '    command: [ "sh", "-c", "echo never-healthy; sleep infinity" ]\n'
+            '    healthcheck: {test: [ "CMD", "false" ], interval: 1s, retries: 2}\n',
+            "unhealthy",
+        ),
+    ],
+)
 def test_failing_service_is_task_start_failed(tmp_path, docker_client, redis_server, sidecar, word):
     cfg = settings(tmp_path)
-    compose = (CLIENT + "    depends_on: {side: {condition: service_healthy}}\n"
-               "  side:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n" + sidecar)
+    compose = (
+        CLIENT + "    depends_on: {side: {condition: service_healthy}}\n"
+        "  side:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n" + sidecar
+    )
     task_dir = task_copy(tmp_path, compose, "t-start-" + word)
     environment.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
@@ -173,14 +223,25 @@ def normalised(container, run: dict, tmp_path: Path) -> dict:
     host = {k: v for k, v in attrs["HostConfig"].items() if k not in RUN_SPECIFIC_HOST and v not in (None, [], {})}
     host["Binds"] = sorted(attrs["HostConfig"]["Binds"] or [])
     mounts = sorted(attrs["Mounts"], key=lambda m: m["Destination"])
-    return {"Config": config, "HostConfig": host, "Mounts": mounts, "Path": attrs["Path"], "Args": attrs["Args"],
-            "Image": attrs["Image"], "Running": attrs["State"]["Running"]}
+    return {
+        "Config": config,
+        "HostConfig": host,
+        "Mounts": mounts,
+        "Path": attrs["Path"],
+        "Args": attrs["Args"],
+        "Image": attrs["Image"],
+        "Running": attrs["State"]["Running"],
+    }
 
 
+@pytest.mark.unit
 def test_fast_path_applies_exactly_where_expected(tmp_path):
     cfg = settings(tmp_path)
-    eligible = {d.name for d in FIXTURES.iterdir()
-                if environment.is_template(environment.load_compose(d.name, d, cfg, 60), cfg, d, d.name)}
+    eligible = {
+        d.name
+        for d in FIXTURES.iterdir()
+        if environment.is_template(environment.load_compose(d.name, d, cfg, 60), cfg, d, d.name)
+    }
     assert eligible == FAST_PATH
 
 
@@ -232,7 +293,9 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
             network = docker_client.networks.get(f"{env.project}_backend")
             assert network.attrs["Labels"]["termpool.run"] == run["run_id"]
             assert "hs-sidecar" in sidecar.attrs["NetworkSettings"]["Networks"][network.name]["Aliases"]
-            fetch = "import urllib.request as u, sys; print(u.urlopen(f'http://{sys.argv[1]}:8000/token').read().decode())"
+            fetch = (
+                "import urllib.request as u, sys; print(u.urlopen(f'http://{sys.argv[1]}:8000/token').read().decode())"
+            )
             by_alias = client.exec_run(["python3", "-c", fetch, "hs-sidecar"]).output
             assert by_alias.startswith(b"sidecar-")  # this run's sidecar, not the other run's:
             assert by_alias == sidecar.exec_run(["python3", "-c", fetch, "127.0.0.1"]).output
@@ -249,8 +312,9 @@ def episode(router, docker_client, task, checks):
     try:
         reply = router.reset(lease, task)
         assert reply.status_code == 200, reply.text
-        containers = {c.labels.get("com.docker.compose.service", "client"): c
-                      for c in router.run_containers(docker_client, lease)}
+        containers = {
+            c.labels.get("com.docker.compose.service", "client"): c for c in router.run_containers(docker_client, lease)
+        }
         checks(lease, containers)
         router.solve(lease, task)
         reply = router.evaluate(lease)
@@ -283,13 +347,14 @@ def test_episode_compose_limits(router, docker_client):
     def checks(lease, containers):
         host = containers["client"].attrs["HostConfig"]
         assert host["NanoCpus"] == 1_000_000_000  # the task's cpus: '1' wins over CONTAINER_CPU_LIMIT
-        assert host["Memory"] == host["MemorySwap"] == 512 * 1024 ** 2  # the task's lower limit
-        assert host["MemoryReservation"] == 256 * 1024 ** 2 and host["PidsLimit"] == 128
+        assert host["Memory"] == host["MemorySwap"] == 512 * 1024**2  # the task's lower limit
+        assert host["MemoryReservation"] == 256 * 1024**2 and host["PidsLimit"] == 128
         # fork until the pids limit stops it: far fewer than asked for, and the shell survives
         router.tool(lease, "shell_write_content_to_file", content=FORK_LOOP, file_path="/tmp/fork.py")
         out = router.sh(lease, "python3 /tmp/fork.py")
         started = int(out.split("started ")[1].split()[0])
         assert "stopped" in out and 10 < started < 128, out
+
     episode(router, docker_client, "compose-limits", checks)
 
 
@@ -300,11 +365,12 @@ def test_episode_compose_healthy_sidecar(router, docker_client):
         host = client.attrs["HostConfig"]
         assert host["Memory"] == GIB and host["NanoCpus"] == 500_000_000  # pool's lower memory, task's cpus
         ready = float(sidecar.exec_run(["cat", "/tmp/ready"]).output)  # written 3 s after the sidecar starts
-        started = datetime.fromisoformat(client.attrs["State"]["StartedAt"][:26]).replace(tzinfo=timezone.utc)
+        started = datetime.fromisoformat(client.attrs["State"]["StartedAt"][:26]).replace(tzinfo=UTC)
         assert started.timestamp() >= ready, "the client started before the sidecar was healthy"
         [network] = client.attrs["NetworkSettings"]["Networks"]
         assert network.endswith("_backend")
         assert docker_client.networks.get(network).attrs["Labels"]["termpool.run"] == lease
+
     episode(router, docker_client, "compose-healthy-sidecar", checks)
 
 
@@ -316,4 +382,5 @@ def test_episode_compose_env(router, docker_client):
         assert containers["client"].attrs["Config"]["WorkingDir"] == "/work"  # the tools run in /workspace
         out = router.sh(lease, "id -u; echo $GREETING $FROM_ENV_FILE")
         assert out.split() == ["1000", "hello-default", "yes-from-env-file"]
+
     episode(router, docker_client, "compose-env", checks)

@@ -4,6 +4,7 @@ Docker socket only in the workers, then `down -v` leaves nothing behind.
 
 Set TERMPOOL_SKIP_COMPOSE=1 to skip it (it builds an image: about a minute cold, seconds warm).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ import requests
 from tests.conftest import wait_for
 from tests.stack import FIXTURES, ROOT, WORKER_KINDS, free_port
 
-pytestmark = pytest.mark.skipif(os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"),
-                                reason="TERMPOOL_SKIP_COMPOSE is set")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"), reason="TERMPOOL_SKIP_COMPOSE is set"
+)
 
 SERVICES = {"redis", "api", "scheduler", "flower", *WORKER_KINDS}
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -40,8 +42,14 @@ def termpool_image(base_image) -> str:
     """deploy/build-image.sh from the test base image; the id it prints (not the tag, which a
     concurrent build elsewhere may move)."""
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(ROOT / "deploy" / "build-image.sh")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1800, env={**os.environ, "BASE_IMAGE": base_image})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "build-image.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "BASE_IMAGE": base_image},
+    )
     assert proc.returncode == 0, f"build-image.sh failed:\n{proc.stderr[-4000:]}"
     image = proc.stdout.strip().splitlines()[-1]
     assert image.startswith("sha256:"), proc.stdout
@@ -81,8 +89,14 @@ class ComposeStack:
         }
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([compose_binary(), "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [compose_binary(), "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def logs(self) -> str:
         proc = self.compose("logs", "--no-color", "--tail", "60", timeout=60)
@@ -95,7 +109,8 @@ class ComposeStack:
 
     def tool(self, lease: str, name: str, **arguments) -> str:
         return self.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": name, "arguments": arguments}})[
-            "observation"]
+            "observation"
+        ]
 
 
 def _names(docker_client, label: str) -> list[str]:
@@ -125,8 +140,13 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         # One full episode on hello-file, as a router drives it.
         started = time.monotonic()
         lease = stack.post("/allocate", {"task_key": "hello-file", "request_id": uuid.uuid4().hex})["lease_id"]
-        reset = stack.post("/reset", {"lease_id": lease, "task_meta": {
-            "task_name": "hello-file", "task_path": "hello-file", "instruction": "solve hello-file"}})
+        reset = stack.post(
+            "/reset",
+            {
+                "lease_id": lease,
+                "task_meta": {"task_name": "hello-file", "task_path": "hello-file", "instruction": "solve hello-file"},
+            },
+        )
         assert reset["ok"] is True and "hello-file" in reset["user_msg"]
         script = (FIXTURES / "hello-file" / "solution.sh").read_text()
         stack.tool(lease, "shell_write_content_to_file", content=script, file_path="/tmp/solution.sh")
@@ -135,8 +155,9 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         assert result["score"] == 1.0, result
         print(f"compose stack episode: run {lease} on hello-file scored {result['score']}")
         assert stack.post("/close", {"lease_id": lease}) == {"ok": True, "found": True}
-        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease}"), 120), \
+        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease}"), 120), (
             "the run's containers outlived its close"
+        )
         timings["episode"] = time.monotonic() - started
         # The run's logs landed in the bind-mounted output root, at the host's path.
         assert list((tmp_path / "outputs").rglob("*")), "no run logs under TBENCH_OUTPUT_ROOT"
@@ -145,9 +166,11 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         containers = docker_client.containers.list(filters={"label": f"com.docker.compose.project={stack.project}"})
         by_service = {c.labels["com.docker.compose.service"]: c for c in containers}
         assert set(by_service) == SERVICES, f"running: {sorted(by_service)}\n{stack.logs()}"
-        with_socket = {name for name, c in by_service.items()
-                       if any(m.get("Destination") == DOCKER_SOCKET or m.get("Source") == DOCKER_SOCKET
-                              for m in c.attrs["Mounts"])}
+        with_socket = {
+            name
+            for name, c in by_service.items()
+            if any(m.get("Destination") == DOCKER_SOCKET or m.get("Source") == DOCKER_SOCKET for m in c.attrs["Mounts"])
+        }
         assert with_socket == set(WORKER_KINDS)
         for name in ("api", "flower", "scheduler"):
             assert by_service[name].attrs["Config"]["User"] not in ("", "0", "root"), name

@@ -1,4 +1,5 @@
 """Many episodes at once, and sessions that outlive the worker processes."""
+
 from __future__ import annotations
 
 import signal
@@ -36,11 +37,18 @@ def test_sessions_survive_exec_worker_restart(router, stack, docker_client):
     lease = router.allocate("interactive-guess")
     assert router.reset(lease, "interactive-guess").status_code == 200
     assert router.tool(lease, "shell_exec", id="game", command="guess", block=False, timeout=None).startswith(
-        "Session 'game' started.")
+        "Session 'game' started."
+    )
     assert "Wrong, try again." in router.tool(lease, "shell_write_to_process", id="game", command="banana")
     # A counter that keeps printing while no worker is alive.
-    router.tool(lease, "shell_exec", id="ticker", command="for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.5; done",
-                block=False, timeout=None)
+    router.tool(
+        lease,
+        "shell_exec",
+        id="ticker",
+        command="for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.5; done",
+        block=False,
+        timeout=None,
+    )
 
     stack.kill("exec", signal.SIGKILL)
     time.sleep(1)
@@ -50,8 +58,9 @@ def test_sessions_survive_exec_worker_restart(router, stack, docker_client):
     reply = router.tool(lease, "shell_write_to_process", id="game", command="pineapple")
     assert "Correct!" in reply
     seen = []
-    assert wait_for(lambda: seen.append(router.tool(lease, "shell_view", id="ticker")) or
-                    "SESSION TERMINATED" in seen[-1], 15), seen
+    assert wait_for(
+        lambda: seen.append(router.tool(lease, "shell_view", id="ticker")) or "SESSION TERMINATED" in seen[-1], 15
+    ), seen
     text = "".join(seen)
     assert all(f"tick{i}" in text for i in range(1, 7)), text
     assert router.evaluate(lease).json()["score"] == 1.0
@@ -62,8 +71,17 @@ def test_lost_worker_fails_the_call_instead_of_hanging(router, stack):
     lease = router.allocate("hello-file")
     assert router.reset(lease, "hello-file").status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(stack.post, "/exec_tool", {"lease_id": lease, "tool_call": {
-            "name": "shell_exec", "arguments": {"id": "x", "command": "sleep 40", "block": True, "timeout": 60}}})
+        pending = pool.submit(
+            stack.post,
+            "/exec_tool",
+            {
+                "lease_id": lease,
+                "tool_call": {
+                    "name": "shell_exec",
+                    "arguments": {"id": "x", "command": "sleep 40", "block": True, "timeout": 60},
+                },
+            },
+        )
         time.sleep(2)
         stack.kill("exec", signal.SIGKILL)
         reply = pending.result(timeout=60)

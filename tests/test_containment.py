@@ -1,5 +1,6 @@
 """Task containers cannot reach their pool's API, Redis or Flower (tasks/containment.py), yet
 still reach their sidecars and the outside."""
+
 from __future__ import annotations
 
 import io
@@ -21,17 +22,27 @@ from tests.stack import free_port
 
 
 # ---- pure logic -------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_local_redis_is_a_port_and_remote_redis_an_address():
-    local = containment.guard_from_settings(load_settings(
-        {"REDIS_URL": "redis://127.0.0.1:6400/0", "ENV_SERVER_PORT": "18100", "FLOWER_PORT": "5600",
-         "POOL_HOST_ID": "h 1"}))
+    local = containment.guard_from_settings(
+        load_settings(
+            {
+                "REDIS_URL": "redis://127.0.0.1:6400/0",
+                "ENV_SERVER_PORT": "18100",
+                "FLOWER_PORT": "5600",
+                "POOL_HOST_ID": "h 1",
+            }
+        )
+    )
     assert local.local_ports == (5600, 6400, 18100) and local.remote == () and local.tag == "h_1"
-    remote = containment.guard_from_settings(load_settings(
-        {"REDIS_URL": "redis://192.0.2.77:6390/0", "CONTAINMENT_BLOCK": "198.51.100.0/24, 192.0.2.9:80"}))
+    remote = containment.guard_from_settings(
+        load_settings({"REDIS_URL": "redis://192.0.2.77:6390/0", "CONTAINMENT_BLOCK": "198.51.100.0/24, 192.0.2.9:80"})
+    )
     assert ("192.0.2.77", 6390) in remote.remote and 6390 not in remote.local_ports
     assert ("198.51.100.0/24", None) in remote.remote and ("192.0.2.9", 80) in remote.remote
 
 
+@pytest.mark.unit
 def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
     guard = Guard("p", (18081, 6379), (("192.0.2.7", 6379), ("fd00::7", None)), ("docker0",), ("br-own",))
     v4 = [(chain, " ".join(rule)) for chain, rule in containment.rules(guard, "iptables")]
@@ -40,7 +51,10 @@ def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
     assert v4[0] == ("TERMPOOL-INPUT", f"-i br-own {tag} -j RETURN")
     assert v4[1] == ("TERMPOOL-FORWARD", f"-i br-own {tag} -j RETURN")
     assert ("TERMPOOL-INPUT", f"-i docker0 -p tcp -m multiport --dports 18081,6379 {tag} {reject}") in v4
-    assert ("TERMPOOL-FORWARD", f"-i docker0 -p tcp -m conntrack --ctstate DNAT --ctorigdstport 6379 {tag} {reject}") in v4
+    assert (
+        "TERMPOOL-FORWARD",
+        f"-i docker0 -p tcp -m conntrack --ctstate DNAT --ctorigdstport 6379 {tag} {reject}",
+    ) in v4
     assert ("TERMPOOL-FORWARD", f"-i docker0 -d 192.0.2.7 -p tcp --dport 6379 {tag} {reject}") in v4
     assert ("TERMPOOL-FORWARD", f"-i docker0 -o br-own {tag} -j REJECT") in v4
     assert not any("fd00::7" in rule for _, rule in v4)
@@ -48,22 +62,31 @@ def test_rules_reject_task_traffic_to_the_pool_and_exempt_its_own_bridge():
     assert f"-i docker0 -d fd00::7 {tag} -j REJECT" in v6
 
 
-@pytest.mark.parametrize("resolved", [
-    {"services": {"client": {"network_mode": "host"}}},
-    {"services": {"client": {"network_mode": "container:termpool-api-1"}}},
-    {"services": {}, "networks": {"pool": {"name": "termpool_default", "external": True}}},
-    {"services": {}, "networks": {"lan": {"driver": "macvlan"}}},
-    {"services": {}, "networks": {"default": {"driver_opts": {"com.docker.network.bridge.name": "eth9"}}}},
-])
+@pytest.mark.parametrize(
+    "resolved",
+    [
+        {"services": {"client": {"network_mode": "host"}}},
+        {"services": {"client": {"network_mode": "container:termpool-api-1"}}},
+        {"services": {}, "networks": {"pool": {"name": "termpool_default", "external": True}}},
+        {"services": {}, "networks": {"lan": {"driver": "macvlan"}}},
+        {"services": {}, "networks": {"default": {"driver_opts": {"com.docker.network.bridge.name": "eth9"}}}},
+    ],
+)
+@pytest.mark.unit
 def test_task_networks_that_escape_the_filter_are_refused(resolved, tmp_path):
     with pytest.raises(TaskUnsupported):
         compose_config.check_supported(resolved, tmp_path)
 
 
+@pytest.mark.unit
 def test_ordinary_task_networks_pass(tmp_path):
-    compose_config.check_supported({
-        "services": {"client": {}, "db": {"network_mode": "service:client"}, "x": {"network_mode": "none"}},
-        "networks": {"default": {"name": "p_default"}, "back": {"driver": "bridge", "internal": True}}}, tmp_path)
+    compose_config.check_supported(
+        {
+            "services": {"client": {}, "db": {"network_mode": "service:client"}, "x": {"network_mode": "none"}},
+            "networks": {"default": {"name": "p_default"}, "back": {"driver": "bridge", "internal": True}},
+        },
+        tmp_path,
+    )
 
 
 # ---- from inside real task containers ---------------------------------------------------------
@@ -107,8 +130,10 @@ def contained(base_image, docker_client):
 def _probe(router: Router, lease: str, targets: list[tuple[str, int]]) -> dict:
     """Connect from the task's client container to each host:port; {target: True if open}."""
     checks = " ".join(f"{host}:{port}" for host, port in targets)
-    command = (f"for t in {checks}; do if timeout 5 bash -c \"exec 3<>/dev/tcp/${{t%:*}}/${{t##*:}}\" 2>/dev/null; "
-               f"then echo \"$t open\"; else echo \"$t closed\"; fi; done")
+    command = (
+        f'for t in {checks}; do if timeout 5 bash -c "exec 3<>/dev/tcp/${{t%:*}}/${{t##*:}}" 2>/dev/null; '
+        f'then echo "$t open"; else echo "$t closed"; fi; done'
+    )
     out = router.sh(lease, command)
     result = {}
     for line in out.splitlines():
@@ -120,8 +145,11 @@ def _probe(router: Router, lease: str, targets: list[tuple[str, int]]) -> dict:
 
 
 def _gateway(docker_client, router, lease) -> str:
-    [client] = [c for c in router.run_containers(docker_client, lease)
-                if c.labels.get("com.docker.compose.service", "client") == "client"]
+    [client] = [
+        c
+        for c in router.run_containers(docker_client, lease)
+        if c.labels.get("com.docker.compose.service", "client") == "client"
+    ]
     networks = client.attrs["NetworkSettings"]["Networks"]
     return next(iter(networks.values()))["Gateway"]
 
@@ -166,8 +194,10 @@ def _reachable(host: str, port: int) -> bool:
 def image_with_iptables(base_image, docker_client):
     """Stands in for termpool's image, which installs iptables for this (Dockerfile)."""
     tag = "termpool-test-iptables:bookworm"
-    dockerfile = (f"FROM {base_image}\nRUN apt-get update -q && DEBIAN_FRONTEND=noninteractive "
-                  "apt-get install -y -q --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*\n")
+    dockerfile = (
+        f"FROM {base_image}\nRUN apt-get update -q && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -q --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*\n"
+    )
     try:
         docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     except docker.errors.BuildError as exc:

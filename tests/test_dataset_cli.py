@@ -1,5 +1,6 @@
 """`flask --app app dataset ...`: check, download (from a local git origin), prebuild and
 oracle (against the session stack), driven through Flask's CLI runner."""
+
 from __future__ import annotations
 
 import json
@@ -17,20 +18,27 @@ from tests.stack import FIXTURES
 
 def cli(tmp_path: Path, **env):
     """A CLI runner over an app whose settings come from env (not the test process's)."""
-    settings = {"DATASET_DIR": str(FIXTURES), "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
-                "REDIS_URL": "redis://127.0.0.1:1/0", "POOL_HOST_ID": "cli-test", **env}
+    settings = {
+        "DATASET_DIR": str(FIXTURES),
+        "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "POOL_HOST_ID": "cli-test",
+        **env,
+    }
     app = create_app(load_settings(settings))
     runner = app.test_cli_runner()
     return lambda *args, **kw: runner.invoke(args=["dataset", *map(str, args)], catch_exceptions=False, **kw)
 
 
 # ---- check --------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_check_fixtures_are_clean(tmp_path):
     result = cli(tmp_path)("check")
     assert result.exit_code == 0, result.output
     assert "10 tasks checked" in result.stdout and "10 clean, 0 with problems" in result.stdout
 
 
+@pytest.mark.unit
 def test_check_lists_problems(tmp_path):
     data = tmp_path / "ds"
     data.mkdir()
@@ -60,6 +68,7 @@ def test_check_lists_problems(tmp_path):
     assert {"task": "broken-task", "problem": "no run-tests.sh (the grader)"} in report["problems"]
 
 
+@pytest.mark.unit
 def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
     """The same rules the start path applies (tasks/compose_config.py), before any run."""
     from tests.test_unsafe_tasks import CLIENT
@@ -86,11 +95,18 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
     found = {}
     for problem in json.loads(result.stdout)["problems"]:
         found.setdefault(problem["task"], []).append(problem["problem"])
-    expected = {"privileged": "asks to be privileged", "socket": "may not mount the Docker socket",
-                "caps": "capability ALL", "host-net": "network_mode: host", "host-pid": "pid: host",
-                "devices": "host devices", "unset-var": "TP_CHECK_UNSET is required",
-                "outside": "outside the task directory", "ports": "publishes host port 8080",
-                "host-path": "bind-mounts the host path /etc"}
+    expected = {
+        "privileged": "asks to be privileged",
+        "socket": "may not mount the Docker socket",
+        "caps": "capability ALL",
+        "host-net": "network_mode: host",
+        "host-pid": "pid: host",
+        "devices": "host devices",
+        "unset-var": "TP_CHECK_UNSET is required",
+        "outside": "outside the task directory",
+        "ports": "publishes host port 8080",
+        "host-path": "bind-mounts the host path /etc",
+    }
     for task, words in expected.items():
         assert any(words in p for p in found.get(task, [])), (task, found.get(task))
     assert found["unset-var"][0].startswith("docker-compose.yaml: ")
@@ -98,8 +114,12 @@ def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
 
 # ---- download -----------------------------------------------------------------------------
 def git(*args, cwd):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture
@@ -116,6 +136,7 @@ def origin(tmp_path) -> Path:
     return repo
 
 
+@pytest.mark.unit
 def test_download_sparse_from_local_origin(tmp_path, origin):
     dest = tmp_path / "datasets"
     run = cli(tmp_path)
@@ -134,8 +155,11 @@ def test_download_sparse_from_local_origin(tmp_path, origin):
     assert again.exit_code == 0 and "already exists" in again.output
 
     # Origin and branch from the environment; a missing folder is a clear error (exit 2).
-    env = {"TERMPOOL_DATASET_TBENCH_TEST_ORIGIN": str(origin), "TERMPOOL_DATASET_TBENCH_TEST_REF": "main",
-           "TERMPOOL_DATASET_TBENCH_TEST_SUBDIR": "nope"}
+    env = {
+        "TERMPOOL_DATASET_TBENCH_TEST_ORIGIN": str(origin),
+        "TERMPOOL_DATASET_TBENCH_TEST_REF": "main",
+        "TERMPOOL_DATASET_TBENCH_TEST_SUBDIR": "nope",
+    }
     result = run("download", "tbench_test", "--dest", dest, env=env)
     assert result.exit_code == 2 and "has no folder nope" in result.output
     assert [p.name for p in dest.iterdir()] == ["tbench_core"]
@@ -166,6 +190,7 @@ def test_prebuild_reports_built_and_failed(tmp_path, base_image, docker_client, 
             pass
 
 
+@pytest.mark.unit
 def test_prebuild_needs_redis(tmp_path):
     result = cli(tmp_path)("prebuild", FIXTURES)
     assert result.exit_code == 2 and "is needed for the build locks" in result.output
@@ -175,8 +200,21 @@ def test_prebuild_needs_redis(tmp_path):
 def test_oracle_over_fixtures(tmp_path, stack):
     run = cli(tmp_path)
     report_path = tmp_path / "oracle.json"
-    result = run("oracle", "--url", stack.url, "-j", "3", "-t", "hello-file", "-t", "partial-pass",
-                 "-t", "broken-dockerfile", "--report", report_path)
+    result = run(
+        "oracle",
+        "--url",
+        stack.url,
+        "-j",
+        "3",
+        "-t",
+        "hello-file",
+        "-t",
+        "partial-pass",
+        "-t",
+        "broken-dockerfile",
+        "--report",
+        report_path,
+    )
     assert result.exit_code == 1, result.output  # not everything scores 1.0
     report = json.loads(report_path.read_text())
     by_task = {t["task"]: t for t in report["tasks"]}
@@ -185,12 +223,21 @@ def test_oracle_over_fixtures(tmp_path, stack):
     assert by_task["broken-dockerfile"]["outcome"] == "error" and by_task["broken-dockerfile"]["reward"] is None
     assert "exit 3" in by_task["broken-dockerfile"]["error"]
     assert by_task["broken-dockerfile"]["code"] == "TASK_BUILD_FAILED" and by_task["hello-file"]["code"] == ""
-    assert report["summary"] == {"tasks": 3, "passed": 1, "partial": 1, "failed": 0, "errors": 1, "skipped": 0,
-                                 "mean_reward": 0.875, "errors_by_code": {"TASK_BUILD_FAILED": 1}}
+    assert report["summary"] == {
+        "tasks": 3,
+        "passed": 1,
+        "partial": 1,
+        "failed": 0,
+        "errors": 1,
+        "skipped": 0,
+        "mean_reward": 0.875,
+        "errors_by_code": {"TASK_BUILD_FAILED": 1},
+    }
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["partial-pass", "partial", "0.75"] for line in lines if line.strip())
-    assert any(line.split()[:2] == ["broken-dockerfile", "error"] and "TASK_BUILD_FAILED" in line.split()
-               for line in lines)
+    assert any(
+        line.split()[:2] == ["broken-dockerfile", "error"] and "TASK_BUILD_FAILED" in line.split() for line in lines
+    )
     assert "Errors by code: TASK_BUILD_FAILED 1" in result.stdout
     # Every run was closed: nothing of the oracle holds capacity.
     status = stack.get("/status").json()["pool"]["tasks"]

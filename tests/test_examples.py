@@ -2,6 +2,7 @@
 serves them by default: every example's oracle scores 1.0 through the API (the quick start's
 `dataset oracle` command), a partial answer to text-stats gets a partial reward, and the
 interactive quiz is solved the way an agent would, through a non-blocking session."""
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,19 @@ def pool(examples_stack):
 
 def test_every_example_oracle_scores_one(examples_stack, tmp_path):
     """The quick start's command: the examples are the default when DATASET_DIR does not exist."""
-    app = create_app(load_settings({"DATASET_DIR": str(tmp_path / "nothing-here"), "REDIS_URL": "redis://127.0.0.1:1/0",
-                                    "TBENCH_OUTPUT_ROOT": str(tmp_path / "out")}))
-    result = app.test_cli_runner().invoke(args=["dataset", "oracle", "--url", examples_stack.url, "-j", "4",
-                                                "--report", str(tmp_path / "report.json")], catch_exceptions=False)
+    app = create_app(
+        load_settings(
+            {
+                "DATASET_DIR": str(tmp_path / "nothing-here"),
+                "REDIS_URL": "redis://127.0.0.1:1/0",
+                "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
+            }
+        )
+    )
+    result = app.test_cli_runner().invoke(
+        args=["dataset", "oracle", "--url", examples_stack.url, "-j", "4", "--report", str(tmp_path / "report.json")],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert sorted(t["task"] for t in report["tasks"]) == list(TASKS)

@@ -1,5 +1,6 @@
 """Failure codes on every failed job and reply, and automatic retries of transient Docker
 failures, injected by a proxy in front of the real dockerd (tests/docker_fault_proxy.py)."""
+
 from __future__ import annotations
 
 import re
@@ -21,6 +22,7 @@ from tests.test_runs_api import finished, get_run, solution_script, submit
 
 
 # ---- the table and its statuses (no Docker) ---------------------------------------------------
+@pytest.mark.unit
 def test_every_code_has_a_status_on_each_face():
     rows = {row["code"]: row for row in error_codes.rows()}
     assert list(rows) == list(failures.CODES)
@@ -28,12 +30,16 @@ def test_every_code_has_a_status_on_each_face():
         assert row["pool_status"] or row["runs_status"], code
         if failures.CODES[code].kind != "client":
             assert row["in_job_records"] and error_codes.pool_status(code) in (500, 503), code
-    assert {c for c in rows if error_codes.pool_status(c) == 503} == {"BACKEND_UNAVAILABLE", "HOST_LOST",
-                                                                     "WORKERS_DOWN"}
+    assert {c for c in rows if error_codes.pool_status(c) == 503} == {
+        "BACKEND_UNAVAILABLE",
+        "HOST_LOST",
+        "WORKERS_DOWN",
+    }
     assert error_codes.pool_status("UNKNOWN_LEASE") == 500 and error_codes.runs_status("UNKNOWN_RUN") == 404
     assert error_codes.pool_status("RUN_SLOTS_EXHAUSTED") == 429
 
 
+@pytest.mark.unit
 def test_rendered_table_lists_every_code_once():
     table = error_codes.render_table()
     body = [line for line in table.splitlines() if line.startswith("| `")]
@@ -42,6 +48,7 @@ def test_rendered_table_lists_every_code_once():
     assert "| `BACKEND_UNAVAILABLE` | infrastructure | yes | 503 | 503, job record |" in table
 
 
+@pytest.mark.unit
 def test_readme_table_matches_the_codes():
     readme = (ROOT / "README.md").read_text()
     if error_codes.TABLE_BEGIN not in readme:
@@ -51,6 +58,7 @@ def test_readme_table_matches_the_codes():
     assert readme[start:end] + "\n" == error_codes.render_table(), "run python -m app.error_codes"
 
 
+@pytest.mark.unit
 def test_openapi_document_carries_the_codes():
     doc = document()
     assert doc["x-error-codes"] == error_codes.rows()
@@ -60,6 +68,7 @@ def test_openapi_document_carries_the_codes():
     assert {"code", "retryable", "attempts"} <= set(job)
 
 
+@pytest.mark.unit
 def test_error_texts_are_capped():
     text = "head " + "x" * 50_000 + " the cause at the end"
     cut = failures.cap(text)
@@ -68,6 +77,7 @@ def test_error_texts_are_capped():
     assert failures.cap("short") == "short"
 
 
+@pytest.mark.unit
 def test_only_transient_docker_failures_are_retried():
     from tasks.jobs import transient
 
@@ -111,8 +121,12 @@ def test_build_failure_is_a_task_error_on_both_faces(stack, router, docker_clien
     run = get_run(stack, lease)
     assert run["state"] == "failed" and run["code"] == "TASK_BUILD_FAILED" and run["retryable"] is False
     start = job(stack, run["jobs"][0])
-    assert (start["state"], start["code"], start["retryable"], start["attempts"]) == \
-        ("failed", "TASK_BUILD_FAILED", False, 1), start
+    assert (start["state"], start["code"], start["retryable"], start["attempts"]) == (
+        "failed",
+        "TASK_BUILD_FAILED",
+        False,
+        1,
+    ), start
     router.close(lease)
 
     sub = submit(stack, "broken-dockerfile", evaluate=True, close=True, script=solution_script("broken-dockerfile"))
@@ -157,8 +171,12 @@ def test_slow_tests_time_out_on_both_faces(stack, router):
 def test_client_errors_carry_codes(stack, router):
     reply = stack.post("/heartbeat", {"lease_id": "run-0000000000000000"})
     assert reply.status_code == 500
-    assert reply.json() == {"ok": False, "error": "Unknown run_lease_id: run-0000000000000000",
-                            "code": "UNKNOWN_LEASE", "retryable": False}
+    assert reply.json() == {
+        "ok": False,
+        "error": "Unknown run_lease_id: run-0000000000000000",
+        "code": "UNKNOWN_LEASE",
+        "retryable": False,
+    }
     lease = router.allocate("hello-file")
     reply = stack.post("/evaluate", {"lease_id": lease})
     assert reply.status_code == 500 and reply.json()["code"] == "RUN_NOT_READY", reply.text
@@ -201,8 +219,9 @@ def test_transient_docker_errors_are_retried(proxied, docker_client):
     start = finished(stack, sub["job_id"])
     assert start["state"] == "succeeded" and start["attempts"] == 4 and start["code"] is None, start
     assert len(proxy.injected) == 3
-    assert len(docker_client.containers.list(all=True, filters={"label": f"termpool.run={run_id}"})) == 1, \
+    assert len(docker_client.containers.list(all=True, filters={"label": f"termpool.run={run_id}"})) == 1, (
         "a half-made container was left by a failed attempt"
+    )
 
     for call in solution_script("hello-file"):
         reply = stack.post(f"/v1/runs/{run_id}/tool_calls", call)

@@ -1,8 +1,12 @@
 """The failure taxonomy: codes by exception type, no Docker needed."""
+
 import docker.errors
+import pytest
 import requests
 
 from termpool import failures
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_failure_class_has_a_known_code():

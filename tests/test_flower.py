@@ -1,5 +1,6 @@
 """Flower (tasks/flower.py) against a real stack: every worker pool and queue, pool tasks by
 name with their run id, basic auth on the HTTP API; and the launcher's arguments."""
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ from tests.stack import ROOT, WORKER_KINDS, free_port
 
 
 # ---- the launcher's arguments (no stack) ------------------------------------------------------
+@pytest.mark.unit
 def test_argv_defaults_without_auth_bind_loopback():
     argv = flower_argv("", {})
     assert argv[0] == "flower"
@@ -26,9 +28,14 @@ def test_argv_defaults_without_auth_bind_loopback():
     assert not any(a.startswith("--basic_auth") for a in argv)
 
 
+@pytest.mark.unit
 def test_argv_with_auth_and_overrides():
-    env = {"FLOWER_PORT": "6000", "FLOWER_MAX_TASKS": "500", "FLOWER_ADDRESS": "10.0.0.1",
-           "FLOWER_TASKS_COLUMNS": "name,uuid"}
+    env = {
+        "FLOWER_PORT": "6000",
+        "FLOWER_MAX_TASKS": "500",
+        "FLOWER_ADDRESS": "10.0.0.1",
+        "FLOWER_TASKS_COLUMNS": "name,uuid",
+    }
     argv = flower_argv("a:b, c:d", env)
     assert {"--port=6000", "--max_tasks=500", "--address=10.0.0.1", "--basic_auth=a:b,c:d"} <= set(argv)
     assert not any(a.startswith("--tasks_columns") for a in argv)  # Flower reads the variable itself
@@ -36,11 +43,13 @@ def test_argv_with_auth_and_overrides():
 
 
 @pytest.mark.parametrize("auth", ["user", "user:", ":pw", "a:b,nopassword"])
+@pytest.mark.unit
 def test_malformed_basic_auth_is_refused(auth):
     with pytest.raises(SystemExit):
         flower_argv(auth, {})
 
 
+@pytest.mark.unit
 def test_bad_port_is_refused():
     with pytest.raises(SystemExit):
         flower_argv("", {"FLOWER_PORT": "http"})
@@ -53,11 +62,22 @@ def flower(stack):
     port = free_port()
     auth = ("termpool", uuid.uuid4().hex)
     name = f"flower-{port}"
-    env = {**stack.env, "FLOWER_PORT": str(port), "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
-           "FLOWER_ADDRESS": "127.0.0.1", "LOG_LEVEL": "INFO"}
-    log = open(stack.workdir / f"{name}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.flower"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        **stack.env,
+        "FLOWER_PORT": str(port),
+        "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
+        "FLOWER_ADDRESS": "127.0.0.1",
+        "LOG_LEVEL": "INFO",
+    }
+    log = open(stack.workdir / f"{name}.log", "ab")  # noqa: SIM115 (flower writes it until the teardown)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tasks.flower"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     stack.procs[name] = proc  # stack.stop() ends it should this test not get to
     url = f"http://127.0.0.1:{port}"
 
@@ -139,8 +159,9 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
     assert task["routing_key"] == queue_name(host, "exec")
 
     # Filtering by task name, and the dashboard's search box finds a run's tasks by its id.
-    reply = requests.get(url + "/api/tasks", params={"taskname": "pool.exec_tool", "state": "SUCCESS"},
-                         auth=auth, timeout=10)
+    reply = requests.get(
+        url + "/api/tasks", params={"taskname": "pool.exec_tool", "state": "SUCCESS"}, auth=auth, timeout=10
+    )
     assert reply.status_code == 200 and any(lease in (t.get("kwargs") or "") for t in reply.json().values())
     reply = requests.get(url + "/api/tasks", params={"search": lease}, auth=auth, timeout=10)
     assert reply.status_code == 200

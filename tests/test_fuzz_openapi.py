@@ -8,6 +8,7 @@ tests/fuzz/schemathesis.toml, which also says what is allowed on purpose and why
 has a DATASET_DIR with no task in it, so no reset or run ever starts a container; the leases
 the fuzzer's /allocate calls take are closed afterwards and /status must show none left.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import requests
 
+from termpool.state import Store
 from tests.conftest import leftovers, wait_for
 from tests.stack import ROOT, Stack
-from termpool.state import Store
 
 CONFIG = ROOT / "tests" / "fuzz" / "schemathesis.toml"
 
@@ -43,9 +44,22 @@ def close_every_lease(stack: Stack) -> int:
 
 
 def test_schemathesis_finds_no_failure(fuzz_stack, tmp_path):
-    command = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
-               f"{fuzz_stack.url}/openapi.json", "--checks", "all", "--no-color",
-               "--report", "junit", "--report-dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(CONFIG),
+        "run",
+        f"{fuzz_stack.url}/openapi.json",
+        "--checks",
+        "all",
+        "--no-color",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     close_every_lease(fuzz_stack)

@@ -1,4 +1,5 @@
 """Pull mode (prefix + task name, no build) and COMPOSE_OVERRIDE_PATH layered over every task."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,13 @@ def pull_stack(base_image, docker_client, tmp_path_factory):
     image.tag(PREFIX + "hello-file")
     override = tmp_path_factory.mktemp("override") / "override.yaml"
     override.write_text("services:\n  client:\n    environment:\n      - TP_OVERRIDE=layered\n")
-    s = Stack(env={"TBENCH_DOCKER_IMAGE_SOURCE": "pull", "TBENCH_DOCKER_PULL_PREFIX": PREFIX,
-                   "COMPOSE_OVERRIDE_PATH": str(override)}).start()
+    s = Stack(
+        env={
+            "TBENCH_DOCKER_IMAGE_SOURCE": "pull",
+            "TBENCH_DOCKER_PULL_PREFIX": PREFIX,
+            "COMPOSE_OVERRIDE_PATH": str(override),
+        }
+    ).start()
     yield s
     s.stop()
     docker_client.images.remove(PREFIX + "hello-file", force=True)

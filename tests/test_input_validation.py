@@ -3,6 +3,7 @@
 Every request here is refused before the app reaches Redis (a 503 would mean it got that far),
 with a 4xx JSON {"ok": false, "error", "code", "retryable": false}.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,19 @@ from termpool.config import load_settings
 from termpool.task_spec import image_name, name_prefix, valid_task_name
 from tests.stack import FIXTURES, free_port
 
+pytestmark = pytest.mark.unit
+
 RUN = "run-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    env = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "DATASET_DIR": str(FIXTURES),
-           "TBENCH_OUTPUT_ROOT": str(tmp_path_factory.mktemp("outputs")), "POOL_HOST_ID": "tvalidation"}
+    env = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "DATASET_DIR": str(FIXTURES),
+        "TBENCH_OUTPUT_ROOT": str(tmp_path_factory.mktemp("outputs")),
+        "POOL_HOST_ID": "tvalidation",
+    }
     return create_app(load_settings(env)).test_client()
 
 
@@ -54,17 +61,20 @@ def test_depth_limit_is_inclusive(client):
     refused(client.post("/allocate", data=data), 400, "BAD_REQUEST", "task_key must be a string")
 
 
-@pytest.mark.parametrize("data, text", [
-    ('{"task_key": "\\ud800"}', "lone surrogate"),
-    ('{"task_key": "x", "extra": ["\\udfff"]}', "lone surrogate"),
-    ('{"\\udc00": 1, "task_key": "x"}', "lone surrogate"),
-    (b'{"task_key": "\xed\xa0\x80"}', "not valid UTF-8"),
-    (b'{"task_key": "\xff"}', "not valid UTF-8"),
-    ('{"task_key": NaN}', "NaN is not a JSON number"),
-    ('{"task_key": "x", "n": -Infinity}', "Infinity is not a JSON number"),
-    ('{"task_key": "x", "n": 1e400}', "too large"),
-    ('{"task_key": "x", "n": ' + "9" * 400 + "}", "too large"),
-])
+@pytest.mark.parametrize(
+    "data, text",
+    [
+        ('{"task_key": "\\ud800"}', "lone surrogate"),
+        ('{"task_key": "x", "extra": ["\\udfff"]}', "lone surrogate"),
+        ('{"\\udc00": 1, "task_key": "x"}', "lone surrogate"),
+        (b'{"task_key": "\xed\xa0\x80"}', "not valid UTF-8"),
+        (b'{"task_key": "\xff"}', "not valid UTF-8"),
+        ('{"task_key": NaN}', "NaN is not a JSON number"),
+        ('{"task_key": "x", "n": -Infinity}', "Infinity is not a JSON number"),
+        ('{"task_key": "x", "n": 1e400}', "too large"),
+        ('{"task_key": "x", "n": ' + "9" * 400 + "}", "too large"),
+    ],
+)
 def test_body_that_is_not_valid_unicode_or_json_numbers(client, data, text):
     refused(client.post("/allocate", data=data), 400, "BAD_REQUEST", text)
 
@@ -89,24 +99,34 @@ def test_check_json_tree_needs_no_recursion():
 
 
 # ---- fields -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, text", [
-    ("x" * (validation.MAX_ID_LENGTH + 1), "longer than"),
-    ("x" * 1_000_000, "longer than"),
-    ("a\x00b", "control characters"),
-    ("line\n", "control characters"),
-    ("tab\there", "control characters"),
-    ("\x85", "control characters"),
-    (["x"], "must be a string"),
-    ("", "task_key is required"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        ("x" * (validation.MAX_ID_LENGTH + 1), "longer than"),
+        ("x" * 1_000_000, "longer than"),
+        ("a\x00b", "control characters"),
+        ("line\n", "control characters"),
+        ("tab\there", "control characters"),
+        ("\x85", "control characters"),
+        (["x"], "must be a string"),
+        ("", "task_key is required"),
+    ],
+)
 def test_task_key(client, value, text):
     refused(client.post("/allocate", json={"task_key": value}), 400, "BAD_REQUEST", text)
 
 
-@pytest.mark.parametrize("value, text", [
-    ({"a": 1}, "string or an integer"), (True, "string or an integer"), (1.5, "string or an integer"),
-    (2**64, "64 bits"), ("r" * 300, "longer than"), ("a\x1fb", "control characters"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        ({"a": 1}, "string or an integer"),
+        (True, "string or an integer"),
+        (1.5, "string or an integer"),
+        (2**64, "64 bits"),
+        ("r" * 300, "longer than"),
+        ("a\x1fb", "control characters"),
+    ],
+)
 def test_request_id(client, value, text):
     refused(client.post("/allocate", json={"task_key": "k", "request_id": value}), 400, "BAD_REQUEST", text)
 
@@ -125,12 +145,32 @@ def test_lease_id(client, path):
     refused(client.post(path, json={"lease_id": "r" * 257}), 400, "BAD_REQUEST", "lease_id is longer than")
 
 
-@pytest.mark.parametrize("name", ["hello-world/", "../x", "a b", "-x", "x-", "x_-y", "a___b", "ü",
-                                  "x" * 101, "hello-world\n", " hello-world", "x:latest", "a/b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hello-world/",
+        "../x",
+        "a b",
+        "-x",
+        "x-",
+        "x_-y",
+        "a___b",
+        "ü",
+        "x" * 101,
+        "hello-world\n",
+        " hello-world",
+        "x:latest",
+        "a/b",
+    ],
+)
 def test_task_names_that_make_no_docker_name(client, name):
     assert not valid_task_name(name)
-    refused(client.post("/reset", json=reset_body(task_name=name, task_path="hello-file")), 400, "BAD_REQUEST",
-            "task_meta.task_name must be letters and digits")
+    refused(
+        client.post("/reset", json=reset_body(task_name=name, task_path="hello-file")),
+        400,
+        "BAD_REQUEST",
+        "task_meta.task_name must be letters and digits",
+    )
 
 
 @pytest.mark.parametrize("name", ["hello-file", "Hello.World", "fix_git", "a__b", "a--b", "a.-b", "3d", "x" * 100])
@@ -143,28 +183,34 @@ def test_task_names_that_make_docker_names(name):
         assert re.fullmatch(reference, docker_name), docker_name
 
 
-@pytest.mark.parametrize("meta, text", [
-    ({"task_path": "a" * 1_000_000}, "task_path is longer than"),
-    ({"task_path": "a" * 300}, "component longer than 255 bytes"),
-    ({"task_path": "hello-file/" + "ü" * 200}, "component longer than 255 bytes"),
-    ({"task_path": "hello\x00file"}, "control characters"),
-    ({"task_path": ""}, "must not be empty"),
-    ({"instruction": "x" * (validation.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
-    ({"instruction": "a\x00b"}, "NUL"),
-])
+@pytest.mark.parametrize(
+    "meta, text",
+    [
+        ({"task_path": "a" * 1_000_000}, "task_path is longer than"),
+        ({"task_path": "a" * 300}, "component longer than 255 bytes"),
+        ({"task_path": "hello-file/" + "ü" * 200}, "component longer than 255 bytes"),
+        ({"task_path": "hello\x00file"}, "control characters"),
+        ({"task_path": ""}, "must not be empty"),
+        ({"instruction": "x" * (validation.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
+        ({"instruction": "a\x00b"}, "NUL"),
+    ],
+)
 def test_task_meta_bounds(client, meta, text):
     refused(client.post("/reset", json=reset_body(**meta)), 400, "BAD_REQUEST", text)
 
 
-@pytest.mark.parametrize("ctx, text", [
-    ({"log_dir": "a" * 1_000_000}, "log_dir is longer than"),
-    ({"log_dir": "x/" + "b" * 256}, "component longer than 255 bytes"),
-    ({"log_dir": "a\nb"}, "control characters"),
-    ({"uid": "u" * (validation.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
-    ({"uid": {"a": 1}}, "run_ctx.uid must be a string or an integer"),
-    ({"group_index": [1]}, "run_ctx.group_index"),
-    ({"sample_index": "a\x00"}, "run_ctx.sample_index"),
-])
+@pytest.mark.parametrize(
+    "ctx, text",
+    [
+        ({"log_dir": "a" * 1_000_000}, "log_dir is longer than"),
+        ({"log_dir": "x/" + "b" * 256}, "component longer than 255 bytes"),
+        ({"log_dir": "a\nb"}, "control characters"),
+        ({"uid": "u" * (validation.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
+        ({"uid": {"a": 1}}, "run_ctx.uid must be a string or an integer"),
+        ({"group_index": [1]}, "run_ctx.group_index"),
+        ({"sample_index": "a\x00"}, "run_ctx.sample_index"),
+    ],
+)
 def test_run_ctx_bounds(client, ctx, text):
     refused(client.post("/reset", json={**reset_body(), "run_ctx": ctx}), 400, "BAD_REQUEST", text)
 
@@ -177,8 +223,15 @@ def test_tool_name_bounds(client):
 
 
 def test_task_timeouts_garbage_is_dropped_not_refused():
-    body = {"task_timeouts": {"eval": 10**400, "reset_session": float("inf"), "close_session": -1, "bogus": 5,
-                              "ensure_image": 30}}
+    body = {
+        "task_timeouts": {
+            "eval": 10**400,
+            "reset_session": float("inf"),
+            "close_session": -1,
+            "bogus": 5,
+            "ensure_image": 30,
+        }
+    }
     assert validation.task_timeouts(body) == {"ensure_image": 30.0}
     assert validation.task_timeouts({"task_timeouts": [1, 2]}) == {}
 
@@ -216,8 +269,13 @@ def test_unknown_route_is_json_404(client):
 
 
 def test_guard_refusals_have_codes(tmp_path):
-    env = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "DATASET_DIR": str(FIXTURES),
-           "TBENCH_OUTPUT_ROOT": str(tmp_path), "POOL_API_TOKEN": "s3cret", "POOL_ALLOWED_CLIENTS": "10.9.0.0/16"}
+    env = {
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "DATASET_DIR": str(FIXTURES),
+        "TBENCH_OUTPUT_ROOT": str(tmp_path),
+        "POOL_API_TOKEN": "s3cret",
+        "POOL_ALLOWED_CLIENTS": "10.9.0.0/16",
+    }
     guarded = create_app(load_settings(env)).test_client()
     refused(guarded.get("/status"), 403, "FORBIDDEN", "client address not allowed")
     env["POOL_ALLOWED_CLIENTS"] = "127.0.0.0/8"

@@ -3,6 +3,7 @@
 Each case checks that the client is answered soon (the job is retried or fails WORKER_LOST),
 that no lock or half-made environment outlives the dead process, and that the run goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from tests.conftest import Router, stop_checking_leaks, wait_for
-from tests.stack import FIXTURES, ROOT, Stack
 from termpool import processes
 from termpool.state import LOCK_TTL, OwnedLock, Store
+from tests.conftest import Router, stop_checking_leaks, wait_for
+from tests.stack import FIXTURES, ROOT, Stack
 
 # A process that takes a lock and then sleeps until it is killed.
 HOLDER = """
@@ -35,6 +36,7 @@ SLACK = 30  # on top of what the work itself takes: a loaded machine, queue hops
 
 
 # ---- owners of processes and locks (Redis only) ----------------------------------------------
+@pytest.mark.unit
 def test_a_killed_process_is_known_dead_and_a_live_one_is_not():
     proc = subprocess.Popen(["sleep", "60"])
     facts = {"pid": proc.pid, "started": psutil.Process(proc.pid).create_time(), "pidns": processes.pid_namespace()}
@@ -49,12 +51,14 @@ def test_a_killed_process_is_known_dead_and_a_live_one_is_not():
 
 def hold_lock(redis_server, name: str, ttl: float) -> subprocess.Popen:
     port = redis_server.connection_pool.connection_kwargs["port"]
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(port), name, str(ttl)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(port), name, str(ttl)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
 
+@pytest.mark.unit
 def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
     holder = hold_lock(redis_server, "tp:test-lock:renewed", 1.5)
     try:
@@ -67,6 +71,7 @@ def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
         holder.wait()
 
 
+@pytest.mark.unit
 def test_a_dead_owners_lock_is_taken_at_once(redis_server):
     holder = hold_lock(redis_server, "tp:test-lock:dead", 60)
     holder.kill()
@@ -79,6 +84,7 @@ def test_a_dead_owners_lock_is_taken_at_once(redis_server):
     assert not redis_server.exists("tp:test-lock:dead")
 
 
+@pytest.mark.unit
 def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
     redis_server.set("tp:test-lock:remote", "elsewhere:1:1.0:otherns:abcd", px=1500)  # another machine's owner
     lock = OwnedLock(redis_server, "tp:test-lock:remote")
@@ -87,6 +93,7 @@ def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
     lock.release()
 
 
+@pytest.mark.unit
 def test_a_warm_container_claimed_by_a_lost_start_goes_when_its_run_closes(redis_server):
     state = Store(redis_server)
     state.warm_push("h", "task", {"warm_id": "warm-1"})
@@ -149,12 +156,14 @@ def store(stack: Stack) -> Store:
 
 def start_job_on(stack: Stack, lease: str, kind: str, timeout: float = 120) -> dict:
     """The run's start job once a worker of `kind` runs it."""
+
     def running():
         jobs = store(stack).run_jobs(lease)
         job = store(stack).get_job(jobs[-1]) if jobs else None
         if job and job["state"] == "running" and job.get("node", "").startswith(kind + "-"):
             return job
         return None
+
     job = wait_for(running, timeout, 0.05)
     assert job, f"no {kind} worker took the start of {lease}"
     return job
@@ -216,6 +225,7 @@ def test_a_build_lost_twice_fails_with_worker_lost(lost_stack, pool, slow_task):
     def retry_running():
         job = store(lost_stack).get_job(job_id)
         return job.get("retry_with") and json.loads(job["retry_with"])["options"]["retries"] == 1
+
     assert wait_for(retry_running, 60, 0.1), store(lost_stack).get_job(job_id)
     time.sleep(3)
     kill_build_child(lost_stack)
@@ -257,8 +267,12 @@ def test_exec_worker_killed_during_a_tool_call(lost_stack, pool, own_task):
     assert pool.reset(lease, task).status_code == 200
     pool.sh(lease, "echo before > /tmp/kept")
     call = {"name": "shell_exec", "arguments": {"id": "x", "command": "sleep 30", "block": True, "timeout": 60}}
-    reply, answered = kill_while(lost_stack, "exec", lambda: lost_stack.post("/exec_tool", {
-        "lease_id": lease, "tool_call": call}), lambda: store(lost_stack).get_run(lease)["state"] == "busy")
+    reply, answered = kill_while(
+        lost_stack,
+        "exec",
+        lambda: lost_stack.post("/exec_tool", {"lease_id": lease, "tool_call": call}),
+        lambda: store(lost_stack).get_run(lease)["state"] == "busy",
+    )
     assert reply.status_code == 500, reply.text
     assert reply.json().get("code", "WORKER_LOST") == "WORKER_LOST", reply.text
     assert answered < 20, answered
@@ -275,8 +289,12 @@ def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
     task = own_task("slow-tests")
     lease = pool.allocate(task)
     assert pool.reset(lease, task).status_code == 200
-    reply, answered = kill_while(lost_stack, "eval", lambda: pool.evaluate(lease),
-                                 lambda: store(lost_stack).get_run(lease)["state"] == "evaluating")
+    reply, answered = kill_while(
+        lost_stack,
+        "eval",
+        lambda: pool.evaluate(lease),
+        lambda: store(lost_stack).get_run(lease)["state"] == "evaluating",
+    )
     assert reply.status_code == 500 and answered < 20, (reply.text, answered)
     job = store(lost_stack).get_job(store(lost_stack).run_jobs(lease)[-1])
     # Its tests had started: not run again (they may have changed the container).
@@ -290,8 +308,16 @@ def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
 def test_exec_worker_killed_during_an_episode(lost_stack, docker_client, own_task):
     task = own_task("hello-file")
     call = {"name": "shell_exec", "arguments": {"id": "a", "command": "sleep 30", "block": True, "timeout": 60}}
-    reply = lost_stack.post("/v1/runs", {"task_meta": {"task_name": task}, "request_id": uuid.uuid4().hex,
-                                         "script": [call, call], "evaluate": True, "close": True})
+    reply = lost_stack.post(
+        "/v1/runs",
+        {
+            "task_meta": {"task_name": task},
+            "request_id": uuid.uuid4().hex,
+            "script": [call, call],
+            "evaluate": True,
+            "close": True,
+        },
+    )
     assert reply.status_code == 202, reply.text
     run_id, jobs = reply.json()["run_id"], reply.json()["jobs"]
     first, second = jobs["tool_calls"]

@@ -1,5 +1,6 @@
 """/metrics: request histograms summed over both gunicorn workers, errors by kind, pool gauges
 read from Redis, and the bearer-token guard."""
+
 from __future__ import annotations
 
 import uuid
@@ -43,8 +44,9 @@ def test_metrics_follow_pool_calls(stack):
     max_runs = 8  # the stack's WORKER_MAX_RUNS_PER_TASK (the default)
     leases = []
     for _ in range(max_runs):
-        reply = stack.post("/allocate", {"task_key": key, "request_id": uuid.uuid4().hex},
-                           headers={"Connection": "close"})
+        reply = stack.post(
+            "/allocate", {"task_key": key, "request_id": uuid.uuid4().hex}, headers={"Connection": "close"}
+        )
         assert reply.status_code == 200, reply.text
         leases.append(reply.json()["lease_id"])
     full = stack.post("/allocate", {"task_key": key, "request_id": uuid.uuid4().hex})
@@ -65,15 +67,20 @@ def test_metrics_follow_pool_calls(stack):
             assert errors(after, "BAD_REQUEST") - errors(before, "BAD_REQUEST") == 1
             assert errors(after, "RUN_SLOTS_EXHAUSTED") - errors(before, "RUN_SLOTS_EXHAUSTED") == 1
             unknown_run = dict(endpoint="runs.get_run", status_class="4xx", code="UNKNOWN_RUN")
-            assert value(after, "termpool_http_errors_total", **unknown_run) \
-                - value(before, "termpool_http_errors_total", **unknown_run) == 1
+            assert (
+                value(after, "termpool_http_errors_total", **unknown_run)
+                - value(before, "termpool_http_errors_total", **unknown_run)
+                == 1
+            )
             # Gauges from Redis.
             assert value(after, "termpool_redis_up") == 1
             assert value(after, "termpool_live_runs", host=stack.host_id, task_key=key) == max_runs
             assert value(after, "termpool_live_hosts") >= 1
             for kind in ("build", "lifecycle", "exec", "eval", "teardown"):
-                assert (("termpool_queue_depth", (("host", stack.host_id), ("kind", kind),
-                                                  ("queue", f"termpool.{stack.host_id}.{kind}"))) in after)
+                assert (
+                    "termpool_queue_depth",
+                    (("host", stack.host_id), ("kind", kind), ("queue", f"termpool.{stack.host_id}.{kind}")),
+                ) in after
             # No raw paths as label values: run ids never appear.
             assert not any(run_id in str(labels) for _, labels in after for run_id in leases + [unknown])
     finally:
@@ -83,15 +90,25 @@ def test_metrics_follow_pool_calls(stack):
     closed = scrape(stack)
     assert value(closed, "termpool_live_runs", host=stack.host_id, task_key=key) == 0
     close_count = value(closed, "termpool_http_request_duration_seconds_count", endpoint="pool.close", method="POST")
-    assert close_count - value(before, "termpool_http_request_duration_seconds_count",
-                               endpoint="pool.close", method="POST") == max_runs
+    assert (
+        close_count
+        - value(before, "termpool_http_request_duration_seconds_count", endpoint="pool.close", method="POST")
+        == max_runs
+    )
 
 
 def test_metrics_behind_the_token_and_without_redis():
     """In one process (no multiprocess folder): the guard applies to /metrics, and a scrape
     with Redis away still answers, with termpool_redis_up 0."""
-    cfg = load_settings({"POOL_API_TOKEN": "s3cret", "REDIS_URL": "redis://127.0.0.1:1/0",
-                         "POOL_HOST_ID": "metrics-test", "DATASET_DIR": "/tmp", "TBENCH_OUTPUT_ROOT": "/tmp"})
+    cfg = load_settings(
+        {
+            "POOL_API_TOKEN": "s3cret",
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+            "POOL_HOST_ID": "metrics-test",
+            "DATASET_DIR": "/tmp",
+            "TBENCH_OUTPUT_ROOT": "/tmp",
+        }
+    )
     client = create_app(cfg).test_client()
     assert client.get("/metrics").status_code == 401
     assert client.get("/status").status_code == 401

@@ -1,5 +1,6 @@
 """Output is bounded: a session's file on disk (SESSION_OUTPUT_LIMIT), one observation
 (OBSERVATION_LIMIT) and one tool call's record in tool_calls.jsonl."""
+
 from __future__ import annotations
 
 import io
@@ -23,10 +24,12 @@ OLD_HELPER_COMMIT = "e1c90f7"  # the helper before output limits
 
 
 # ---- pure logic -------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_short_text_is_unchanged():
     assert cap_text("Command executed successfully (no output).", 100) == "Command executed successfully (no output)."
 
 
+@pytest.mark.unit
 def test_long_text_keeps_its_newest_part_behind_a_note():
     text = "".join(f"{i}\n" for i in range(100000))
     capped = cap_text(text, 4096)
@@ -35,6 +38,7 @@ def test_long_text_keeps_its_newest_part_behind_a_note():
     assert capped.endswith("99998\n99999\n")
 
 
+@pytest.mark.unit
 def test_tool_call_record_is_bounded(tmp_path):
     call = {"name": "shell_write_content_to_file", "arguments": {"content": "x" * 500_000, "file_path": "a"}}
     artifacts.log_tool_call(tmp_path, call, "y" * 300_000, 0.1, limit=OBSERVATION_LIMIT)
@@ -48,8 +52,9 @@ def test_tool_call_record_is_bounded(tmp_path):
 # ---- against a real stack ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def capped_stack(base_image, docker_client):
-    yield from private_stack(docker_client, {"SESSION_OUTPUT_LIMIT": str(SESSION_LIMIT),
-                                             "OBSERVATION_LIMIT": str(OBSERVATION_LIMIT)})
+    yield from private_stack(
+        docker_client, {"SESSION_OUTPUT_LIMIT": str(SESSION_LIMIT), "OBSERVATION_LIMIT": str(OBSERVATION_LIMIT)}
+    )
 
 
 @pytest.fixture
@@ -83,8 +88,9 @@ def test_endless_session_output_stays_within_the_caps(capped_stack, lease, docke
     assert router.tool(lease, "shell_exec", id="flood", command="yes", block=False).startswith("Session 'flood'")
     container = _client(capped_stack, docker_client, lease)
     # Well past the limit: the file's apparent size grows, its blocks on disk do not.
-    assert wait_for(lambda: _session_disk(container, "flood")[1] > 4 * SESSION_LIMIT, 120, 0.5), \
+    assert wait_for(lambda: _session_disk(container, "flood")[1] > 4 * SESSION_LIMIT, 120, 0.5), (
         "yes did not produce output"
+    )
     disk, size = _session_disk(container, "flood")
     assert disk <= SESSION_LIMIT + (256 << 10), (disk, size)
     view = router.tool(lease, "shell_view", id="flood")
@@ -131,11 +137,15 @@ class _Sessions(dict):
 def test_a_helper_from_before_the_limits_is_replaced(base_image, docker_client, tmp_path):
     """A container prepared by an older termpool (a run that outlived an upgrade of its workers)
     has a helper that does not know --limit: the first call installs the current one."""
-    source = subprocess.run(["git", "show", f"{OLD_HELPER_COMMIT}:tasks/helper/tp_session.c"], cwd=ROOT,
-                            capture_output=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{OLD_HELPER_COMMIT}:tasks/helper/tp_session.c"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     (tmp_path / "tp_session.c").write_bytes(source)
-    subprocess.run(["gcc", "-O2", "-static", "-o", str(tmp_path / "tp-session"), str(tmp_path / "tp_session.c"),
-                    "-lutil"], check=True, capture_output=True)
+    subprocess.run(
+        ["gcc", "-O2", "-static", "-o", str(tmp_path / "tp-session"), str(tmp_path / "tp_session.c"), "-lutil"],
+        check=True,
+        capture_output=True,
+    )
     container = docker_client.containers.run(base_image, ["sleep", "infinity"], detach=True)
     try:
         prepare_container(container)

@@ -1,9 +1,12 @@
 """Request paths must stay inside their roots (docs/http-api.md section 3)."""
+
 import os
 
 import pytest
 
 from termpool.paths import PathError, resolve_inside, resolve_log_dir, resolve_task_path
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
@@ -72,7 +75,9 @@ def test_dotdot_that_comes_back_is_fine(tree):
     assert got == dataset.resolve() / "task-a"
 
 
-@pytest.mark.parametrize("candidate", ["link-out", "link-out/secret", "abs-link-file", "dangling-out", "dangling-out/x/y"])
+@pytest.mark.parametrize(
+    "candidate", ["link-out", "link-out/secret", "abs-link-file", "dangling-out", "dangling-out/x/y"]
+)
 def test_symlink_out_is_refused(tree, candidate):
     dataset, _, _ = tree
     with pytest.raises(PathError, match="outside"):
@@ -185,6 +190,7 @@ def test_error_names_the_field(tree):
 
 
 # --- the two request fields -----------------------------------------------------------
+
 
 def test_task_path_relative_and_absolute(tree):
     dataset, _, _ = tree

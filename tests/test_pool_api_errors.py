@@ -1,4 +1,5 @@
 """Bad input of every kind: a clear JSON error, the right status, and nothing left behind."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,11 @@ def test_unknown_lease(stack):
     body = assert_error(stack.post("/heartbeat", {"lease_id": "run-0000000000000000"}), 500, "Unknown run_lease_id")
     assert body["error"] == "Unknown run_lease_id: run-0000000000000000"
     assert (body["code"], body["retryable"]) == ("UNKNOWN_LEASE", False)
-    assert_error(stack.post("/exec_tool", {"lease_id": "run-x", "tool_call": {"name": "shell_view"}}), 500,
-                 "Unknown run_lease_id")
+    assert_error(
+        stack.post("/exec_tool", {"lease_id": "run-x", "tool_call": {"name": "shell_view"}}),
+        500,
+        "Unknown run_lease_id",
+    )
     assert_error(stack.post("/evaluate", {"lease_id": "run-x"}), 500, "Unknown run_lease_id")
     assert stack.post("/close", {"lease_id": "run-x"}).json() == {"ok": True, "found": False}
 
@@ -100,20 +104,23 @@ def test_capacity_limits(stack, router):
     assert "cap-task" not in stack.get("/status").json()["pool"]["tasks"]
 
 
-@pytest.mark.parametrize("meta, text", [
-    ("hello-file", "task_meta must be a dict"),
-    ({"task_path": "hello-file"}, "task_meta.task_name is required"),
-    ({"task_name": "x", "task_path": "../../../etc"}, "task_meta.task_path"),
-    ({"task_name": "x", "task_path": "/etc"}, "task_meta.task_path"),
-    ({"task_name": "x", "task_path": "hello-file/../../.."}, "task_meta.task_path"),
-    ({"task_name": "x", "task_path": "no-such-task"}, "task_meta.task_path"),
-    ({"task_name": "x", "task_path": "hello-file\x00"}, "task_meta.task_path"),
-    ({"task_name": "x", "task_path": "hello-file", "instruction": 5}, "instruction must be a string"),
-    ({"task_name": "hello-file/", "task_path": "hello-file"}, "task_meta.task_name must be"),
-    ({"task_name": "x" * 1_000_000, "task_path": "hello-file"}, "task_meta.task_name must be"),
-    ({"task_name": "x", "task_path": "t" * 1_000_000}, "task_meta.task_path is longer"),
-    ({"task_name": "x", "task_path": "hello-file/" + "t" * 300}, "task_meta.task_path has a component"),
-])
+@pytest.mark.parametrize(
+    "meta, text",
+    [
+        ("hello-file", "task_meta must be a dict"),
+        ({"task_path": "hello-file"}, "task_meta.task_name is required"),
+        ({"task_name": "x", "task_path": "../../../etc"}, "task_meta.task_path"),
+        ({"task_name": "x", "task_path": "/etc"}, "task_meta.task_path"),
+        ({"task_name": "x", "task_path": "hello-file/../../.."}, "task_meta.task_path"),
+        ({"task_name": "x", "task_path": "no-such-task"}, "task_meta.task_path"),
+        ({"task_name": "x", "task_path": "hello-file\x00"}, "task_meta.task_path"),
+        ({"task_name": "x", "task_path": "hello-file", "instruction": 5}, "instruction must be a string"),
+        ({"task_name": "hello-file/", "task_path": "hello-file"}, "task_meta.task_name must be"),
+        ({"task_name": "x" * 1_000_000, "task_path": "hello-file"}, "task_meta.task_name must be"),
+        ({"task_name": "x", "task_path": "t" * 1_000_000}, "task_meta.task_path is longer"),
+        ({"task_name": "x", "task_path": "hello-file/" + "t" * 300}, "task_meta.task_path has a component"),
+    ],
+)
 def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
     lease = router.allocate("hello-file")
     assert_error(stack.post("/reset", {"lease_id": lease, "task_meta": meta}), 400, text)
@@ -132,13 +139,21 @@ def test_reset_rejects_log_dir_outside_output_root(stack, router, docker_client,
 
 def test_exec_tool_validation(stack, router):
     lease = router.allocate("hello-file")
-    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": "shell_exec"}), 400, "tool_call must be a dict")
+    assert_error(
+        stack.post("/exec_tool", {"lease_id": lease, "tool_call": "shell_exec"}), 400, "tool_call must be a dict"
+    )
     assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {}}), 400, "tool_call.name")
     assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": ""}}), 400, "tool_call.name")
-    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": []}}),
-                 400, "arguments must be a dict")
-    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_view", "arguments": {"id": "x"}}}),
-                 500, "has not been reset")
+    assert_error(
+        stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": []}}),
+        400,
+        "arguments must be a dict",
+    )
+    assert_error(
+        stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_view", "arguments": {"id": "x"}}}),
+        500,
+        "has not been reset",
+    )
     body = assert_error(stack.post("/evaluate", {"lease_id": lease}), 500, "has not been reset")
     assert (body["code"], body["retryable"]) == ("RUN_NOT_READY", False)
     router.close(lease)
@@ -154,8 +169,9 @@ def test_tool_errors_are_observations(router, docker_client):
 
 def test_task_timeouts_garbage_is_ignored(router, docker_client):
     lease = router.allocate("hello-file")
-    reply = router.reset(lease, "hello-file", task_timeouts={"eval": "soon", "reset_session": -3, "bogus": 1,
-                                                             "ensure_image": None})
+    reply = router.reset(
+        lease, "hello-file", task_timeouts={"eval": "soon", "reset_session": -3, "bogus": 1, "ensure_image": None}
+    )
     assert reply.status_code == 200, reply.text
     close_and_wait(router, docker_client, lease)
 

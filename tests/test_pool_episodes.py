@@ -1,4 +1,5 @@
 """Whole episodes through the pool API, the way a router drives them, on every fixture task."""
+
 from __future__ import annotations
 
 import json
@@ -14,25 +15,32 @@ def finish(router, docker_client, lease):
     assert router.close(lease) == {"ok": True, "found": False}
 
 
-@pytest.mark.parametrize("task, solved, expected", [
-    ("hello-file", True, 1.0),
-    ("hello-file", False, 0.0),
-    ("partial-pass", True, 0.75),
-    ("sidecar-kv", True, 1.0),
-])
+@pytest.mark.parametrize(
+    "task, solved, expected",
+    [
+        ("hello-file", True, 1.0),
+        ("hello-file", False, 0.0),
+        ("partial-pass", True, 0.75),
+        ("sidecar-kv", True, 1.0),
+    ],
+)
 def test_episode_scores(router, docker_client, task, solved, expected):
     lease = router.allocate(task)
     reply = router.reset(lease, task)
     assert reply.status_code == 200, reply.text
     if task == "hello-file":
         [container] = router.run_containers(docker_client, lease)
-        assert container.attrs["HostConfig"]["Memory"] == 1024 ** 3
+        assert container.attrs["HostConfig"]["Memory"] == 1024**3
         assert {m["Destination"] for m in container.attrs["Mounts"]} >= {"/logs", "/agent-logs"}
     body = reply.json()
     assert body["ok"] is True
     assert body["user_msg"] == f"Task name:{task}\nTask instruction: solve {task}"
     assert [s["function"]["name"] for s in body["tool_schemas"]] == [
-        "shell_exec", "shell_view", "shell_write_to_process", "shell_write_content_to_file"]
+        "shell_exec",
+        "shell_view",
+        "shell_write_to_process",
+        "shell_write_content_to_file",
+    ]
     if solved:
         router.solve(lease, task)
     reply = router.evaluate(lease)
@@ -55,7 +63,9 @@ def test_unsolved_partial_scores_below_solution(router, docker_client):
 def test_sidecar_reachable_by_service_name(router, docker_client):
     lease = router.allocate("sidecar-kv")
     assert router.reset(lease, "sidecar-kv").status_code == 200
-    out = router.sh(lease, "python3 -c \"import urllib.request;print(urllib.request.urlopen('http://kv:8000/health').status)\"")
+    out = router.sh(
+        lease, "python3 -c \"import urllib.request;print(urllib.request.urlopen('http://kv:8000/health').status)\""
+    )
     assert out.strip() == "200"
     containers = router.run_containers(docker_client, lease)
     assert len(containers) == 2
@@ -64,8 +74,8 @@ def test_sidecar_reachable_by_service_name(router, docker_client):
         assert c.attrs["HostConfig"]["Privileged"] is False
         assert not any("docker.sock" in (m.get("Source") or "") for m in c.attrs["Mounts"])
     client = next(c for c in containers if c.labels.get("com.docker.compose.service") == "client")
-    assert client.attrs["HostConfig"]["Memory"] == 1024 ** 3  # CONTAINER_MEMORY_LIMIT=1g in the test stack
-    assert client.attrs["HostConfig"]["MemorySwap"] == 1024 ** 3
+    assert client.attrs["HostConfig"]["Memory"] == 1024**3  # CONTAINER_MEMORY_LIMIT=1g in the test stack
+    assert client.attrs["HostConfig"]["MemorySwap"] == 1024**3
     networks = docker_client.networks.list(filters={"label": f"termpool.run={lease}"})
     assert networks, "the run's compose network carries termpool's labels"
     finish(router, docker_client, lease)
@@ -78,8 +88,9 @@ def test_interactive_program_through_write_to_process(router, docker_client):
     started = router.tool(lease, "shell_exec", id="game", command="guess", block=False, timeout=None)
     assert started.startswith("Session 'game' started.")
     seen = []
-    assert wait_for(lambda: seen.append(router.tool(lease, "shell_view", id="game")) or "Enter the secret word"
-                    in "".join(seen), 10), seen
+    assert wait_for(
+        lambda: seen.append(router.tool(lease, "shell_view", id="game")) or "Enter the secret word" in "".join(seen), 10
+    ), seen
     assert "Wrong, try again." in router.tool(lease, "shell_write_to_process", id="game", command="banana")
     reply = router.tool(lease, "shell_write_to_process", id="game", command="pineapple")
     assert "Correct!" in reply and reply.endswith("--- SESSION TERMINATED ---")
@@ -94,7 +105,9 @@ def test_broken_dockerfile_fails_reset_and_leaves_nothing(router, docker_client)
     body = reply.json()
     assert body["ok"] is False and "fail" in body["error"].lower()
     assert router.run_containers(docker_client, lease) == []
-    assert not [c for c in docker_client.containers.list(all=True, filters={"ancestor": "tb__broken-dockerfile__client"})]
+    assert not [
+        c for c in docker_client.containers.list(all=True, filters={"ancestor": "tb__broken-dockerfile__client"})
+    ]
     finish(router, docker_client, lease)
 
 

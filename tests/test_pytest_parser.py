@@ -1,4 +1,5 @@
 """The pytest parser and scoring, per docs/task-format.md "The pytest parser"."""
+
 import pytest
 
 from termpool.pytest_parser import (
@@ -10,6 +11,8 @@ from termpool.pytest_parser import (
     score,
     weighted_score,
 )
+
+pytestmark = pytest.mark.unit
 
 # Real output of `pytest -rA` (pytest 7) over a file with every kind of outcome.
 MIXED_OUTPUT = """\
@@ -189,7 +192,7 @@ def test_weighted_score_rejects_bad_weights(bad):
 
 
 def test_parser_registry():
-    assert PARSERS == {"pytest": parse_pytest}
+    assert {"pytest": parse_pytest} == PARSERS
     assert get_parser("pytest") is parse_pytest
 
 

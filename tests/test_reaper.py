@@ -1,5 +1,8 @@
 """Idle runs are reaped by beat; leftovers of runs that no longer exist are reconciled away."""
+
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -23,21 +26,41 @@ def test_idle_run_is_reaped(short_ttl_stack, docker_client):
     assert short_ttl_stack.get("/status").json()["pool"]["total_active_runs"] == 0
 
 
-def test_heartbeat_keeps_a_run_alive(short_ttl_stack, docker_client):
-    import time
+def test_heartbeat_keeps_a_run_alive(short_ttl_stack):
+    """Heartbeats keep a lease alive through reaper rounds; a lease allocated after it, left
+    without heartbeats, is reaped meanwhile: so the reaper did run while the first one was older
+    than the idle limit, and only its heartbeats kept it."""
+    stack = short_ttl_stack
+    router, store = Router(stack), Store(stack.redis)
+    kept = router.allocate("hello-file")
+    control = router.allocate("hello-file")  # younger than `kept`: idle no longer than it
 
-    router = Router(short_ttl_stack)
-    lease = router.allocate("hello-file")
-    for _ in range(8):
-        assert short_ttl_stack.post("/heartbeat", {"lease_id": lease}).json() == {"ok": True}
-        time.sleep(1)
-    assert router.close(lease)["found"] is True
+    def reaped(run_id: str) -> bool:
+        return store.get_run(run_id)["state"] in ("closing", "closed")
+
+    deadline = time.monotonic() + 90  # the reaper runs every 10 s; the idle limit is 3 s
+    while not reaped(control) and time.monotonic() < deadline:
+        assert stack.post("/heartbeat", {"lease_id": kept}).json() == {"ok": True}
+        time.sleep(0.5)
+    assert reaped(control), "the reaper never ran"
+    assert store.get_run(control)["closing_reason"] == "idle"
+    run = store.get_run(kept)
+    assert run["state"] == "allocated", f"a run kept alive by heartbeats was reaped: {run}"
+    assert time.time() - float(run["created_at"]) > 3  # well past the idle limit
+    assert router.close(kept)["found"] is True
 
 
 def test_worker_start_reconciles_orphans(short_ttl_stack, docker_client, base_image):
     orphan = docker_client.containers.run(
-        base_image, ["sleep", "infinity"], detach=True,
-        labels={"termpool.managed": "1", "termpool.host": short_ttl_stack.host_id, "termpool.run": "run-deadbeefdeadbeef"})
+        base_image,
+        ["sleep", "infinity"],
+        detach=True,
+        labels={
+            "termpool.managed": "1",
+            "termpool.host": short_ttl_stack.host_id,
+            "termpool.run": "run-deadbeefdeadbeef",
+        },
+    )
     short_ttl_stack.kill("teardown")
     short_ttl_stack.start_worker("teardown")
 
@@ -57,8 +80,6 @@ def short_allocated_ttl_stack(base_image, docker_client):
 
 
 def test_lease_never_reset_is_released(short_allocated_ttl_stack, docker_client):
-    import time
-
     stack = short_allocated_ttl_stack
     router = Router(stack)
     lease = router.allocate("hello-file")
@@ -72,8 +93,6 @@ def test_lease_never_reset_is_released(short_allocated_ttl_stack, docker_client)
 
 
 def test_reset_lease_outlives_the_allocated_ttl(short_allocated_ttl_stack, docker_client):
-    import time
-
     stack = short_allocated_ttl_stack
     router = Router(stack)
     lease = router.allocate("hello-file")

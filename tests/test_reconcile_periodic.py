@@ -1,5 +1,6 @@
 """The periodic reconcile sweep (beat -> pool.reconcile_hosts -> pool.reconcile per live host):
 what Redis no longer knows goes within a minute; starting runs and warm containers stay."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """A durable Redis restarting under a live pool: no run is lost, every worker reconnects, and a
 call blocked while Redis is away answers 503 instead of hanging."""
+
 from __future__ import annotations
 
 import time
@@ -45,8 +46,17 @@ def test_call_waiting_while_redis_is_away_answers_503(durable_stack, docker_clie
     assert router.reset(lease, "hello-file").status_code == 200
 
     def blocked_call():
-        reply = stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": {
-            "id": "w", "command": "sleep 8; echo slept", "block": True, "timeout": 60}}}, timeout=120)
+        reply = stack.post(
+            "/exec_tool",
+            {
+                "lease_id": lease,
+                "tool_call": {
+                    "name": "shell_exec",
+                    "arguments": {"id": "w", "command": "sleep 8; echo slept", "block": True, "timeout": 60},
+                },
+            },
+            timeout=120,
+        )
         return reply, time.monotonic()
 
     with ThreadPoolExecutor(1) as pool:

@@ -1,5 +1,6 @@
 """The runs API (/v1): submit and poll, one-shot episodes, both faces on one store, errors,
 and the OpenAPI document. Runs against the session's real stack (tests/conftest.py)."""
+
 from __future__ import annotations
 
 import time
@@ -62,8 +63,10 @@ def post_call(stack, run_id: str, call: dict) -> str:
 def solution_script(task: str) -> list[dict]:
     """The reference solution as tool calls, the way an agent would apply it."""
     script = (ROOT / "tests" / "fixtures" / "tasks" / task / "solution.sh").read_text()
-    return [{"name": "shell_write_content_to_file", "arguments": {"content": script, "file_path": "/tmp/solution.sh"}},
-            {"name": "shell_exec", "arguments": {"id": "main", "command": "bash /tmp/solution.sh", "block": True}}]
+    return [
+        {"name": "shell_write_content_to_file", "arguments": {"content": script, "file_path": "/tmp/solution.sh"}},
+        {"name": "shell_exec", "arguments": {"id": "main", "command": "bash /tmp/solution.sh", "block": True}},
+    ]
 
 
 def delete(stack, run_id: str) -> requests.Response:
@@ -102,8 +105,12 @@ def test_submit_and_poll_episode(stack, docker_client):
     assert sub["jobs"] == {"start": start_id, "tool_calls": [], "evaluation": None, "close": None}
 
     # Before the start has ended the run takes no tool call: 409, not a job that races the start.
-    assert_error(stack.post(f"/v1/runs/{run_id}/tool_calls", {"name": "shell_view", "arguments": {"id": "x"}}),
-                 409, "starting", "RUN_NOT_READY")
+    assert_error(
+        stack.post(f"/v1/runs/{run_id}/tool_calls", {"name": "shell_view", "arguments": {"id": "x"}}),
+        409,
+        "starting",
+        "RUN_NOT_READY",
+    )
     assert_error(stack.post(f"/v1/runs/{run_id}/evaluation"), 409, "starting", "RUN_NOT_READY")
     again = stack.post("/v1/runs", {"task_meta": meta("hello-file"), "request_id": request_id}).json()
     assert (again["run_id"], again["job_id"], again["reused"]) == (run_id, start_id, True)
@@ -119,8 +126,9 @@ def test_submit_and_poll_episode(stack, docker_client):
     assert write["state"] == "succeeded" and write["result"].startswith("Content successfully written"), write
 
     # ?wait holds the request while the job runs and answers as soon as it ends.
-    slow_id = tool_call(stack, run_id, "shell_exec", id="main", block=True,
-                        command="sleep 2; bash /tmp/solution.sh; cat /app/hello.txt")
+    slow_id = tool_call(
+        stack, run_id, "shell_exec", id="main", block=True, command="sleep 2; bash /tmp/solution.sh; cat /app/hello.txt"
+    )
     # (Margins are loose: other developers load this machine; a 5 s poll or a full wait still fails.)
     asked = time.time()
     assert get_job(stack, slow_id, wait=0)["state"] in ("queued", "running"), "wait=0 must not hold the request"
@@ -170,8 +178,7 @@ def test_pool_lease_is_a_run(stack, router, docker_client):
     allocated = get_run(stack, lease)
     assert allocated["state"] == "allocated"
     assert get_run(stack, lease)["last_used_at"] > allocated["last_used_at"], "reading a run counts as using it"
-    assert_error(stack.post(f"/v1/runs/{lease}/tool_calls", {"name": "shell_view"}), 409, "allocated",
-                 "RUN_NOT_READY")
+    assert_error(stack.post(f"/v1/runs/{lease}/tool_calls", {"name": "shell_view"}), 409, "allocated", "RUN_NOT_READY")
     reset = router.reset(lease, "hello-file")
     assert reset.status_code == 200, reset.text
 
@@ -213,8 +220,9 @@ def test_submitted_run_driven_by_pool_api(stack, router, docker_client):
 
 # ---- one-shot episodes ------------------------------------------------------------------------
 def test_one_shot_episode_scores_and_closes(stack, docker_client):
-    sub = submit(stack, "hello-file", task_key="oneshot-hello", script=solution_script("hello-file"),
-                 evaluate=True, close=True)
+    sub = submit(
+        stack, "hello-file", task_key="oneshot-hello", script=solution_script("hello-file"), evaluate=True, close=True
+    )
     run_id, steps = sub["run_id"], sub["jobs"]
     order = [steps["start"], *steps["tool_calls"], steps["evaluation"], steps["close"]]
     assert len(order) == 5 and sub["job_id"] == steps["start"]
@@ -240,8 +248,14 @@ def test_one_shot_episode_scores_and_closes(stack, docker_client):
 @pytest.mark.parametrize("close", [True, False])
 def test_one_shot_episode_with_failing_start(stack, docker_client, close):
     key = f"oneshot-broken-{close}"
-    sub = submit(stack, "broken-dockerfile", task_key=key, evaluate=True, close=close,
-                 script=[{"name": "shell_exec", "arguments": {"id": "main", "command": "echo never"}}] * 2)
+    sub = submit(
+        stack,
+        "broken-dockerfile",
+        task_key=key,
+        evaluate=True,
+        close=close,
+        script=[{"name": "shell_exec", "arguments": {"id": "main", "command": "echo never"}}] * 2,
+    )
     run_id, steps = sub["run_id"], sub["jobs"]
     start = finished(stack, steps["start"])
     assert start["state"] == "failed" and "fail" in start["error"].lower(), start
@@ -283,24 +297,31 @@ def test_unknown_ids_are_404(stack):
     assert_error(stack.post(f"/v1/runs/{missing}"), 405)
 
 
-@pytest.mark.parametrize("body, text", [
-    ({}, "task_meta must be a dict"),
-    ({"task_meta": "hello-file"}, "task_meta must be a dict"),
-    ({"task_meta": {"task_path": "hello-file"}}, "task_meta.task_name is required"),
-    ({"task_meta": {"task_name": "x", "task_path": "../../etc"}}, "task_meta.task_path"),
-    ({"task_meta": meta("hello-file"), "run_ctx": {"log_dir": "/etc"}}, "run_ctx.log_dir"),
-    ({"task_meta": meta("hello-file"), "task_key": ["k"]}, "task_key must be a string"),
-    ({"task_meta": meta("hello-file"), "request_id": {"a": 1}}, "request_id"),
-    ({"task_meta": meta("hello-file"), "script": {"name": "shell_view"}}, "script must be a list"),
-    ({"task_meta": meta("hello-file"), "script": ["shell_view"]}, "script[0]: tool_call must be a dict"),
-    ({"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}, {"arguments": {}}]},
-     "script[1]: tool_call.name"),
-    ({"task_meta": meta("hello-file"), "script": [{"name": "shell_view", "arguments": [1]}]},
-     "script[0]: tool_call.arguments must be a dict"),
-    ({"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}] * 1001}, "at most 1000"),
-    ({"task_meta": meta("hello-file"), "evaluate": "yes"}, "evaluate must be true or false"),
-    ({"task_meta": meta("hello-file"), "close": 1}, "close must be true or false"),
-])
+@pytest.mark.parametrize(
+    "body, text",
+    [
+        ({}, "task_meta must be a dict"),
+        ({"task_meta": "hello-file"}, "task_meta must be a dict"),
+        ({"task_meta": {"task_path": "hello-file"}}, "task_meta.task_name is required"),
+        ({"task_meta": {"task_name": "x", "task_path": "../../etc"}}, "task_meta.task_path"),
+        ({"task_meta": meta("hello-file"), "run_ctx": {"log_dir": "/etc"}}, "run_ctx.log_dir"),
+        ({"task_meta": meta("hello-file"), "task_key": ["k"]}, "task_key must be a string"),
+        ({"task_meta": meta("hello-file"), "request_id": {"a": 1}}, "request_id"),
+        ({"task_meta": meta("hello-file"), "script": {"name": "shell_view"}}, "script must be a list"),
+        ({"task_meta": meta("hello-file"), "script": ["shell_view"]}, "script[0]: tool_call must be a dict"),
+        (
+            {"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}, {"arguments": {}}]},
+            "script[1]: tool_call.name",
+        ),
+        (
+            {"task_meta": meta("hello-file"), "script": [{"name": "shell_view", "arguments": [1]}]},
+            "script[0]: tool_call.arguments must be a dict",
+        ),
+        ({"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}] * 1001}, "at most 1000"),
+        ({"task_meta": meta("hello-file"), "evaluate": "yes"}, "evaluate must be true or false"),
+        ({"task_meta": meta("hello-file"), "close": 1}, "close must be true or false"),
+    ],
+)
 def test_bad_run_bodies_are_400_and_take_no_slot(stack, body, text):
     before = stack.get("/status").json()["pool"]["total_active_runs"]
     assert_error(stack.post("/v1/runs", body), 400, text)
@@ -310,8 +331,11 @@ def test_bad_run_bodies_are_400_and_take_no_slot(stack, body, text):
 def test_bad_tool_call_bodies_and_wait_values_are_400(stack, router):
     lease = router.allocate("hello-file")  # never started: the body is checked first, so 400 not 409
     path = f"/v1/runs/{lease}/tool_calls"
-    assert_error(requests.post(stack.url + path, data="[1]", headers={"Content-Type": "application/json"},
-                               timeout=30), 400, "tool_call.name")
+    assert_error(
+        requests.post(stack.url + path, data="[1]", headers={"Content-Type": "application/json"}, timeout=30),
+        400,
+        "tool_call.name",
+    )
     assert_error(stack.post(path, {"name": ""}), 400, "tool_call.name must be a non-empty string")
     assert_error(stack.post(path, {"name": "shell_view", "arguments": "id=main"}), 400, "arguments must be a dict")
 
@@ -329,8 +353,12 @@ def test_bad_tool_call_bodies_and_wait_values_are_400(stack, router):
 def test_capacity_is_429_like_allocate(stack, router):
     leases = [router.allocate("cap-runs-api") for _ in range(8)]
     try:
-        body = assert_error(stack.post("/v1/runs", {"task_meta": meta("hello-file"), "task_key": "cap-runs-api"}),
-                            429, "WORKER_MAX_RUNS_PER_TASK", "RUN_SLOTS_EXHAUSTED")
+        body = assert_error(
+            stack.post("/v1/runs", {"task_meta": meta("hello-file"), "task_key": "cap-runs-api"}),
+            429,
+            "WORKER_MAX_RUNS_PER_TASK",
+            "RUN_SLOTS_EXHAUSTED",
+        )
         assert "cap-runs-api" in body["error"]
         assert live_keys(stack)["cap-runs-api"] == {"active_runs": 8}
     finally:
@@ -340,11 +368,21 @@ def test_capacity_is_429_like_allocate(stack, router):
 
 # ---- the API document --------------------------------------------------------------------------
 EXPECTED_PATHS = {
-    "/healthz": {"get"}, "/status": {"get"}, "/allocate": {"post"}, "/heartbeat": {"post"}, "/reset": {"post"},
-    "/exec_tool": {"post"}, "/evaluate": {"post"}, "/close": {"post"},
-    "/v1/runs": {"post"}, "/v1/runs/{run_id}": {"get", "delete"}, "/v1/runs/{run_id}/tool_calls": {"post"},
-    "/v1/runs/{run_id}/evaluation": {"post"}, "/v1/jobs/{job_id}": {"get"},
-    "/openapi.json": {"get"}, "/metrics": {"get"},
+    "/healthz": {"get"},
+    "/status": {"get"},
+    "/allocate": {"post"},
+    "/heartbeat": {"post"},
+    "/reset": {"post"},
+    "/exec_tool": {"post"},
+    "/evaluate": {"post"},
+    "/close": {"post"},
+    "/v1/runs": {"post"},
+    "/v1/runs/{run_id}": {"get", "delete"},
+    "/v1/runs/{run_id}/tool_calls": {"post"},
+    "/v1/runs/{run_id}/evaluation": {"post"},
+    "/v1/jobs/{job_id}": {"get"},
+    "/openapi.json": {"get"},
+    "/metrics": {"get"},
 }
 
 
@@ -392,8 +430,11 @@ def test_openapi_document_lists_every_path(stack):
     assert "409" in doc["paths"]["/v1/runs/{run_id}/tool_calls"]["post"]["responses"]
 
 
+@pytest.mark.unit
 def test_openapi_document_is_valid():
-    validator = pytest.importorskip("openapi_spec_validator")
+    # Required, not skipped when absent: pinned in requirements-dev.txt.
+    from openapi_spec_validator import validate
+
     from app.openapi import document
 
-    validator.validate(document())
+    validate(document())

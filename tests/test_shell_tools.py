@@ -5,6 +5,7 @@ in both transports: one `docker exec` per call ("exec"), and the container's tp-
 over a unix socket in a host directory mounted at CTL_DIR ("socket"; a call that falls back to
 docker exec fails the test there).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,24 +33,34 @@ MODES = ["exec", "socket"]
 SCHEMAS_SHA256 = "d1bb603e0a31263271ac635f85a6140cd0433bab003bfbd4090280fcad86b5cc"
 
 NO_OUTPUT = "Command executed successfully (no output)."
-IDLE = ("[No new output]\nSession is running but idle. Actions could take:\n"
-        "  - For interactive sessions: Send input with shell_write_to_process()\n"
-        "  - For long tasks: Check again later (don't poll too frequently)")
-STILL_RUNNING = ("[Process still running]\nCommand is executing in background. Check again later for output.\n"
-                 "Use shell_kill_process() to terminate if needed.")
+IDLE = (
+    "[No new output]\nSession is running but idle. Actions could take:\n"
+    "  - For interactive sessions: Send input with shell_write_to_process()\n"
+    "  - For long tasks: Check again later (don't poll too frequently)"
+)
+STILL_RUNNING = (
+    "[Process still running]\nCommand is executing in background. Check again later for output.\n"
+    "Use shell_kill_process() to terminate if needed."
+)
 TERMINATED_NO_NEW = "--- SESSION TERMINATED (no new output) ---"
-WARNING = ("\n--- WARNING: Process is still actively outputting after max wait time. "
-           "Consider waiting before sending the next command. ---")
+WARNING = (
+    "\n--- WARNING: Process is still actively outputting after max wait time. "
+    "Consider waiting before sending the next command. ---"
+)
 
 
 def started(sid):
-    return (f"Session '{sid}' started.\n\nYou could use:\n  - shell_view('{sid}') - get output\n"
-            f"  - shell_write_to_process('{sid}', '<input>') - send input\n  - shell_kill_process('{sid}') - terminate")
+    return (
+        f"Session '{sid}' started.\n\nYou could use:\n  - shell_view('{sid}') - get output\n"
+        f"  - shell_write_to_process('{sid}', '<input>') - send input\n  - shell_kill_process('{sid}') - terminate"
+    )
 
 
 def timed_out(timeout, sid):
-    return (f"Command did not complete within {timeout} seconds. Process continues in background as session "
-            f"'{sid}'.\n\nYou can use:\n  - shell_view('{sid}') - get output\n  - shell_kill_process('{sid}') - terminate")
+    return (
+        f"Command did not complete within {timeout} seconds. Process continues in background as session "
+        f"'{sid}'.\n\nYou can use:\n  - shell_view('{sid}') - get output\n  - shell_kill_process('{sid}') - terminate"
+    )
 
 
 class DictSessions:
@@ -89,8 +100,9 @@ class Shell:
         return self.call(name, arguments)
 
     def call(self, name, arguments):
-        return run_tool(self.container, name, arguments, self.sessions, expose_kill=self.expose_kill,
-                        ctl_socket=self.ctl_socket)
+        return run_tool(
+            self.container, name, arguments, self.sessions, expose_kill=self.expose_kill, ctl_socket=self.ctl_socket
+        )
 
     def view_until(self, sid, done, timeout=15.0):
         """shell_view repeatedly; returns the list of observations up to the first `done` one."""
@@ -110,7 +122,7 @@ def drain(sh, sid, timeout=15.0) -> str:
     """All the output a session still has, read by shell_view until the end is reported.
     Whether the end comes with the last output or in a view of its own depends on timing."""
     seen = sh.view_until(sid, lambda o: o == TERMINATED_NO_NEW or o.endswith(TERMINATED), timeout)
-    last = seen[-1][:-len(TERMINATED)] if seen[-1].endswith(TERMINATED) else ""
+    last = seen[-1][: -len(TERMINATED)] if seen[-1].endswith(TERMINATED) else ""
     return "".join(o for o in seen[:-1] if o != IDLE) + last
 
 
@@ -134,7 +146,7 @@ def settle(sh, sid, reply, expected, timeout=30.0) -> str:
 def settle_end(sh, sid, reply) -> str:
     """The output of a write that ends the process: from the reply, or the reply plus views."""
     if reply.endswith(WRITE_TERMINATED):
-        return reply[:-len(WRITE_TERMINATED)]
+        return reply[: -len(WRITE_TERMINATED)]
     return reply + drain(sh, sid)
 
 
@@ -153,14 +165,16 @@ def processes(container) -> str:
 
 
 def make_container(client, image, **kwargs):
-    return client.containers.run(image, ["sleep", "infinity"], detach=True, working_dir="/app",
-                                 labels={"termpool.test": "1"}, **kwargs)
+    return client.containers.run(
+        image, ["sleep", "infinity"], detach=True, working_dir="/app", labels={"termpool.test": "1"}, **kwargs
+    )
 
 
 def bare_model(client, container):
     """What the pool passes to the tools: a model built without an inspect, which must do."""
-    model = client.containers.prepare_model({"Id": container.name,
-                                             "Config": {"User": container.attrs["Config"]["User"]}})
+    model = client.containers.prepare_model(
+        {"Id": container.name, "Config": {"User": container.attrs["Config"]["User"]}}
+    )
     model.reload = lambda: pytest.fail("the tools reloaded the container model")
     return model
 
@@ -225,6 +239,7 @@ def sh(env):
 
 
 # ---- schemas ------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_schemas_are_the_spec_list():
     shipped = Path(shell_tools.__file__).with_name("tool_schemas.json")
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == SCHEMAS_SHA256
@@ -305,8 +320,10 @@ def test_blocking_timeout_becomes_session(sh, container):
     assert sh("shell_view", id="slow") == TERMINATED_NO_NEW
     assert sh("shell_view", id="slow") == TERMINATED_NO_NEW
     # not an interactive session: no stdin to write to
-    assert sh("shell_write_to_process", id="slow", command="x") == \
-        "Error: No active non-blocking session found with ID 'slow'."
+    assert (
+        sh("shell_write_to_process", id="slow", command="x")
+        == "Error: No active non-blocking session found with ID 'slow'."
+    )
 
 
 def test_blocking_timeout_text_uses_given_number(sh):
@@ -340,8 +357,10 @@ def test_non_blocking_has_pty_and_unbuffered_python(sh):
 
 def test_duplicate_running_id(sh):
     assert sh("shell_exec", id="dup", command="sleep 30", block=False) == started("dup")
-    assert sh("shell_exec", id="dup", command="echo again", block=False) == \
-        "Error: Session 'dup' already exists and is running. Use a different ID or kill the existing session first."
+    assert (
+        sh("shell_exec", id="dup", command="echo again", block=False)
+        == "Error: Session 'dup' already exists and is running. Use a different ID or kill the existing session first."
+    )
 
 
 def test_finished_id_can_be_reused(sh):
@@ -363,13 +382,15 @@ def test_odd_ids(sh):
 
 def test_multibyte_character_split_across_reads(sh, container):
     # "é" and "🎉" are written in two parts, the second only when the test says so.
-    script = ("import os,sys,time\n"
-              "def wait(f):\n"
-              "    while not os.path.exists(f): time.sleep(0.05)\n"
-              "o=sys.stdout.buffer\n"
-              "o.write(b'a\\xc3'); o.flush(); wait('/tmp/utf1')\n"
-              "o.write(b'\\xa9b\\xf0\\x9f'); o.flush(); wait('/tmp/utf2')\n"
-              "o.write(b'\\x8e\\x89c\\n'); o.flush(); time.sleep(60)\n")
+    script = (
+        "import os,sys,time\n"
+        "def wait(f):\n"
+        "    while not os.path.exists(f): time.sleep(0.05)\n"
+        "o=sys.stdout.buffer\n"
+        "o.write(b'a\\xc3'); o.flush(); wait('/tmp/utf1')\n"
+        "o.write(b'\\xa9b\\xf0\\x9f'); o.flush(); wait('/tmp/utf2')\n"
+        "o.write(b'\\x8e\\x89c\\n'); o.flush(); time.sleep(60)\n"
+    )
     sh("shell_write_content_to_file", content=script, file_path="split.py")
     out = session_dir("utf") + "/out"
     assert sh("shell_exec", id="utf", command="python3 split.py", block=False) == started("utf")
@@ -415,19 +436,23 @@ def test_write_to_python(sh):
     assert sh("shell_view", id="py") == IDLE
     assert settle_end(sh, "py", sh("shell_write_to_process", id="py", command="exit()")) == "exit()\n"
     assert sh("shell_view", id="py") == TERMINATED_NO_NEW
-    assert sh("shell_write_to_process", id="py", command="print(1)") == \
-        "Error: No active non-blocking session found with ID 'py'."
+    assert (
+        sh("shell_write_to_process", id="py", command="print(1)")
+        == "Error: No active non-blocking session found with ID 'py'."
+    )
 
 
 def test_write_to_bash_read_loop_discards_unviewed_output(sh, container):
-    cmd = "echo banner; while read -r line; do echo \"got:$line\"; done"
+    cmd = 'echo banner; while read -r line; do echo "got:$line"; done'
     assert sh("shell_exec", id="loop", command=cmd, block=False) == started("loop")
     # "banner" is printed but never viewed: the write skips it
     wait_for(container, f"grep -q banner {session_dir('loop')}/out")
-    assert settle(sh, "loop", sh("shell_write_to_process", id="loop", command="abc"), "abc\ngot:abc\n") == \
-        "abc\ngot:abc\n"
-    assert settle(sh, "loop", sh("shell_write_to_process", id="loop", command="d e"), "d e\ngot:d e\n") == \
-        "d e\ngot:d e\n"
+    assert (
+        settle(sh, "loop", sh("shell_write_to_process", id="loop", command="abc"), "abc\ngot:abc\n") == "abc\ngot:abc\n"
+    )
+    assert (
+        settle(sh, "loop", sh("shell_write_to_process", id="loop", command="d e"), "d e\ngot:d e\n") == "d e\ngot:d e\n"
+    )
     assert sh("shell_view", id="loop") == IDLE
 
 
@@ -440,11 +465,14 @@ def test_write_output_ending_the_process(sh):
 
 
 def test_write_with_no_output(sh):
-    assert sh("shell_exec", id="quiet", command="stty -echo; echo ready; cat >/dev/null", block=False) == \
-        started("quiet")
+    assert sh("shell_exec", id="quiet", command="stty -echo; echo ready; cat >/dev/null", block=False) == started(
+        "quiet"
+    )
     assert sh.view_until("quiet", lambda o: o != IDLE)[-1] == "ready\n"
-    assert sh("shell_write_to_process", id="quiet", command="secret") == \
-        "Input sent to session 'quiet' successfully (no output)."
+    assert (
+        sh("shell_write_to_process", id="quiet", command="secret")
+        == "Input sent to session 'quiet' successfully (no output)."
+    )
 
 
 def test_write_still_outputting_warning(sh):
@@ -454,20 +482,24 @@ def test_write_still_outputting_warning(sh):
     reply = sh("shell_write_to_process", id="chatty", command="go")
     assert 4.9 < time.monotonic() - start < 30
     assert reply.startswith("go\ntick\n") and reply.endswith(WARNING)
-    assert set(reply[3:-len(WARNING)].splitlines()) == {"tick"}
+    assert set(reply[3 : -len(WARNING)].splitlines()) == {"tick"}
 
 
 def test_write_to_unknown_session(sh):
-    assert sh("shell_write_to_process", id="ghost", command="hi") == \
-        "Error: No active non-blocking session found with ID 'ghost'."
+    assert (
+        sh("shell_write_to_process", id="ghost", command="hi")
+        == "Error: No active non-blocking session found with ID 'ghost'."
+    )
 
 
 def test_helper_killed_mid_call_is_an_error_not_a_retry(sh, container):
     # The command kills the tp-session that runs it (its supervisor's parent): the call ends with
     # no reply. The command must not be run a second time (socket mode must not fall back).
     cmd = "echo ran >> /tmp/once; kill -9 $(cut -d' ' -f4 /proc/$PPID/stat); sleep 0.2"
-    assert sh("shell_exec", id="once", command=cmd) == \
-        "[TOOL_ERROR] shell_exec: RuntimeError: tp-session spawn failed: no output"
+    assert (
+        sh("shell_exec", id="once", command=cmd)
+        == "[TOOL_ERROR] shell_exec: RuntimeError: tp-session spawn failed: no output"
+    )
     time.sleep(0.5)
     assert container.exec_run(["cat", "/tmp/once"]).output == b"ran\n"
     container.exec_run(["sh", "-c", f"rm -rf /tmp/once {SESSIONS_ROOT}/*.run.*"])
@@ -476,12 +508,18 @@ def test_helper_killed_mid_call_is_an_error_not_a_retry(sh, container):
 # ---- shell_write_content_to_file ------------------------------------------------------------
 def test_write_relative_absolute_nested(sh, container):
     content = "héllo\n  wörld\n\tno newline at end"
-    assert sh("shell_write_content_to_file", content=content, file_path="notes.txt") == \
-        "Content successfully written to 'notes.txt' in Docker container."
-    assert sh("shell_write_content_to_file", content=content, file_path="deep/er/notes.txt") == \
-        "Content successfully written to 'deep/er/notes.txt' in Docker container."
-    assert sh("shell_write_content_to_file", content="", file_path="/tmp/a/b/c/empty") == \
-        "Content successfully written to '/tmp/a/b/c/empty' in Docker container."
+    assert (
+        sh("shell_write_content_to_file", content=content, file_path="notes.txt")
+        == "Content successfully written to 'notes.txt' in Docker container."
+    )
+    assert (
+        sh("shell_write_content_to_file", content=content, file_path="deep/er/notes.txt")
+        == "Content successfully written to 'deep/er/notes.txt' in Docker container."
+    )
+    assert (
+        sh("shell_write_content_to_file", content="", file_path="/tmp/a/b/c/empty")
+        == "Content successfully written to '/tmp/a/b/c/empty' in Docker container."
+    )
     for path in ["/workspace/notes.txt", "/workspace/deep/er/notes.txt"]:
         assert container.exec_run(["cat", path]).output == content.encode()
     assert container.exec_run(["stat", "-c", "%s %a %U", "/tmp/a/b/c/empty"]).output == b"0 644 root\n"
@@ -491,15 +529,29 @@ def test_write_relative_absolute_nested(sh, container):
 
 
 def test_write_replaces_file_and_symlink(sh, container):
-    container.exec_run(["sh", "-c", "cd /workspace && echo old > target && chmod 755 target && ln target hard && "
-                                    "ln -s target link && ln -s /etc/hostname abslink"])
+    container.exec_run(
+        [
+            "sh",
+            "-c",
+            "cd /workspace && echo old > target && chmod 755 target && ln target hard && "
+            "ln -s target link && ln -s /etc/hostname abslink",
+        ]
+    )
     for name in ["target", "link", "abslink"]:
         assert sh("shell_write_content_to_file", content=name, file_path=name).startswith("Content successfully")
-    out = container.exec_run(["sh", "-c", "cd /workspace && stat -c '%n %F %a' target link abslink hard && "
-                                          "cat target; echo; cat link; echo; cat abslink; echo; cat hard"]).output
+    out = container.exec_run(
+        [
+            "sh",
+            "-c",
+            "cd /workspace && stat -c '%n %F %a' target link abslink hard && "
+            "cat target; echo; cat link; echo; cat abslink; echo; cat hard",
+        ]
+    ).output
     # a new file each time (put_archive's way): the hard link keeps the old content, links are replaced
-    assert out.decode() == ("target regular file 644\nlink regular file 644\nabslink regular file 644\n"
-                            "hard regular file 755\ntarget\nlink\nabslink\nold\n")
+    assert out.decode() == (
+        "target regular file 644\nlink regular file 644\nabslink regular file 644\n"
+        "hard regular file 755\ntarget\nlink\nabslink\nold\n"
+    )
     assert container.exec_run(["cat", "/etc/hostname"]).output.strip() != b"abslink"
 
 
@@ -512,8 +564,10 @@ def test_write_to_special_file_leaves_it_alone(sh, container):
 
 def test_write_failures(sh, container):
     container.exec_run(["sh", "-c", "mkdir -p /workspace/dir && touch /workspace/dir/keep"])
-    assert sh("shell_write_content_to_file", content="x", file_path="dir") == \
-        "Error writing to file 'dir' in Docker container: Is a directory: '/workspace/dir'"
+    assert (
+        sh("shell_write_content_to_file", content="x", file_path="dir")
+        == "Error writing to file 'dir' in Docker container: Is a directory: '/workspace/dir'"
+    )
     assert container.exec_run(["ls", "/workspace/dir"]).output == b"keep\n"  # not clobbered
     reply = sh("shell_write_content_to_file", content="x", file_path="/etc/passwd/x")
     assert reply.startswith("Error writing to file '/etc/passwd/x' in Docker container: ")
@@ -528,24 +582,42 @@ def test_unknown_tool(sh):
 
 
 def test_bad_arguments(sh):
-    assert sh("shell_exec", id="t") == \
-        "[TOOL_ERROR] shell_exec: TypeError: shell_exec() missing 1 required positional argument: 'command'"
-    assert sh("shell_view") == \
-        "[TOOL_ERROR] shell_view: TypeError: shell_view() missing 1 required positional argument: 'id'"
-    assert sh("shell_exec", id="t", command="echo", colour="red") == \
-        "[TOOL_ERROR] shell_exec: TypeError: shell_exec() got an unexpected keyword argument 'colour'"
-    assert sh("shell_exec", id="t", command="echo", block="false") == \
-        "[TOOL_ERROR] shell_exec: TypeError: block must be a boolean or null, not str"
-    assert sh("shell_exec", id="t", command="echo", timeout="5") == \
-        "[TOOL_ERROR] shell_exec: TypeError: timeout must be a number or null, not str"
-    assert sh("shell_exec", id="t", command=["echo"]) == \
-        "[TOOL_ERROR] shell_exec: TypeError: command must be a string, not list"
-    assert sh("shell_write_content_to_file", content=None, file_path="x") == \
-        "[TOOL_ERROR] shell_write_content_to_file: TypeError: content must be a string, not NoneType"
-    assert run_tool(sh.container, "shell_view", ["x"], sh.sessions) == \
-        "[TOOL_ERROR] shell_view: TypeError: arguments must be an object, not list"
-    assert run_tool(sh.container, "shell_view", None, sh.sessions) == \
-        "[TOOL_ERROR] shell_view: TypeError: shell_view() missing 1 required positional argument: 'id'"
+    assert (
+        sh("shell_exec", id="t")
+        == "[TOOL_ERROR] shell_exec: TypeError: shell_exec() missing 1 required positional argument: 'command'"
+    )
+    assert (
+        sh("shell_view")
+        == "[TOOL_ERROR] shell_view: TypeError: shell_view() missing 1 required positional argument: 'id'"
+    )
+    assert (
+        sh("shell_exec", id="t", command="echo", colour="red")
+        == "[TOOL_ERROR] shell_exec: TypeError: shell_exec() got an unexpected keyword argument 'colour'"
+    )
+    assert (
+        sh("shell_exec", id="t", command="echo", block="false")
+        == "[TOOL_ERROR] shell_exec: TypeError: block must be a boolean or null, not str"
+    )
+    assert (
+        sh("shell_exec", id="t", command="echo", timeout="5")
+        == "[TOOL_ERROR] shell_exec: TypeError: timeout must be a number or null, not str"
+    )
+    assert (
+        sh("shell_exec", id="t", command=["echo"])
+        == "[TOOL_ERROR] shell_exec: TypeError: command must be a string, not list"
+    )
+    assert (
+        sh("shell_write_content_to_file", content=None, file_path="x")
+        == "[TOOL_ERROR] shell_write_content_to_file: TypeError: content must be a string, not NoneType"
+    )
+    assert (
+        run_tool(sh.container, "shell_view", ["x"], sh.sessions)
+        == "[TOOL_ERROR] shell_view: TypeError: arguments must be an object, not list"
+    )
+    assert (
+        run_tool(sh.container, "shell_view", None, sh.sessions)
+        == "[TOOL_ERROR] shell_view: TypeError: shell_view() missing 1 required positional argument: 'id'"
+    )
 
 
 # ---- state outlives the worker ------------------------------------------------------------
@@ -560,8 +632,10 @@ def test_sessions_survive_worker_restart(env):
     fresh_client = docker.from_env()
     second = Shell(bare_model(fresh_client, env.container), backing, ctl_socket=env.ctl_socket)
     expected = "x = 5; print(x + 1)\n6\n>>> "
-    assert settle(second, "keep", second("shell_write_to_process", id="keep", command="x = 5; print(x + 1)"),
-                  expected) == expected
+    assert (
+        settle(second, "keep", second("shell_write_to_process", id="keep", command="x = 5; print(x + 1)"), expected)
+        == expected
+    )
     seen = second.view_until("bg", lambda o: o != STILL_RUNNING)
     assert seen[-1] == "late\n\n\n--- SESSION COMPLETED ---"
     fresh_client.close()
@@ -587,13 +661,19 @@ def test_non_root_user(client, base_image, mode, tmp_path_factory):
         sh = e.shell()
         assert sh("shell_exec", id="t", command="id -un; pwd; touch mine && echo ok") == "nobody\n/workspace\nok\n"
         assert sh("shell_write_content_to_file", content="hi", file_path="a/b.txt").startswith("Content successfully")
-        assert sh("shell_exec", id="t", command="stat -c '%U %n' a a/b.txt; echo more >> a/b.txt && cat a/b.txt") == \
-            "nobody a\nnobody a/b.txt\nhimore\n"
-        assert sh("shell_write_content_to_file", content="x", file_path="/root/x/y.txt") == \
-            "Error writing to file '/root/x/y.txt' in Docker container: " \
+        assert (
+            sh("shell_exec", id="t", command="stat -c '%U %n' a a/b.txt; echo more >> a/b.txt && cat a/b.txt")
+            == "nobody a\nnobody a/b.txt\nhimore\n"
+        )
+        assert (
+            sh("shell_write_content_to_file", content="x", file_path="/root/x/y.txt")
+            == "Error writing to file '/root/x/y.txt' in Docker container: "
             "cannot create directory '/root/x': Permission denied"
-        assert sh("shell_write_content_to_file", content="x", file_path="a") == \
-            "Error writing to file 'a' in Docker container: Is a directory: '/workspace/a'"
+        )
+        assert (
+            sh("shell_write_content_to_file", content="x", file_path="a")
+            == "Error writing to file 'a' in Docker container: Is a directory: '/workspace/a'"
+        )
         # where nobody may not create the file itself, put_archive (as root) does, as it always did
         assert sh("shell_write_content_to_file", content="x", file_path="/etc/tp-x").startswith("Content successfully")
         assert e.container.exec_run(["stat", "-c", "%U %a", "/etc/tp-x"]).output == b"nobody 644\n"
@@ -612,8 +692,10 @@ def test_numeric_user_and_sh_only_image_unprepared(client, base_image, mode, tmp
         # never prepared: the first call installs the helper (and, in socket mode, finds no
         # server, so it goes through docker exec and starts the server for the next calls)
         sh = e.shell(fallback=True)
-        assert sh("shell_write_content_to_file", content="hi", file_path="new/f.txt") == \
-            "Content successfully written to 'new/f.txt' in Docker container."
+        assert (
+            sh("shell_write_content_to_file", content="hi", file_path="new/f.txt")
+            == "Content successfully written to 'new/f.txt' in Docker container."
+        )
         assert sh("shell_exec", id="t", command="echo from $(id -u); cat new/f.txt") == "from 1234\nhi"
         assert sh("shell_exec", id="t", command="stat -c %u:%g /workspace new new/f.txt") == "1234:1234\n" * 3
         assert sh("shell_exec", id="i", command="read x; echo got $x", block=False) == started("i")
@@ -653,8 +735,10 @@ def served(client, base_image, tmp_path_factory):
 
 def proc_table(container) -> list[tuple[int, int, str, str]]:
     """(pid, ppid, state, command line) of every process in the container."""
-    script = ("for d in /proc/[0-9]*; do s=$(cat $d/stat 2>/dev/null) || continue; "
-              "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); echo \"${s#*) } @$c\"; echo \"${d#/proc/}\"; done")
+    script = (
+        "for d in /proc/[0-9]*; do s=$(cat $d/stat 2>/dev/null) || continue; "
+        "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); echo \"${s#*) } @$c\"; echo \"${d#/proc/}\"; done"
+    )
     lines = container.exec_run(["sh", "-c", script], user="root").output.decode("utf-8", "replace").splitlines()
     table = []
     for stat, pid in zip(lines[::2], lines[1::2]):
@@ -667,8 +751,11 @@ def proc_table(container) -> list[tuple[int, int, str, str]]:
 def server_pid(container) -> int | None:
     """The running server: detached, so its parent is pid 1 (a `serve` still starting, or waiting
     for an old server to go, is the child of its docker exec)."""
-    pids = [pid for pid, ppid, state, cmd in proc_table(container)
-            if state != "Z" and ppid == 1 and cmd == f"{HELPER_PATH} serve {CTL_SOCKET}"]
+    pids = [
+        pid
+        for pid, ppid, state, cmd in proc_table(container)
+        if state != "Z" and ppid == 1 and cmd == f"{HELPER_PATH} serve {CTL_SOCKET}"
+    ]
     assert len(pids) <= 1, pids
     return pids[0] if pids else None
 
@@ -699,8 +786,10 @@ def raw_request(path, payload: bytes, *, magic=b"TPS1", length=None) -> bytes:
 def test_same_process_context_in_both_modes(served):
     """What a command sees (environment, ids, limits, signals, descriptors) does not depend on
     the transport."""
-    probe = ("env | sort; umask; ulimit -a; pwd; ls -1 /proc/self/fd; "
-             "grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]*|NoNewPrivs|Seccomp|SigBlk|SigIgn):' /proc/self/status")
+    probe = (
+        "env | sort; umask; ulimit -a; pwd; ls -1 /proc/self/fd; "
+        "grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]*|NoNewPrivs|Seccomp|SigBlk|SigIgn):' /proc/self/status"
+    )
     via_socket, via_exec = served.shell(), served.exec_shell()
     blocking = via_socket("shell_exec", id="p", command=probe)
     assert blocking == via_exec("shell_exec", id="p", command=probe)
@@ -732,16 +821,17 @@ def test_server_refuses_bad_requests(served):
     assert raw_request(path, b"\0\0read") == b"tp-session: malformed request\n"
     for entry in [b"NOEQUALS", b"=x"]:
         assert raw_request(path, b"\0" + entry + b"\0\0read\0") == b"tp-session: malformed environment entry\n"
-    for argv in [b"serve\0/tmp/x.sock\0", b"run-timeout\0" b"1\0--\0id\0", b"/bin/sh\0-c\0id\0", b"", b"\0"]:
+    for argv in [b"serve\0/tmp/x.sock\0", b"run-timeout\x001\0--\0id\0", b"/bin/sh\0-c\0id\0", b"", b"\0"]:
         assert raw_request(path, b"\0\0" + argv).startswith(b"tp-session: refused subcommand"), argv
-    assert raw_request(path, b"/nowhere\0\0read\0/x\0" b"0\0") == \
-        b"tp-session: chdir /nowhere: No such file or directory\n"
+    assert (
+        raw_request(path, b"/nowhere\0\0read\0/x\x000\0") == b"tp-session: chdir /nowhere: No such file or directory\n"
+    )
     # a client that connects and goes away at once, or sends half a header
     for data in [b"", b"TP"]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(path)
             s.sendall(data)
-    assert raw_request(path, b"\0\0read\0/nowhere\0" b"0\0") == b"missing 0 -1 0\n"
+    assert raw_request(path, b"\0\0read\0/nowhere\x000\0") == b"missing 0 -1 0\n"
     assert served.shell()("shell_exec", id="t", command="echo still fine") == "still fine\n"
 
 
@@ -799,8 +889,9 @@ def test_fallback_and_restart_when_server_dies(served, monkeypatch):
         pid = wait_for_server(container)
         container.exec_run(["sh", "-c", breakage.format(pid=pid)], user="root")
         original = shell_tools._Context._run_helper_exec
-        with mock.patch.object(shell_tools._Context, "_run_helper_exec", autospec=True,
-                               side_effect=original) as via_exec:
+        with mock.patch.object(
+            shell_tools._Context, "_run_helper_exec", autospec=True, side_effect=original
+        ) as via_exec:
             assert sh("shell_exec", id="t", command="echo via exec") == "via exec\n"
         assert via_exec.call_count == 1
         # the call restarted the server in the background: the next calls are served again
@@ -855,12 +946,17 @@ def test_writes_go_through_the_server(served):
     try:
         big = "".join(f"line {i}\n" for i in range(100000))  # larger than a socket buffer
         for path in ["big.txt", "/tmp/new/dir/big.txt", "big.txt"]:
-            assert sh("shell_write_content_to_file", content=big, file_path=path) == \
-                f"Content successfully written to '{path}' in Docker container."
-        assert sh("shell_exec", id="t", command="md5sum < big.txt; md5sum < /tmp/new/dir/big.txt") == \
-            2 * (hashlib.md5(big.encode()).hexdigest() + "  -\n")
-        assert sh("shell_write_content_to_file", content="", file_path="empty") == \
-            "Content successfully written to 'empty' in Docker container."
+            assert (
+                sh("shell_write_content_to_file", content=big, file_path=path)
+                == f"Content successfully written to '{path}' in Docker container."
+            )
+        assert sh("shell_exec", id="t", command="md5sum < big.txt; md5sum < /tmp/new/dir/big.txt") == 2 * (
+            hashlib.md5(big.encode()).hexdigest() + "  -\n"
+        )
+        assert (
+            sh("shell_write_content_to_file", content="", file_path="empty")
+            == "Content successfully written to 'empty' in Docker container."
+        )
         assert served.container.exec_run(["stat", "-c", "%s %a", "/workspace/empty"]).output == b"0 644\n"
     finally:
         del model.put_archive

@@ -1,6 +1,7 @@
 """scripts/serve.sh for real: every Procfile process under supervisord, a killed one comes
 back (the gunicorn master too, without its old workers holding the port), and an interrupt
 stops them all."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,12 @@ def served(base_image, docker_client):
 
 def supervisorctl(stack, *args) -> str:
     conf = os.path.join(stack.env["TERMPOOL_RUN_DIR"], "supervisord.conf")
-    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", conf, *args],
-                          capture_output=True, text=True, timeout=60).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.supervisorctl", "-c", conf, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
 
 
 def program_pid(stack, name: str) -> int:
@@ -53,6 +58,7 @@ def gone(processes: list[psutil.Process]) -> bool:
             return p.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
     return not any(alive(p) for p in processes)
 
 
@@ -64,7 +70,7 @@ def test_killed_workers_come_back_and_episodes_work(served, docker_client):
         new = restarted(served, kind, old)
         assert new, f"{kind} was not restarted"
         served.wait_worker(kind, pid=new)
-        assert wait_for(lambda: gone(children), 60), f"children of the killed {kind} worker linger"
+        assert wait_for(lambda: gone(children), 60), f"children of the killed {kind} worker linger"  # noqa: B023 (called in this iteration)
 
     assert Router(served).solved_episode(docker_client, "hello-file") == 1.0
 
@@ -82,8 +88,12 @@ def test_killed_gunicorn_master_comes_back(served):
     # has its own control socket there, not one shared by every gunicorn of the host.
     runtime = f"/run/termpool-web/{served.port}"
     assert sorted(os.listdir(runtime)) == ["gunicorn.ctl", "prometheus"]
-    ctl = subprocess.run(["gunicornc", "-s", f"{runtime}/gunicorn.ctl", "-c", "show all", "-j"],
-                         capture_output=True, text=True, timeout=60)
+    ctl = subprocess.run(
+        ["gunicornc", "-s", f"{runtime}/gunicorn.ctl", "-c", "show all", "-j"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ctl.returncode == 0, ctl.stderr
     assert json.loads(ctl.stdout)["arbiter"]["pid"] == program_pid(served, "web")
 

@@ -1,4 +1,5 @@
 """Reading task directories (docs/task-format.md), including every fixture task."""
+
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,21 @@ from termpool.task_spec import (
     name_prefix,
 )
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
-FIXTURE_NAMES = ["hello-file", "sidecar-kv", "interactive-guess", "partial-pass", "broken-dockerfile", "slow-tests",
-                 "slow-build", "compose-limits", "compose-healthy-sidecar", "compose-env"]
+FIXTURE_NAMES = [
+    "hello-file",
+    "sidecar-kv",
+    "interactive-guess",
+    "partial-pass",
+    "broken-dockerfile",
+    "slow-tests",
+    "slow-build",
+    "compose-limits",
+    "compose-healthy-sidecar",
+    "compose-env",
+]
 
 
 def make_task(tmp_path, yaml_text, *, name="my-task", run_tests=True):
@@ -87,12 +100,18 @@ def test_nulls_mean_defaults(tmp_path):
     text = "instruction: x\ndifficulty:\nparser_name:\nmax_agent_timeout_sec:\nmax_test_timeout_sec: null\nrun_tests_in_same_shell:\n"
     spec = load_task(make_task(tmp_path, text))
     assert (spec.difficulty, spec.parser_name, spec.max_agent_timeout_sec, spec.max_test_timeout_sec) == (
-        "unknown", "pytest", 360, 60)
+        "unknown",
+        "pytest",
+        360,
+        60,
+    )
     assert spec.run_tests_in_same_shell is False
 
 
 def test_numeric_strings_are_accepted(tmp_path):
-    spec = load_task(make_task(tmp_path, "instruction: x\nmax_test_timeout_sec: '30'\nrun_tests_in_same_shell: 'false'\n"))
+    spec = load_task(
+        make_task(tmp_path, "instruction: x\nmax_test_timeout_sec: '30'\nrun_tests_in_same_shell: 'false'\n")
+    )
     assert spec.max_test_timeout_sec == 30.0
     assert spec.run_tests_in_same_shell is False
 
@@ -113,6 +132,7 @@ def test_old_descriptions_format(tmp_path):
 
 
 # --- errors ---------------------------------------------------------------------------
+
 
 def test_missing_directory(tmp_path):
     with pytest.raises(TaskError, match="does not exist"):
@@ -205,6 +225,7 @@ def test_task_error_is_value_error():
 
 # --- compose file, names, weights -----------------------------------------------------
 
+
 def test_compose_file_yaml_preferred(tmp_path):
     task = make_task(tmp_path, "instruction: x\n")
     with pytest.raises(TaskError, match="docker-compose"):
@@ -259,6 +280,7 @@ def test_weights(tmp_path):
 
 
 # --- the fixture tasks ----------------------------------------------------------------
+
 
 def test_fixture_set_is_complete():
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == sorted(FIXTURE_NAMES)

@@ -1,5 +1,6 @@
 """Task compose files that would give a container power over the host are refused, and the
 refused reset leaves nothing behind."""
+
 from __future__ import annotations
 
 import shutil
@@ -21,7 +22,7 @@ UNSAFE = {
     "privileged-client": CLIENT + "    privileged: true\n",
     "socket-client": CLIENT + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n",
     "sysadmin-sidecar": CLIENT + "  helper:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n"
-                                 "    command: [ \"sh\", \"-c\", \"sleep infinity\" ]\n    cap_add: [ SYS_ADMIN ]\n",
+    '    command: [ "sh", "-c", "sleep infinity" ]\n    cap_add: [ SYS_ADMIN ]\n',
 }
 
 
@@ -36,8 +37,10 @@ def unsafe_stack(base_image, tmp_path_factory):
     s.stop()
 
 
-@pytest.mark.parametrize("task, word", [("privileged-client", "privileged"), ("socket-client", "Docker socket"),
-                                        ("sysadmin-sidecar", "SYS_ADMIN")])
+@pytest.mark.parametrize(
+    "task, word",
+    [("privileged-client", "privileged"), ("socket-client", "Docker socket"), ("sysadmin-sidecar", "SYS_ADMIN")],
+)
 def test_unsafe_compose_is_refused(unsafe_stack, docker_client, task, word):
     router = Router(unsafe_stack)
     lease = router.allocate(task)

@@ -1,6 +1,7 @@
 """The run viewer at /ui/ over HTTP, against the real stack: an episode through the pool API
 shows up in the list and on its page (transcript, tests, artifacts), filters, escaping of
 hostile observations, the token gate for browsers, and the recent-runs index in Redis."""
+
 from __future__ import annotations
 
 import html
@@ -28,7 +29,7 @@ def episode(stack, router, docker_client):
     reply = router.reset(lease, "hello-file")
     assert reply.status_code == 200, reply.text
     router.solve(lease, "hello-file")
-    assert HOSTILE in router.sh(lease, f"echo \"{HOSTILE}\"")
+    assert HOSTILE in router.sh(lease, f'echo "{HOSTILE}"')
     assert router.evaluate(lease).json()["score"] == 1.0
     live_page = stack.get(f"/ui/runs/{lease}").text
     router.close(lease)
@@ -44,8 +45,9 @@ def _text(page: str) -> str:
 def test_list_shows_the_run(stack, episode):
     reply = stack.get("/ui/")
     assert reply.status_code == 200 and reply.headers["Content-Type"].startswith("text/html")
-    row = re.search(rf'<tr class="state-closed">\s*<td><a href="/ui/runs/{episode["run_id"]}">.*?</tr>',
-                    reply.text, re.S)
+    row = re.search(
+        rf'<tr class="state-closed">\s*<td><a href="/ui/runs/{episode["run_id"]}">.*?</tr>', reply.text, re.S
+    )
     assert row, "the closed run is not listed"
     cells = _text(row.group(0))
     assert "hello-file" in cells and stack.host_id in cells and "closed" in cells and "1.0" in cells
@@ -105,8 +107,13 @@ def test_files_stay_inside_the_run_folder(stack, episode):
     folder = re.search(r'"run_dir": "([^"]+)"', run_dir).group(1)
     os.symlink("/etc/passwd", os.path.join(folder, "escape"))
     assert "/files/escape" not in stack.get(f"/ui/runs/{run_id}").text
-    for name in ("escape", "%2e%2e/%2e%2e/%2e%2e/etc/passwd", "..%2f..%2f..%2fetc%2fpasswd", "sessions",
-                 "no-such-file"):
+    for name in (
+        "escape",
+        "%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "..%2f..%2f..%2fetc%2fpasswd",
+        "sessions",
+        "no-such-file",
+    ):
         reply = requests.get(f"{stack.url}/ui/runs/{run_id}/files/{name}", timeout=30)
         assert reply.status_code == 404 and "root:" not in reply.text, name
 
@@ -121,8 +128,14 @@ def test_unknown_run_is_a_404_page(stack):
 def test_runs_api_episode_records_its_calls(stack):
     """A one-shot episode's tool calls are in its job records from the start, capped in size."""
     big = "x" * (dispatch.CALL_FIELD_LIMIT * 3)
-    reply = stack.post("/v1/runs", {"task_meta": {"task_name": "hello-file"}, "close": True, "script": [
-        {"name": "shell_write_content_to_file", "arguments": {"file_path": "/tmp/big", "content": big}}]})
+    reply = stack.post(
+        "/v1/runs",
+        {
+            "task_meta": {"task_name": "hello-file"},
+            "close": True,
+            "script": [{"name": "shell_write_content_to_file", "arguments": {"file_path": "/tmp/big", "content": big}}],
+        },
+    )
     assert reply.status_code == 202, reply.text
     call_job = reply.json()["jobs"]["tool_calls"][0]
     record = Store.from_url(f"redis://127.0.0.1:{stack.redis_port}/0").get_job(call_job)
@@ -149,13 +162,15 @@ def test_token_gate(guarded):
     assert refused.status_code == 401 and 'type="password"' in refused.text  # the login form
     assert requests.get(ui, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).status_code == 200
     assert requests.get(guarded.url + "/ui/static/viewer.css", timeout=30).status_code == 200
-    wrong = requests.post(guarded.url + "/ui/login", data={"token": "nope", "next": "/ui/"}, timeout=30,
-                          allow_redirects=False)
+    wrong = requests.post(
+        guarded.url + "/ui/login", data={"token": "nope", "next": "/ui/"}, timeout=30, allow_redirects=False
+    )
     assert wrong.status_code == 401 and "not the pool's token" in wrong.text and "set-cookie" not in wrong.headers
 
     browser = requests.Session()
-    login = browser.post(guarded.url + "/ui/login", data={"token": TOKEN, "next": "/ui/?state=closed"},
-                         timeout=30, allow_redirects=False)
+    login = browser.post(
+        guarded.url + "/ui/login", data={"token": TOKEN, "next": "/ui/?state=closed"}, timeout=30, allow_redirects=False
+    )
     assert login.status_code == 303 and login.headers["Location"] == "/ui/?state=closed"
     cookie = login.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/ui" in cookie and TOKEN not in cookie
@@ -168,12 +183,14 @@ def test_token_gate(guarded):
     # A forged cookie does not pass; the login never redirects off the viewer.
     forged = requests.get(ui, cookies={"termpool_viewer": "0" * 64}, timeout=30)
     assert forged.status_code == 401
-    away = requests.post(guarded.url + "/ui/login", data={"token": TOKEN, "next": "//evil.example/"}, timeout=30,
-                         allow_redirects=False)
+    away = requests.post(
+        guarded.url + "/ui/login", data={"token": TOKEN, "next": "//evil.example/"}, timeout=30, allow_redirects=False
+    )
     assert away.status_code == 303 and away.headers["Location"] == "/ui/"
 
 
 # ---- the recent-runs index and the recorded call (Redis alone) -------------------------------
+@pytest.mark.unit
 def test_recent_runs_index(redis_server, monkeypatch):
     redis_server.flushdb()
     store = Store(redis_server)
@@ -197,9 +214,12 @@ def test_recent_runs_index(redis_server, monkeypatch):
     assert [r["run_id"] for r in store.recent_runs((), 10)[0]] == [first.run_id, *ids[5:1:-1]]
 
 
+@pytest.mark.unit
 def test_recorded_call_caps_each_field():
-    call = {"name": "shell_exec", "arguments": {"id": "a", "command": "c" * 10_000, "block": True, "timeout": 20,
-                                               "extra": {"k": ["v" * 10_000]}}}
+    call = {
+        "name": "shell_exec",
+        "arguments": {"id": "a", "command": "c" * 10_000, "block": True, "timeout": 20, "extra": {"k": ["v" * 10_000]}},
+    }
     kept = dispatch.recorded_call(call)
     assert kept["name"] == "shell_exec" and kept["arguments"]["id"] == "a"
     assert kept["arguments"]["block"] is True and kept["arguments"]["timeout"] == 20

@@ -6,6 +6,7 @@ Chromium comes from apt (scripts/setup.sh), Playwright from PyPI (requirements-d
 wheel ships the driver, no `playwright install`). TERMPOOL_SKIP_BROWSER=1 skips this module;
 TERMPOOL_UPDATE_SCREENSHOT=1 also writes the screenshot to docs/images/viewer.png.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,16 @@ if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOT = ROOT / "docs" / "images" / "viewer.png"
 SLOW = 300_000  # ms: a run's steps on a loaded machine
 
@@ -39,14 +48,28 @@ def _live_episode(stack) -> str:
     """A solved hello-file episode through the runs API, slow enough to be watched live:
     its second call waits for a file the test creates once the page shows the first."""
     script = [
-        {"name": "shell_exec", "arguments": {"id": "main", "block": True, "timeout": 60,
-                                             "command": "echo 'Hello, world!' > /app/hello.txt && ls -l /app"}},
-        {"name": "shell_exec", "arguments": {
-            "id": "main", "block": True, "timeout": 240,
-            "command": "until [ -e /tmp/go ]; do sleep 0.2; done; cat /app/hello.txt"}},
+        {
+            "name": "shell_exec",
+            "arguments": {
+                "id": "main",
+                "block": True,
+                "timeout": 60,
+                "command": "echo 'Hello, world!' > /app/hello.txt && ls -l /app",
+            },
+        },
+        {
+            "name": "shell_exec",
+            "arguments": {
+                "id": "main",
+                "block": True,
+                "timeout": 240,
+                "command": "until [ -e /tmp/go ]; do sleep 0.2; done; cat /app/hello.txt",
+            },
+        },
     ]
-    reply = stack.post("/v1/runs", {"task_meta": {"task_name": "hello-file"}, "script": script,
-                                    "evaluate": True, "close": True})
+    reply = stack.post(
+        "/v1/runs", {"task_meta": {"task_name": "hello-file"}, "script": script, "evaluate": True, "close": True}
+    )
     assert reply.status_code == 202, reply.text
     return reply.json()["run_id"]
 
@@ -94,9 +117,19 @@ def test_watch_a_live_run(stack, browser, docker_client, tmp_path):
 def test_hostile_output_is_shown_as_text(stack, browser):
     """Markup in a command and its observation is text on the page: no element, no script."""
     hostile = "<img src=x onerror=alert(1)><script>alert(2)</script><b>bold</b>"
-    reply = stack.post("/v1/runs", {"task_meta": {"task_name": "hello-file"}, "close": True, "script": [
-        {"name": "shell_exec", "arguments": {"id": "main", "block": True, "timeout": 60,
-                                             "command": f"printf '%s\\n' '{hostile}'"}}]})
+    reply = stack.post(
+        "/v1/runs",
+        {
+            "task_meta": {"task_name": "hello-file"},
+            "close": True,
+            "script": [
+                {
+                    "name": "shell_exec",
+                    "arguments": {"id": "main", "block": True, "timeout": 60, "command": f"printf '%s\\n' '{hostile}'"},
+                }
+            ],
+        },
+    )
     assert reply.status_code == 202, reply.text
     run_id = reply.json()["run_id"]
     page = browser.new_page()

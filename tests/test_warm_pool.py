@@ -1,5 +1,6 @@
 """The opt-in warm pool: pre-started containers per task, refilled in the background, each
 handed to exactly one run."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,12 @@ def test_reconcile_keeps_pooled_containers(warm_stack, docker_client, base_image
     assert wait_for(lambda: len(pooled(warm_stack)) == 2, 60)
     waiting = [e["client"] for e in pooled(warm_stack)]
     # An orphan beside them shows when the sweep has run.
-    orphan = docker_client.containers.run(base_image, ["sleep", "infinity"], detach=True, labels={
-        "termpool.managed": "1", "termpool.host": warm_stack.host_id, "termpool.run": "warm-0000000000000000"})
+    orphan = docker_client.containers.run(
+        base_image,
+        ["sleep", "infinity"],
+        detach=True,
+        labels={"termpool.managed": "1", "termpool.host": warm_stack.host_id, "termpool.run": "warm-0000000000000000"},
+    )
     warm_stack.kill("teardown")
     warm_stack.start_worker("teardown")
     assert wait_for(lambda: not _exists(docker_client, orphan.id), 30), "the reconcile sweep did not run"

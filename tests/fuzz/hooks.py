@@ -1,4 +1,5 @@
 """schemathesis hooks of the fuzz run: a check that no reply is an unexpected error."""
+
 from __future__ import annotations
 
 import schemathesis

@@ -3,13 +3,16 @@
 Quantities are drawn at random when the service starts, so the answer differs from run to
 run and can only come from asking this service (the tests ask it too).
 """
+
 import json
 import random
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 NAMES = ["bolt", "nut", "washer", "gear", "spring", "hinge", "bracket"]
-ITEMS = [{"sku": f"A-{i + 1}", "name": name, "quantity": random.randint(0, 50)}
-         for i, name in enumerate(random.sample(NAMES, 5))]
+ITEMS = [
+    {"sku": f"A-{i + 1}", "name": name, "quantity": random.randint(0, 50)}
+    for i, name in enumerate(random.sample(NAMES, 5))
+]
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -1,4 +1,5 @@
 """Four tests, so an answer that gets some keys right scores 0.25 per passing test."""
+
 import json
 import string
 from pathlib import Path

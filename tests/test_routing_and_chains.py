@@ -1,0 +1,173 @@
+"""Routing of Celery tasks to queues, and the chains the facade sends: no Docker, no workers.
+
+The chains are sent for real, to a Celery app whose broker is a bare redis-server; the tests
+read the first step's message off its queue, with the rest of the chain embedded in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from tasks import dispatch
+from tasks.celery_app import MAINTENANCE_QUEUE, TASK_KINDS, make_celery, route_task
+from termpool.config import QUEUE_KINDS, load_settings
+from termpool.state import Store
+
+pytestmark = pytest.mark.unit
+
+HOST = "h1"
+TASK_PATH = "hello-file"
+
+
+def queue_of(name: str, kwargs: dict | None) -> str:
+    route = route_task(name, (), kwargs, {})
+    queue = route["queue"]
+    return queue if isinstance(queue, str) else queue.name
+
+
+# ---- routing -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(TASK_KINDS))
+def test_pool_task_goes_to_its_hosts_queue_of_its_kind(name):
+    assert TASK_KINDS[name] in QUEUE_KINDS
+    assert queue_of(name, {"host": HOST, "run_id": "run-0"}) == f"termpool.{HOST}.{TASK_KINDS[name]}"
+    assert queue_of(name, {"host": "h2"}) == f"termpool.h2.{TASK_KINDS[name]}"
+
+
+def test_each_queue_kind_has_its_tasks():
+    assert sorted(set(TASK_KINDS.values())) == sorted(QUEUE_KINDS)
+    assert queue_of("pool.exec_tool", {"host": HOST}) == f"termpool.{HOST}.exec"
+    assert queue_of("pool.ensure_image", {"host": HOST}) == f"termpool.{HOST}.build"
+    assert queue_of("pool.close_run", {"host": HOST}) == f"termpool.{HOST}.teardown"
+
+
+@pytest.mark.parametrize("name", ["pool.reap", "pool.reconcile_hosts"])
+def test_maintenance_tasks_go_to_the_maintenance_queue(name):
+    assert queue_of(name, {}) == MAINTENANCE_QUEUE
+    assert queue_of(name, None) == MAINTENANCE_QUEUE
+
+
+@pytest.mark.parametrize("kwargs", [None, {}, {"host": ""}, {"host": None}, {"run_id": "run-0"}])
+def test_pool_task_without_a_host_is_refused(kwargs):
+    with pytest.raises(ValueError, match="needs a host"):
+        route_task("pool.exec_tool", (), kwargs, {})
+
+
+# ---- chains --------------------------------------------------------------------------------
+@pytest.fixture
+def store(redis_server):
+    redis_server.flushdb()
+    return Store(redis_server)
+
+
+@pytest.fixture
+def celery(redis_server):
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    app = make_celery(load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": HOST}))
+    yield app
+    app.close()
+
+
+def sent(redis_server) -> list[dict]:
+    """Every message waiting in a Celery queue: its queue, task name, id, kwargs and the rest of
+    its chain (name, id, kwargs of each later step, in order)."""
+    messages = []
+    for queue in sorted(redis_server.keys("termpool.*")):
+        if redis_server.type(queue) != "list":
+            continue
+        for raw in redis_server.lrange(queue, 0, -1):
+            message = json.loads(raw)
+            _, kwargs, embed = json.loads(base64.b64decode(message["body"]))
+            rest = [(s["task"], s["options"]["task_id"], s["kwargs"]) for s in reversed(embed.get("chain") or [])]
+            headers = message["headers"]
+            messages.append(
+                {"queue": queue, "task": headers["task"], "id": headers["id"], "kwargs": kwargs, "rest": rest}
+            )
+    return messages
+
+
+def test_start_builds_the_image_until_the_host_has_it(celery, store, redis_server):
+    ids = {"host": HOST, "run_id": "run-1", "job_id": "job-1"}
+    steps = dispatch._start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
+    assert [(s.task, s.id, s.kwargs) for s in steps] == [
+        ("pool.ensure_image", "job-1.image", {**ids, "final": False}),
+        ("pool.start_run", "job-1", ids),
+    ]
+    store.mark_image_ready(HOST, TASK_PATH)
+    steps = dispatch._start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
+    assert [(s.task, s.id) for s in steps] == [("pool.start_run", "job-1")]
+    store.mark_image_ready(HOST, "another-task")  # another task's image is no help
+    assert len(dispatch._start_steps(celery, store, "run-1", HOST, "job-1", "other")) == 2
+
+
+def test_reset_is_sent_to_the_build_queue_then_to_the_lifecycle_queue(celery, store, redis_server):
+    job = dispatch.enqueue_start(celery, store, "run-1", HOST, TASK_PATH)
+    [message] = sent(redis_server)
+    assert (message["queue"], message["task"], message["id"]) == (
+        f"termpool.{HOST}.build",
+        "pool.ensure_image",
+        f"{job}.image",
+    )
+    assert [(name, task_id) for name, task_id, _ in message["rest"]] == [("pool.start_run", job)]
+    assert store.get_job(job)["kind"] == "start"
+
+
+def test_reset_of_a_built_task_goes_straight_to_the_lifecycle_queue(celery, store, redis_server):
+    store.mark_image_ready(HOST, TASK_PATH)
+    job = dispatch.enqueue_start(celery, store, "run-1", HOST, TASK_PATH)
+    [message] = sent(redis_server)
+    assert (message["queue"], message["task"], message["id"], message["rest"]) == (
+        f"termpool.{HOST}.lifecycle",
+        "pool.start_run",
+        job,
+        [],
+    )
+
+
+def test_episode_steps_in_order_with_their_job_ids(celery, store, redis_server):
+    store.mark_image_ready(HOST, TASK_PATH)
+    script = [
+        {"name": "shell_exec", "arguments": {"id": "main", "command": "ls"}},
+        {"name": "shell_view", "arguments": {"id": "main"}},
+    ]
+    jobs = dispatch.enqueue_episode(
+        celery, store, "run-1", HOST, "start-1", TASK_PATH, script, evaluate=True, close=True
+    )
+    assert jobs["start"] == "start-1" and len(jobs["tool_calls"]) == 2 and jobs["evaluation"] and jobs["close"]
+    [message] = sent(redis_server)
+    assert (message["queue"], message["task"], message["id"]) == (
+        f"termpool.{HOST}.lifecycle",
+        "pool.start_run",
+        "start-1",
+    )
+    close = jobs["close"]
+    assert [(name, task_id) for name, task_id, _ in message["rest"]] == [
+        ("pool.exec_tool", jobs["tool_calls"][0]),
+        ("pool.exec_tool", jobs["tool_calls"][1]),
+        ("pool.evaluate", jobs["evaluation"]),
+        (dispatch.RELEASE_TASK, f"{close}.release"),
+        ("pool.close_run", close),
+    ]
+    # each tool call step carries its own call; every step names the run and its host
+    assert [kwargs["tool_call"] for name, _, kwargs in message["rest"][:2]] == script
+    assert all(kwargs["host"] == HOST and kwargs["run_id"] == "run-1" for _, _, kwargs in message["rest"])
+    # the steps' queues, as each one is sent on by the worker before it
+    assert [queue_of(name, kwargs) for name, _, kwargs in message["rest"]] == [
+        f"termpool.{HOST}.{kind}" for kind in ("exec", "exec", "eval", "teardown", "teardown")
+    ]
+    # every step's job record exists before the chain runs, in chain order for the error callback
+    order = ["start-1", *jobs["tool_calls"], jobs["evaluation"], close]
+    assert store.episode_jobs("start-1") == order
+    assert [store.get_job(j)["kind"] for j in order] == ["start", "tool_call", "tool_call", "evaluation", "close"]
+
+
+def test_episode_without_evaluation_or_close_stops_after_the_script(celery, store, redis_server):
+    script = [{"name": "shell_exec", "arguments": {"id": "main", "command": "true"}}]
+    jobs = dispatch.enqueue_episode(celery, store, "run-1", HOST, "start-1", TASK_PATH, script)
+    assert jobs["evaluation"] is None and jobs["close"] is None
+    [message] = sent(redis_server)
+    assert message["task"] == "pool.ensure_image" and message["queue"] == f"termpool.{HOST}.build"
+    assert [name for name, _, _ in message["rest"]] == ["pool.start_run", "pool.exec_tool"]
+    assert store.episode_jobs("start-1") == ["start-1", *jobs["tool_calls"]]
