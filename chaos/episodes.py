@@ -10,6 +10,7 @@ honours `retryable` does, a step answered with a retryable failure is sent again
 keep_trying allows; a step that still fails ends the episode (its lease is closed, best
 effort) and its run counts as lost.
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,13 +20,22 @@ from dataclasses import dataclass, field
 
 import requests
 
-SOLUTION = {"name": "shell_write_content_to_file",
-            "arguments": {"content": "Hello, world!\n", "file_path": "/app/hello.txt"}}
+SOLUTION = {
+    "name": "shell_write_content_to_file",
+    "arguments": {"content": "Hello, world!\n", "file_path": "/app/hello.txt"},
+}
 TOOL_CALLS = (  # (tool call, what its observation must contain)
-    ({"name": "shell_exec", "arguments": {"id": "a", "command": "echo chaos-hi", "block": True, "timeout": 20}},
-     "chaos-hi"),
-    ({"name": "shell_exec", "arguments": {"id": "a", "command": "sleep 2; echo slept", "block": True,
-                                          "timeout": 20}}, "slept"),
+    (
+        {"name": "shell_exec", "arguments": {"id": "a", "command": "echo chaos-hi", "block": True, "timeout": 20}},
+        "chaos-hi",
+    ),
+    (
+        {
+            "name": "shell_exec",
+            "arguments": {"id": "a", "command": "sleep 2; echo slept", "block": True, "timeout": 20},
+        },
+        "slept",
+    ),
     ({"name": "shell_exec", "arguments": {"id": "b", "command": "pwd", "block": True, "timeout": 20}}, "/"),
 )
 
@@ -87,8 +97,11 @@ class Client:
             self.log.request(step, seconds, good)
         if not good:
             detail = str(exc)[:200] if exc is not None else str((data or {}).get("error", ""))[:200]
-            retryable = (exc is not None or status in (429, 502, 503, 504)
-                         or (isinstance(data, dict) and data.get("retryable") is True))
+            retryable = (
+                exc is not None
+                or status in (429, 502, 503, 504)
+                or (isinstance(data, dict) and data.get("retryable") is True)
+            )
             raise StepFailed(step, failure_code(status, data, exc), detail, retryable)
         return data
 
@@ -146,11 +159,22 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
         lease = None
         if found is not True and steps.retries == retried_before_close:  # a retried close finds it closed
             raise StepFailed("close", "NOT_FOUND_AT_CLOSE", f"found={found!r}")
-        return {"ok": True, "lost_tool_calls": lost, "allocate_retries": allocate_retries,
-                "step_retries": steps.retries}
+        return {
+            "ok": True,
+            "lost_tool_calls": lost,
+            "allocate_retries": allocate_retries,
+            "step_retries": steps.retries,
+        }
     except StepFailed as failed:
-        return {"ok": False, "step": failed.step, "code": failed.code, "detail": failed.detail,
-                "lost_tool_calls": lost, "allocate_retries": allocate_retries, "step_retries": steps.retries}
+        return {
+            "ok": False,
+            "step": failed.step,
+            "code": failed.code,
+            "detail": failed.detail,
+            "lost_tool_calls": lost,
+            "allocate_retries": allocate_retries,
+            "step_retries": steps.retries,
+        }
     finally:
         if lease:
             try:

@@ -1,5 +1,6 @@
 """The faults: kill -9 of one process of the stack (found by role in its process tree), or a
 Redis restart. Each returns a description of what it did, for the report."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,32 @@ import redis
 from chaos.service import Service
 
 # The Celery task a worker kill waits for, so the kill hits work in flight.
-IN_FLIGHT = {"build": "pool.ensure_image", "build-child": "pool.ensure_image", "lifecycle": "pool.start_run",
-             "exec": "pool.exec_tool", "eval": "pool.evaluate", "teardown": "pool.close_run"}
+IN_FLIGHT = {
+    "build": "pool.ensure_image",
+    "build-child": "pool.ensure_image",
+    "lifecycle": "pool.start_run",
+    "exec": "pool.exec_tool",
+    "eval": "pool.evaluate",
+    "teardown": "pool.close_run",
+}
 IN_FLIGHT_WAIT = 40.0
 REDIS_DOWN_SECONDS = 5.0
-REDIS_SETTINGS = ("port", "bind", "dir", "dbfilename", "save", "appendonly", "appendfsync", "appenddirname",
-                  "appendfilename", "maxmemory-policy", "protected-mode", "daemonize", "logfile", "pidfile")
+REDIS_SETTINGS = (
+    "port",
+    "bind",
+    "dir",
+    "dbfilename",
+    "save",
+    "appendonly",
+    "appendfsync",
+    "appenddirname",
+    "appendfilename",
+    "maxmemory-policy",
+    "protected-mode",
+    "daemonize",
+    "logfile",
+    "pidfile",
+)
 
 
 def active_tasks(app) -> list[dict]:
@@ -108,8 +129,13 @@ def restart_redis(service: Service) -> dict:
     if pid is None:
         return {"action": "none", "role": "redis", "error": "nothing listens on the Redis port"}
     command, source = redis_command(service, pid)
-    info = {"action": "redis SHUTDOWN NOSAVE + restart", "role": "redis", "pid": pid,
-            "command": " ".join(command), "command_from": source}
+    info = {
+        "action": "redis SHUTDOWN NOSAVE + restart",
+        "role": "redis",
+        "pid": pid,
+        "command": " ".join(command),
+        "command_from": source,
+    }
     down_at = time.monotonic()
     try:
         service.redis.shutdown(nosave=True)
@@ -124,8 +150,9 @@ def restart_redis(service: Service) -> dict:
         info["restarted_by"] = "someone else (a supervisor)"
         return info
     daemon = "--daemonize" in command and command[command.index("--daemonize") + 1] == "yes"
-    started = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    started = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     if daemon:
         try:
             started.wait(timeout=10)  # the parent exits once the daemon has forked

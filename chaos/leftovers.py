@@ -1,5 +1,6 @@
 """What a scenario left behind, and the harness's own cleanup afterwards (so the next
 scenario, and the shared machine, start clean whatever the service failed to remove)."""
+
 from __future__ import annotations
 
 import shutil
@@ -84,8 +85,11 @@ def measure(service: Service) -> dict:
 def temp_files(service: Service) -> list[str]:
     """termpool-* files and folders the stack left in its TMPDIR once stopped (the beat
     schedule file is meant to persist and is not counted)."""
-    return sorted(p.name for p in service.tmpdir.iterdir()
-                  if p.name.startswith("termpool-") and not p.name.startswith("termpool-beat-"))
+    return sorted(
+        p.name
+        for p in service.tmpdir.iterdir()
+        if p.name.startswith("termpool-") and not p.name.startswith("termpool-beat-")
+    )
 
 
 def count(left: dict) -> int:

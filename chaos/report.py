@@ -1,14 +1,31 @@
 """The chaos suite's table (markdown) and one-line summaries."""
+
 from __future__ import annotations
 
 LEFTOVER_LABELS = (  # key in the leftovers record -> how the table names it
-    ("containers", "containers"), ("networks", "networks"), ("socket_dirs", "socket dirs"),
-    ("slots_held", "slots held"), ("closes_pending", "closes pending"), ("redis_locks", "Redis locks"),
-    ("temp_files", "temp files"), ("processes", "processes"),
+    ("containers", "containers"),
+    ("networks", "networks"),
+    ("socket_dirs", "socket dirs"),
+    ("slots_held", "slots held"),
+    ("closes_pending", "closes pending"),
+    ("redis_locks", "Redis locks"),
+    ("temp_files", "temp files"),
+    ("processes", "processes"),
 )
-COLUMNS = ("scenario", "fault", "episodes ok", "runs lost", "refused", "failed by code (step)", "steps retried",
-           "tool calls lost",
-           "longest request", "recover", "not running after", "leftovers")
+COLUMNS = (
+    "scenario",
+    "fault",
+    "episodes ok",
+    "runs lost",
+    "refused",
+    "failed by code (step)",
+    "steps retried",
+    "tool calls lost",
+    "longest request",
+    "recover",
+    "not running after",
+    "leftovers",
+)
 
 
 def _seconds(value) -> str:
@@ -46,13 +63,35 @@ def longest_cell(result: dict) -> str:
 
 def row(result: dict) -> list[str]:
     if result.get("error"):
-        return [result["scenario"], result["fault"], "-", "-", "-", result["error"][:120], "-", "-", "-", "-", "-",
-                leftovers_cell(result.get("leftovers", {}))]
+        return [
+            result["scenario"],
+            result["fault"],
+            "-",
+            "-",
+            "-",
+            result["error"][:120],
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            leftovers_cell(result.get("leftovers", {})),
+        ]
     failed = ", ".join(f"{n}x {code}" for code, n in result["failed_by_code"].items()) or "-"
-    return [result["scenario"], result["fault"], f"{result['episodes_ok']}/{result['episodes']}",
-            str(result["runs_lost"]), str(result["refused"]), failed, str(result.get("step_retries", 0)),
-            str(result["lost_tool_calls"]), longest_cell(result), recover_cell(result),
-            ", ".join(result.get("not_running_after") or []) or "-", leftovers_cell(result.get("leftovers", {}))]
+    return [
+        result["scenario"],
+        result["fault"],
+        f"{result['episodes_ok']}/{result['episodes']}",
+        str(result["runs_lost"]),
+        str(result["refused"]),
+        failed,
+        str(result.get("step_retries", 0)),
+        str(result["lost_tool_calls"]),
+        longest_cell(result),
+        recover_cell(result),
+        ", ".join(result.get("not_running_after") or []) or "-",
+        leftovers_cell(result.get("leftovers", {})),
+    ]
 
 
 def table(results: list[dict]) -> str:
@@ -66,9 +105,11 @@ def one_line(result: dict) -> str:
 
 
 def document(meta: dict, table_text: str) -> str:
-    return (f"# Chaos suite results, {meta['date']}\n\n"
-            f"Commit {meta['commit']}; {meta['episodes']} episodes per scenario, {meta['concurrency']} at once; "
-            f"fault {meta['fault_after_s']:g} s in (worker kills wait until their kind of job is running); "
-            f"client timeout {meta['request_timeout_s']:g} s per request; recovery given up after "
-            f"{meta['recover_limit_s']:g} s. Load average at start {meta['loadavg_at_start']} on "
-            f"{meta['cpus']} CPUs.\n\n{table_text}\n")
+    return (
+        f"# Chaos suite results, {meta['date']}\n\n"
+        f"Commit {meta['commit']}; {meta['episodes']} episodes per scenario, {meta['concurrency']} at once; "
+        f"fault {meta['fault_after_s']:g} s in (worker kills wait until their kind of job is running); "
+        f"client timeout {meta['request_timeout_s']:g} s per request; recovery given up after "
+        f"{meta['recover_limit_s']:g} s. Load average at start {meta['loadavg_at_start']} on "
+        f"{meta['cpus']} CPUs.\n\n{table_text}\n"
+    )

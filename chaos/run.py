@@ -8,6 +8,7 @@ id, folders), run the episodes, inject the fault about 3 s in, measure the time 
 probe episode succeeds again, let the service settle, count what it left behind, stop it and
 clean up. Prints one markdown table; --json writes every detail.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,18 +44,21 @@ class Scenario:
     slow_build: bool = False  # episodes use a fresh task whose image build is slow
 
 
-SCENARIOS = {s.name: s for s in (
-    Scenario("baseline", "none"),
-    Scenario("kill-build", "kill -9 build worker (mid-build)", "build", slow_build=True),
-    Scenario("kill-build-child", "kill -9 build prefork child (mid-build)", "build-child", slow_build=True),
-    Scenario("kill-lifecycle", "kill -9 lifecycle worker", "lifecycle"),
-    Scenario("kill-exec", "kill -9 exec worker", "exec"),
-    Scenario("kill-eval", "kill -9 eval worker", "eval"),
-    Scenario("kill-teardown", "kill -9 teardown worker", "teardown"),
-    Scenario("kill-beat", "kill -9 beat (scheduler)", "beat"),
-    Scenario("kill-web-master", "kill -9 gunicorn master", "web"),
-    Scenario("redis-restart", "Redis SHUTDOWN NOSAVE, back after 5 s", "redis"),
-)}
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("baseline", "none"),
+        Scenario("kill-build", "kill -9 build worker (mid-build)", "build", slow_build=True),
+        Scenario("kill-build-child", "kill -9 build prefork child (mid-build)", "build-child", slow_build=True),
+        Scenario("kill-lifecycle", "kill -9 lifecycle worker", "lifecycle"),
+        Scenario("kill-exec", "kill -9 exec worker", "exec"),
+        Scenario("kill-eval", "kill -9 eval worker", "eval"),
+        Scenario("kill-teardown", "kill -9 teardown worker", "teardown"),
+        Scenario("kill-beat", "kill -9 beat (scheduler)", "beat"),
+        Scenario("kill-web-master", "kill -9 gunicorn master", "web"),
+        Scenario("redis-restart", "Redis SHUTDOWN NOSAVE, back after 5 s", "redis"),
+    )
+}
 
 
 def inject(scenario: Scenario, service: Service) -> dict:
@@ -88,13 +92,19 @@ def measure_recovery(service: Service, t0: float, result: dict) -> None:
     result.update(recover_s=None, probe_attempts=attempts)
 
 
-def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path,
-                 request_timeout: float = REQUEST_TIMEOUT) -> dict:
+def run_scenario(
+    scenario: Scenario, episodes: int, concurrency: int, logs: Path, request_timeout: float = REQUEST_TIMEOUT
+) -> dict:
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
     service = Service(scratch_dir())
-    result: dict = {"scenario": scenario.name, "fault": scenario.fault, "episodes": episodes,
-                    "concurrency": concurrency, "host_id": service.host_id}
+    result: dict = {
+        "scenario": scenario.name,
+        "fault": scenario.fault,
+        "episodes": episodes,
+        "concurrency": concurrency,
+        "host_id": service.host_id,
+    }
     started = time.monotonic()
     try:
         service.start()
@@ -114,8 +124,9 @@ def run_scenario(scenario: Scenario, episodes: int, concurrency: int, logs: Path
     return result
 
 
-def run_episodes(scenario: Scenario, service: Service, task: str, episodes: int, concurrency: int,
-                 request_timeout: float) -> dict:
+def run_episodes(
+    scenario: Scenario, service: Service, task: str, episodes: int, concurrency: int, request_timeout: float
+) -> dict:
     """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery."""
     log = Log()
     local = threading.local()
@@ -203,18 +214,25 @@ def _finish(service: Service, result: dict, logs: Path, started: float) -> None:
 
 
 def machine() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return {"commit": commit, "cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help=f"comma-separated, from: {', '.join(SCENARIOS)}")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, from: {', '.join(SCENARIOS)}"
+    )
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
-                        help="client timeout of one request, seconds (a request that hits it counts as failed)")
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT,
+        help="client timeout of one request, seconds (a request that hits it counts as failed)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--markdown", type=Path, help="write the table to this file too")
     parser.add_argument("--logs", type=Path, help="keep each scenario's service log here (default: a temp folder)")
@@ -224,9 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
     logs = args.logs or scratch_dir()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "episodes": args.episodes, "concurrency": args.concurrency, "request_timeout_s": args.request_timeout,
-            "fault_after_s": FAULT_AFTER, "recover_limit_s": RECOVER_LIMIT, **machine()}
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "episodes": args.episodes,
+        "concurrency": args.concurrency,
+        "request_timeout_s": args.request_timeout,
+        "fault_after_s": FAULT_AFTER,
+        "recover_limit_s": RECOVER_LIMIT,
+        **machine(),
+    }
     results = []
     failed_to_run = 0
     for name in names:

@@ -5,6 +5,7 @@ Processes are found by walking the process tree from the serve.sh pid and readin
 process's command line, so the harness does not depend on which launcher (honcho, a
 supervisor) serve.sh uses. Processes are only ever signalled by pid.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,15 +99,28 @@ class Service:
         self.log_path = self.workdir / "serve.log"
         self.seen: dict[int, tuple[float, str]] = {}  # every stack pid seen: (create_time, role)
         # The harness's own client: no retries, short timeouts (Redis may be down on purpose).
-        self.redis = redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=5, socket_connect_timeout=2,
-                                 decode_responses=True, retry=Retry(NoBackoff(), 0))
+        self.redis = redis.Redis(
+            host="127.0.0.1",
+            port=self.redis_port,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+        )
         self.images: list[str] = []  # images this run built (slow task variants), removed at the end
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(["bash", "scripts/serve.sh"], cwd=ROOT, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 (serve.sh writes to it for the life of the service)
+        self.proc = subprocess.Popen(
+            ["bash", "scripts/serve.sh"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         self.wait_ready(READY_TIMEOUT)
 
@@ -129,11 +143,13 @@ class Service:
             if not missing:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"the stack did not come up within {timeout:g} s (waiting for {missing}); "
-                           f"see {self.log_path}")
+        raise RuntimeError(
+            f"the stack did not come up within {timeout:g} s (waiting for {missing}); see {self.log_path}"
+        )
 
     def worker_registered(self, kind: str, pid: int) -> bool:
         from tasks.worker import node_name  # the node name the worker heartbeats under
+
         try:
             return Store(self.redis).node_alive(node_name(kind, self.host_id, pid))
         except redis.RedisError:
@@ -238,6 +254,7 @@ class Service:
 
     def celery(self):
         from tasks.celery_app import make_celery  # an app with the stack's broker and queues
+
         return make_celery(load_settings(self.env))
 
     # ---- tasks ------------------------------------------------------------------------------
@@ -249,6 +266,7 @@ class Service:
         text = SLOW_DOCKERFILE.read_text().format(nonce=name, seconds=seconds)
         (self.dataset / name / "Dockerfile").write_text(text)
         from termpool.task_spec import image_name
+
         self.images.append(image_name(name))
         return name
 

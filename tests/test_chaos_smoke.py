@@ -2,6 +2,7 @@
 by scripts/serve.sh, two episodes, the probe, leftovers, cleanup), and its pure parts.
 
 The full suite is long and is run by hand: `python -m chaos.run` (see the README)."""
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,24 @@ def test_roles_are_read_from_command_lines():
 
 
 def test_table_names_failures_and_leftovers():
-    result = {"scenario": "kill-exec", "fault": "kill -9 exec worker", "episodes": 4, "episodes_ok": 3,
-              "runs_lost": 1, "refused": 0,
-              "failed_by_code": {"WORKER_LOST (reset)": 1}, "lost_tool_calls": 1, "requests": 30,
-              "longest_request_s": 21.5, "longest_request_step": "reset", "requests_over_20s": 1,
-              "recover_s": None, "service_exited": True, "not_running_after": ["serve.sh"],
-              "leftovers": {"containers": ["a"], "slots_held": 2, "redis_locks": [], "processes": []}}
+    result = {
+        "scenario": "kill-exec",
+        "fault": "kill -9 exec worker",
+        "episodes": 4,
+        "episodes_ok": 3,
+        "runs_lost": 1,
+        "refused": 0,
+        "failed_by_code": {"WORKER_LOST (reset)": 1},
+        "lost_tool_calls": 1,
+        "requests": 30,
+        "longest_request_s": 21.5,
+        "longest_request_step": "reset",
+        "requests_over_20s": 1,
+        "recover_s": None,
+        "service_exited": True,
+        "not_running_after": ["serve.sh"],
+        "leftovers": {"containers": ["a"], "slots_held": 2, "redis_locks": [], "processes": []},
+    }
     row = report.table([result]).splitlines()[2]
     assert "| 3/4 | 1 | 0 |" in row and "1x WORKER_LOST (reset)" in row and "21.5 s (reset); 1 > 20 s" in row
     assert "never (service exited)" in row and "1 containers, 2 slots held" in row
@@ -39,9 +52,27 @@ def test_table_names_failures_and_leftovers():
 
 def test_baseline_scenario_runs_clean(tmp_path):
     out = tmp_path / "chaos.json"
-    proc = subprocess.run([sys.executable, "-m", "chaos.run", "--scenarios", "baseline", "--episodes", "2",
-                           "--concurrency", "2", "--json", str(out), "--logs", str(tmp_path / "logs")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chaos.run",
+            "--scenarios",
+            "baseline",
+            "--episodes",
+            "2",
+            "--concurrency",
+            "2",
+            "--json",
+            str(out),
+            "--logs",
+            str(tmp_path / "logs"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| baseline | none | 2/2 | 0 | 0 |" in proc.stdout, proc.stdout
     result = json.loads(out.read_text())["scenarios"][0]
