@@ -87,7 +87,9 @@ def _child_lost_retried(sender=None, request=None, reason=None, **_):
     job_id = ((request and request.kwargs) or {}).get("job_id")
     if isinstance(exc, WorkerLostError) and job_id:
         store().job_left(job_id, TOKEN)
-        store().job_lost_retry(job_id, f"a process of worker {request.hostname} died: {exc}")
+        store().job_lost_retry(
+            job_id, getattr(sender, "name", "") or "", f"a process of worker {request.hostname} died: {exc}"
+        )
 
 
 @task_failure.connect
@@ -128,7 +130,7 @@ def _recover(app, job_id: str, node: str) -> None:
         _fail(job, error, "WORKER_LOST")
         _settle_episode(app, job)
         return
-    attempts = store().job_lost_retry(job_id, error)
+    attempts = store().job_lost_retry(job_id, retry_with.get("task") or "", error)
     retries = int(retry_with.get("options", {}).get("retries") or 0) + 1
     app.signature(retry_with).apply_async(retries=retries)
     log.warning(

@@ -610,13 +610,15 @@ class Store:
         """True for exactly one caller: whoever removes the job from its dead process's set."""
         return bool(self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id))
 
-    def job_lost_retry(self, job_id: str, error: str) -> int:
-        """A lost step is sent again: one attempt more (the first counts as 1); returns it."""
+    def job_lost_retry(self, job_id: str, task: str, error: str) -> int:
+        """A lost step is sent again: one attempt more (the first counts as 1), counted for
+        /metrics as a retry of `task` for WORKER_LOST; returns the attempt."""
         key = PREFIX + "job:" + job_id
         pipe = self.r.pipeline()
         pipe.hsetnx(key, "attempts", 1)
         pipe.hincrby(key, "attempts", 1)
         pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
+        pipe.hincrby(RETRY_COUNTS, f"{task}|WORKER_LOST", 1)
         return pipe.execute()[1]
 
     def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:

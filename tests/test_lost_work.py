@@ -21,6 +21,7 @@ from termpool import processes
 from termpool.state import LOCK_TTL, OwnedLock, Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.stack import FIXTURES, ROOT, Stack
+from tests.test_metrics import scrape, value
 
 # A process that takes a lock and then sleeps until it is killed.
 HOLDER = """
@@ -258,6 +259,7 @@ def test_build_worker_killed_mid_build_is_retried_after_restart(lost_stack, pool
     job = store(lost_stack).get_job(job["job_id"])
     assert int(job["attempts"]) == 2 and job["retry_code"] == "WORKER_LOST", job
     assert took < LOCK_TTL + BUILD_SLEEP + SLACK, took
+    assert value(scrape(lost_stack), "termpool_job_retries_total", task="pool.ensure_image", reason="WORKER_LOST") >= 1
     pool.close(lease)
 
 
