@@ -187,9 +187,14 @@ def rules(guard: Guard, family: str) -> list[tuple[str, list[str]]]:
 
 
 def _drop_tagged(ipt: str, chain: str, comment: str) -> str:
-    """Shell: delete the chain's rules that carry this comment (as `-S` prints them)."""
+    """Shell: delete the chain's rules that carry this comment (as `-S` prints them), last
+    first: what is left is always a head of the old list, so the RETURN rules of termpool's
+    own bridges outlive the rejects behind them and a re-apply never cuts termpool's services
+    off from each other, not even for a moment."""
     pattern = shlex.quote(f'--comment "?{re.escape(comment)}"?( |$)')
-    return f'{ipt} -S {chain} | grep -E -- {pattern} | cut -c4- | while read -r rule; do eval "{ipt} -D $rule"; done'
+    return (
+        f'{ipt} -S {chain} | grep -E -- {pattern} | cut -c4- | tac | while read -r rule; do eval "{ipt} -D $rule"; done'
+    )
 
 
 def script(guard: Guard | None, comment: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from termpool.state import Store
 from tests.stack import ROOT, Stack
 
 BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")
@@ -32,7 +33,10 @@ def leftovers(client, host_id: str) -> list[str]:
 
 
 def stop_checking_leaks(s: Stack, docker_client) -> None:
-    """Stop the stack, remove its containers, and fail if any were left."""
+    """Stop the stack, remove its containers, and fail if any were left. Teardowns of runs the
+    tests closed run in the background: they get a minute to finish first."""
+    closing = Store.from_url(s.env["REDIS_URL"])
+    wait_for(lambda: not closing.closing_runs(s.host_id), 60, 0.5)
     s.stop()
     left = leftovers(docker_client, s.host_id)
     for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={s.host_id}"}):
