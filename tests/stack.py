@@ -76,6 +76,7 @@ class Stack:
             "noeviction",
         ]
         self.procs: dict[str, subprocess.Popen] = {}
+        self.revived: list[str] = []  # worker kinds started again after they exited (revive)
         self.url = f"http://127.0.0.1:{self.port}"
 
     # ---- processes ------------------------------------------------------------------------
@@ -102,6 +103,24 @@ class Stack:
         proc.wait(timeout=60)
         time.sleep(down_for)
         self.start_redis()
+        self.revive()
+
+    def revive(self) -> list[str]:
+        """Start again the worker processes (and beat) that exited, as the service's supervisor
+        does. Celery on Redis can lose a worker to a broker outage (kombu restoring unacked
+        messages on a dead connection: "Unrecoverable error"); serve.sh's supervisord and the
+        compose restart policies start it again. Returns the kinds started again (self.revived)."""
+        revived = []
+        for kind in (*WORKER_KINDS, *(("beat",) if self.beat else ())):
+            proc = self.procs.get(kind)
+            if proc is not None and proc.poll() is not None:
+                if kind == "beat":
+                    self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
+                else:
+                    self.start_worker(kind)
+                revived.append(kind)
+        self.revived += revived
+        return revived
 
     def start(self) -> Stack:
         self.start_redis()
