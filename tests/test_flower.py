@@ -115,11 +115,14 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
     assert requests.get(url + "/api/workers", auth=(auth[0], "wrong"), timeout=10).status_code == 401
     assert requests.get(url + "/api/tasks", timeout=10).status_code == 401
 
-    # Flower's HTTP server answers before its event receiver listens: wait until a probe job
-    # (the teardown of a lease never reset) shows up, so the episode's events are all seen.
-    probe = router.allocate("hello-file")
-    router.close(probe)
-    assert wait_for(lambda: _tasks_of_run(url, auth, probe), 60, 0.5), "Flower receives no task events"
+    # Flower's HTTP server answers before its event receiver listens: send probe jobs (the
+    # teardown of a lease never reset) until one shows up, so the episode's events are all seen.
+    def events_flow():
+        probe = router.allocate("hello-file")
+        router.close(probe)
+        return wait_for(lambda: _tasks_of_run(url, auth, probe), 5, 0.5)
+
+    assert wait_for(events_flow, 120, 0), "Flower receives no task events"
 
     # One episode's worth of jobs: image, start, a tool call, close.
     lease = router.allocate("hello-file")
