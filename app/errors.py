@@ -14,21 +14,15 @@ from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.validation import MAX_BODY_BYTES, BadRequest
+from termpool.codes import HTTP_STATUS_CODES
 from termpool.failures import retryable
 
 log = logging.getLogger(__name__)
 
 BACKEND_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, kombu.exceptions.OperationalError)
 
-# Werkzeug's HTTP errors by status; any other 4xx is a bad request, any other 5xx internal.
-HTTP_CODES = {
-    400: "BAD_REQUEST",
-    401: "UNAUTHORIZED",
-    403: "FORBIDDEN",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    413: "PAYLOAD_TOO_LARGE",
-}
+# Werkzeug's HTTP errors by status (HTTP_STATUS_CODES); any other 4xx is a bad request, any
+# other 5xx internal.
 
 
 def error_reply(status: int, error: str, code: str, headers=None):
@@ -38,7 +32,7 @@ def error_reply(status: int, error: str, code: str, headers=None):
 
 
 def http_code(status: int) -> str:
-    return HTTP_CODES.get(status) or ("INTERNAL" if status >= 500 else "BAD_REQUEST")
+    return HTTP_STATUS_CODES.get(status) or ("INTERNAL" if status >= 500 else "BAD_REQUEST")
 
 
 def register(app: Flask) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from termpool.codes import CODES
+from termpool.codes import CODES, HTTP_STATUS_CODES
 
 __all__ = [
     "Pool",
@@ -246,12 +246,7 @@ TestsTimeout.__test__ = TestsUnparsable.__test__ = False  # names pytest would o
 _KIND_BASES = {"client": ClientError, "task": TaskError, "infrastructure": InfrastructureError}
 # A reply without a code (none expected, but a proxy may answer): the code its status means.
 _STATUS_CODES = {
-    400: "BAD_REQUEST",
-    401: "UNAUTHORIZED",
-    403: "FORBIDDEN",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    413: "PAYLOAD_TOO_LARGE",
+    **HTTP_STATUS_CODES,
     429: "RUN_SLOTS_EXHAUSTED",
     502: "BACKEND_UNAVAILABLE",
     503: "BACKEND_UNAVAILABLE",

@@ -62,3 +62,14 @@ def retryable(code: str) -> bool:
 def fields(code: str) -> dict:
     """What every failed reply and job record carries besides `error`."""
     return {"code": code, "retryable": retryable(code)}
+
+
+# The code a plain HTTP refusal means (the facade's own errors, and a reply without a code).
+HTTP_STATUS_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+}
