@@ -124,5 +124,18 @@ def cleanup(service: Service) -> dict:
             pass
         except docker.errors.APIError:
             pass  # in use by a container that is being removed: harmless, reported by count
+    removed["containment"] = _remove_containment(service)
     shutil.rmtree(service.workdir, ignore_errors=True)
     return removed
+
+
+def _remove_containment(service: Service) -> bool:
+    """The stack's packet-filter rules (its workers installed them; they outlive a stop)."""
+    from tasks import containment
+    from termpool.config import load_settings
+
+    try:
+        containment.remove(load_settings(service.env))
+        return True
+    except Exception:
+        return False  # no iptables here (not root): the workers installed nothing either

@@ -117,8 +117,11 @@ def parse_destination(entry: str) -> list[tuple[str, int | None]]:
     return [(address, port) for address in _resolve(host)]
 
 
-def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = ()) -> Guard:
-    """The pool's API and Flower ports; Redis as a local port or a remote address."""
+def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = (), own_subnets: tuple[str, ...] = ()) -> Guard:
+    """The pool's API and Flower ports; Redis as a local port or a remote address. A remote
+    address inside one of termpool's own networks (`own_subnets`: Redis as a compose service)
+    gets no rule of its own: the reject into termpool's bridges covers it, and an address rule
+    would outlive the network and cut off whichever pool's Redis is given that address next."""
     ports = {cfg.port, cfg.flower_port}
     remote: list[tuple[str, int | None]] = []
     redis = urlsplit(cfg.redis_url)
@@ -130,6 +133,7 @@ def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = ()) -> Guard:
             remote += [(address, port) for address in _resolve(host)]
     for entry in cfg.containment_block:
         remote += parse_destination(entry)
+    remote = [(address, port) for address, port in remote if not _inside(address, own_subnets)]
     return Guard(
         tag=_safe_tag(cfg.host_id),
         local_ports=tuple(sorted(ports)),
@@ -137,6 +141,15 @@ def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = ()) -> Guard:
         interfaces=cfg.containment_interfaces,
         exempt=exempt,
     )
+
+
+def _inside(address: str, subnets: tuple[str, ...]) -> bool:
+    target = ipaddress.ip_network(address, strict=False)
+    for subnet in subnets:
+        network = ipaddress.ip_network(subnet, strict=False)
+        if network.version == target.version and target.subnet_of(network):
+            return True
+    return False
 
 
 # ---- the rules ------------------------------------------------------------------------------
@@ -197,6 +210,22 @@ def _drop_tagged(ipt: str, chain: str, comment: str) -> str:
     )
 
 
+def _drop_gone_pools(ipt: str) -> str:
+    """Shell: delete the rules of pools whose own bridge is gone (a compose deployment taken
+    down with its rules still in): their rules name an interface that no longer exists, and
+    nothing else would ever remove them."""
+    returns = f's/^-A {FORWARD_CHAIN} -i \\(br-[^ ]*\\) -m comment --comment "\\{{0,1\\}}termpool:\\([^ "]*\\).* -j RETURN$/\\1 \\2/p'
+    drop = " ".join(
+        f'{ipt} -S {chain} | grep -E -- "--comment \\"?termpool:$pattern\\"?( |\\$)" | cut -c4- | tac '
+        f'| while read -r rule; do eval "{ipt} -D $rule"; done;'
+        for chain in (INPUT_CHAIN, FORWARD_CHAIN)
+    )
+    return (
+        f"{ipt} -S {FORWARD_CHAIN} | sed -n {shlex.quote(returns)} | sort -u | while read -r dev tag; do "
+        f'[ -e "/sys/class/net/$dev" ] && continue; pattern=$(printf %s "$tag" | sed "s/[.]/[.]/g"); {drop} done'
+    )
+
+
 def script(guard: Guard | None, comment: str) -> str:
     """One sh script that replaces (guard) or removes (None) the pool's rules, in both families."""
     lines = ["set -e"]
@@ -205,6 +234,8 @@ def script(guard: Guard | None, comment: str) -> str:
         body = []
         for chain in (INPUT_CHAIN, FORWARD_CHAIN):
             body.append(f"{ipt} -N {chain} 2>/dev/null || true")
+        body.append(_drop_gone_pools(ipt))
+        for chain in (INPUT_CHAIN, FORWARD_CHAIN):
             body.append(_drop_tagged(ipt, chain, comment))
         for chain, rule in rules(guard, family) if guard else []:
             body.append(f"{ipt} -A {chain} {shlex.join(rule)}")
@@ -254,19 +285,37 @@ def _run_on_host(text: str, image: str) -> None:
     )
 
 
-def own_bridges(container) -> tuple[str, ...]:
-    """Bridge interface names of the container's own Docker networks, except Docker's default
-    one: task containers started without compose live there, it is never exempt."""
+def _own_bridge_networks(container) -> list:
+    """The container's own Docker bridge networks, except Docker's default one: task containers
+    started without compose live there, it is never exempt."""
     from tasks.docker_env import docker_client
 
-    names = []
+    networks = []
     for net in (container.attrs.get("NetworkSettings") or {}).get("Networks", {}).values():
         network = docker_client().networks.get(net["NetworkID"])
         options = network.attrs.get("Options") or {}
         if network.attrs.get("Driver") != "bridge" or options.get("com.docker.network.bridge.default_bridge") == "true":
             continue
-        names.append(options.get("com.docker.network.bridge.name", "br-" + network.id[:12]))
-    return tuple(names)
+        networks.append(network)
+    return networks
+
+
+def own_bridges(container) -> tuple[str, ...]:
+    """Bridge interface names of the container's own networks (see _own_bridge_networks)."""
+    return tuple(
+        (n.attrs.get("Options") or {}).get("com.docker.network.bridge.name", "br-" + n.id[:12])
+        for n in _own_bridge_networks(container)
+    )
+
+
+def own_subnets(container) -> tuple[str, ...]:
+    """The address ranges of the container's own networks (see _own_bridge_networks)."""
+    return tuple(
+        config["Subnet"]
+        for n in _own_bridge_networks(container)
+        for config in ((n.attrs.get("IPAM") or {}).get("Config") or [])
+        if config.get("Subnet")
+    )
 
 
 def execute(text: str, lock_dir: Path, container=None) -> None:
@@ -287,7 +336,8 @@ def install(cfg: Settings) -> Guard | None:
         return None
     try:
         container = _own_container()
-        guard = guard_from_settings(cfg, own_bridges(container) if container is not None else ())
+        own = (own_bridges(container), own_subnets(container)) if container is not None else ((), ())
+        guard = guard_from_settings(cfg, *own)
         execute(script(guard, guard.comment), cfg.socket_dir, container)
         log.info(
             "containment: task containers are refused ports %s of this host and %s elsewhere",

@@ -8,6 +8,7 @@ Set TERMPOOL_SKIP_COMPOSE=1 to skip it (it builds an image: about a minute cold,
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -113,6 +114,16 @@ class ComposeStack:
         ]
 
 
+def _remove_rules(host_id: str) -> None:
+    """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
+    their bridge is gone); removed here so no other test ever meets them."""
+    from tasks import containment
+    from termpool.config import load_settings
+
+    if shutil.which("iptables"):
+        containment.remove(load_settings({"POOL_HOST_ID": host_id}))
+
+
 def _names(docker_client, label: str) -> list[str]:
     """Names of the containers (any state) with this label; the low-level list, which does not
     trip over a container removed while it is being listed."""
@@ -203,6 +214,7 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         left_tasks = _names(docker_client, f"termpool.host={stack.host_id}")
         for name in left_tasks:
             docker_client.api.remove_container(name, force=True, v=True)
+        _remove_rules(stack.host_id)
         print("compose stack timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     assert down.returncode == 0, down.stderr[-4000:]
     assert not left_project, f"containers of the compose project remain: {left_project}"

@@ -238,3 +238,36 @@ def test_own_bridges_names_the_host_interfaces(base_image, docker_client):
         if container is not None:
             container.remove(force=True)
         network.remove()
+
+
+@pytest.mark.unit
+def test_redis_in_termpools_own_network_gets_no_address_rule():
+    """Redis as a compose service: the reject into termpool's bridge covers it; an address rule
+    would outlive the network and cut off the next pool given that address."""
+    cfg = load_settings({"REDIS_URL": "redis://192.168.176.2:6379/0", "CONTAINMENT_BLOCK": "192.0.2.9:80"})
+    guard = containment.guard_from_settings(cfg, ("br-own",), ("192.168.176.0/20",))
+    assert guard.remote == (("192.0.2.9", 80),)
+    assert containment.guard_from_settings(cfg).remote[0] == ("192.168.176.2", 6379)
+
+
+def test_rules_of_a_pool_whose_bridge_is_gone_are_collected():
+    """A compose deployment taken down leaves its rules; the next pool's apply removes them,
+    and only them."""
+    if shutil.which("iptables") is None or subprocess.run(["iptables", "-S"], capture_output=True).returncode:
+        pytest.skip("needs iptables (root)")
+    gone = Guard("gone-" + uuid.uuid4().hex[:8], (free_port(),), (("192.0.2.7", 6379),), ("docker0",), ("br-tpgone0",))
+    kept = Guard("kept-" + uuid.uuid4().hex[:8], (free_port(),), (), ("docker0",))
+
+    def listed() -> str:
+        return subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+
+    try:
+        containment._run_local(containment.script(gone, gone.comment))
+        assert listed().count(gone.comment) == len(containment.rules(gone, "iptables"))
+        containment._run_local(containment.script(kept, kept.comment))
+        assert gone.comment not in listed()
+        containment._run_local(containment.script(kept, kept.comment))  # a pool on the host is kept
+        assert listed().count(kept.comment) == len(containment.rules(kept, "iptables"))
+    finally:
+        for guard in (gone, kept):
+            containment._run_local(containment.script(None, guard.comment))
