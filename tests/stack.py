@@ -76,14 +76,15 @@ class Stack:
             "noeviction",
         ]
         self.procs: dict[str, subprocess.Popen] = {}
+        self.extra_hosts: dict[str, dict] = {}  # host id -> environment of its workers (start_host)
         self.revived: list[str] = []  # worker kinds started again after they exited (revive)
         self.url = f"http://127.0.0.1:{self.port}"
 
     # ---- processes ------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child's stdout: it outlives this call)
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=ROOT, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.procs[name] = proc
         return proc
@@ -139,11 +140,29 @@ class Stack:
         if wait:
             self.wait_worker(kind)
 
-    def wait_worker(self, kind: str, pid: int | None = None) -> None:
+    def wait_worker(self, kind: str, pid: int | None = None, host: str | None = None) -> None:
         """Wait for the heartbeat of the worker of this kind (started here, or given by pid)."""
         pid = pid or self.procs[kind].pid
-        node = node_name(kind, self.host_id, pid)
+        node = node_name(kind, host or self.host_id, pid)
         self._wait(lambda: self.redis.exists(f"tp:node:{node}"), f"{kind} worker", 60)
+
+    # ---- more worker hosts on this stack's Redis and facade --------------------------------
+    def start_host(self, host_id: str, env: dict | None = None) -> list[str]:
+        """Start the worker processes of another worker host, every queue kind (as Procfile.worker
+        does), with its own POOL_HOST_ID and, in env, its own DOCKER_HOST; returns their names
+        in self.procs ("<host>:<kind>")."""
+        host_env = self.extra_hosts.setdefault(host_id, {**self.env, **(env or {}), "POOL_HOST_ID": host_id})
+        names = [f"{host_id}:{kind}" for kind in WORKER_KINDS]
+        for name, kind in zip(names, WORKER_KINDS):
+            self._spawn(name, [sys.executable, "-m", "jobs.worker", kind], env=host_env)
+        for name, kind in zip(names, WORKER_KINDS):
+            self.wait_worker(kind, self.procs[name].pid, host_id)
+        return names
+
+    def kill_host(self, host_id: str, sig=signal.SIGKILL) -> None:
+        """Signal every worker process of a host started by start_host (SIGKILL: the host is lost)."""
+        for name in [n for n in self.procs if n.startswith(host_id + ":")]:
+            self.kill(name, sig)
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
@@ -161,14 +180,15 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.procs.clear()
-        self._remove_containment()
+        for env in (self.env, *self.extra_hosts.values()):
+            self._remove_containment(env)
 
-    def _remove_containment(self) -> None:
-        """Drop the packet-filter rules this stack's workers installed (environments/containment.py)."""
+    def _remove_containment(self, env: dict) -> None:
+        """Drop the packet-filter rules a host's workers installed (environments/containment.py)."""
         from environments import containment
         from termpool.config import load_settings
 
-        cfg = load_settings(self.env)
+        cfg = load_settings(env)
         if cfg.containment != "off":
             try:
                 containment.remove(cfg)
