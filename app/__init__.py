@@ -10,7 +10,7 @@ from flask import Flask, request
 from app import errors, validation, viewer
 from app.engine import Engine
 from termpool.config import Settings, settings
-from termpool.state import Store
+from termpool.state import HostStore
 
 
 def celery_init_app(app: Flask, cfg: Settings) -> Celery:
@@ -57,7 +57,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     app.config["MAX_CONTENT_LENGTH"] = validation.MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
-    app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
+    app.extensions["termpool"] = Engine(cfg=cfg, store=HostStore.from_url(cfg.redis_url), celery=celery)
     _guard(app, cfg)
     errors.register(app)
 
@@ -71,6 +71,8 @@ def create_app(cfg: Settings | None = None) -> Flask:
     init_metrics(app)
 
     from cli.dataset import dataset_cli
+    from cli.hosts import hosts_cli
 
     app.cli.add_command(dataset_cli)
+    app.cli.add_command(hosts_cli)
     return app

@@ -5,21 +5,32 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
 from celery import Celery
 
-from termpool import dispatch
+from termpool import dispatch, hosts
 from termpool.config import Settings
-from termpool.state import NO_FAILURE, Allocation, Store
+from termpool.state import LOST_STATE, NO_FAILURE, Allocation, HostStore
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
+HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
 
 
 class UnknownLease(LookupError):
     def __init__(self, run_id: str):
         super().__init__(f"Unknown run_lease_id: {run_id}")
+
+
+class HostUnavailable(RuntimeError):
+    """The run's worker host is lost (HOST_LOST) or the queue a call needs has no live worker
+    (WORKERS_DOWN): answered 503 at once instead of waiting for the call's time limit."""
+
+    def __init__(self, code: str, error: str):
+        super().__init__(error)
+        self.code = code
 
 
 class NotReady(RuntimeError):
@@ -34,6 +45,8 @@ TOOL_STATES = ("ready", "busy", "evaluating", "evaluated")  # states with a star
 
 
 def capacity_message(task_key: str, code: str) -> str:
+    if code == "WORKERS_DOWN":
+        return f"no worker host takes new runs for task {task_key!r}: none is live and not draining"
     limit = "WORKER_MAX_TASKS" if code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
     return f"no capacity for task {task_key!r}: {limit} reached"
 
@@ -52,27 +65,39 @@ class Submission:
 @dataclass
 class Engine:
     cfg: Settings
-    store: Store
+    store: HostStore
     celery: Celery
 
     # ---- leases -----------------------------------------------------------------------------
-    def hosts(self) -> list[str]:
-        """Worker hosts to place runs on: live ones first, this host's id as the fallback."""
-        live = self.store.live_hosts()
-        return live or [self.cfg.host_id]
-
-    def allocate(self, task_key: str, request_id: str) -> Allocation:
-        return self.store.allocate(task_key, request_id, self.hosts(), self.cfg.max_tasks, self.cfg.max_runs_per_task)
+    def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
+        """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
+        preferring one that has the task's images (known by task_path, else the task key)."""
+        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg))
 
     def lease(self, run_id: str) -> dict:
-        """A live run, marked as used; UnknownLease for unknown or released leases."""
+        """A live run, marked as used; UnknownLease for unknown or released leases,
+        HostUnavailable for a run whose host is lost."""
         if not self.store.touch(run_id):
             raise UnknownLease(run_id)
-        return self.store.require_run(run_id)
+        run = self.store.require_run(run_id)
+        if run["state"] == LOST_STATE:
+            raise HostUnavailable("HOST_LOST", run.get("error") or f"the worker host of run {run_id} is lost")
+        return run
+
+    def require_serving(self, run: dict, job_kind: str) -> None:
+        """HostUnavailable unless the run's host has live workers for this kind of job."""
+        kinds = hosts.JOB_QUEUE_KINDS[job_kind]
+        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence)
+        if code:
+            raise HostUnavailable(code, error)
+
+    def host_overview(self) -> dict[str, dict]:
+        return hosts.overview(self.store, self.cfg)
 
     def status(self) -> dict:
-        hosts = sorted(set(self.hosts()) | {self.cfg.host_id})
-        per_host = {host: self.store.host_status(host) for host in hosts}
+        overview = self.host_overview()
+        names = sorted(set(overview) | {self.cfg.host_id})
+        per_host = {host: {**self.store.host_status(host), **overview.get(host, {})} for host in names}
         tasks: dict = {}
         for status in per_host.values():
             for key, value in status["tasks"].items():
@@ -89,6 +114,7 @@ class Engine:
 
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
+        self.require_serving(run, "start")
         self.store.update_run(
             run["run_id"],
             state="starting",
@@ -101,14 +127,18 @@ class Engine:
 
     def tool_call(self, run: dict, call: dict) -> str:
         self._require_started(run)
+        self.require_serving(run, "tool_call")
         return dispatch.enqueue_tool_call(self.celery, self.store, run["run_id"], run["host"], call)
 
     def evaluation(self, run: dict) -> str:
         self._require_started(run)
+        self.require_serving(run, "evaluation")
         return dispatch.enqueue_evaluation(self.celery, self.store, run["run_id"], run["host"])
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
+        if self.store.close_lost_run(run_id):  # its teardown waits in its host's queue
+            return dispatch.enqueue_close(self.celery, self.store, run_id, self.store.require_run(run_id)["host"])
         if not self.store.release(run_id):
             return None
         run = self.store.require_run(run_id)
@@ -121,9 +151,38 @@ class Engine:
 
     # ---- waiting ----------------------------------------------------------------------------
     def wait(self, job_id: str, timeout: float | None) -> dict:
-        job = self.store.wait_job(job_id, None if timeout is None else timeout + WAIT_MARGIN)
+        """Block until the job ends or its limit (plus WAIT_MARGIN) passes."""
+        job = self.poll(job_id, None if timeout is None else timeout + WAIT_MARGIN)
         if job is None:
             raise RuntimeError(f"job {job_id} vanished")
+        return job
+
+    def poll(self, job_id: str, seconds: float | None) -> dict | None:
+        """The job's record once it has ended or `seconds` passed (None: no limit); a job whose
+        host is lost, or whose queue has no live worker, fails meanwhile (settle)."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            left = HOST_CHECK_SECONDS if deadline is None else min(HOST_CHECK_SECONDS, deadline - time.monotonic())
+            job = self.store.wait_job(job_id, max(left, 0))
+            if job is None or job.get("state") not in ("queued", "running"):
+                return job
+            job = self.settle(job)
+            if job.get("state") not in ("queued", "running") or left <= 0:
+                return job
+
+    def settle(self, job: dict | None) -> dict | None:
+        """Fail an unfinished job at once when its run's host is lost or its queue kind has no
+        live worker; the job's record as it stands afterwards."""
+        if not job or job.get("state") not in ("queued", "running") or job.get("kind") not in hosts.JOB_QUEUE_KINDS:
+            return job
+        run = self.store.get_run(job.get("run_id", ""))
+        if not run or not run.get("host"):
+            return job
+        kinds = hosts.JOB_QUEUE_KINDS[job["kind"]]
+        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence)
+        if code:
+            self.store.fail_lost_job(job["job_id"], error, code=code)
+            return self.store.get_job(job["job_id"])
         return job
 
     def start_wait_limit(self, task_timeouts: dict) -> float:
@@ -156,7 +215,7 @@ class Engine:
         duplicates cannot both start it. A run allocated by /allocate with that request_id
         and never reset is started here.
         """
-        lease = self.allocate(task_key, request_id)
+        lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"])
         run = self.store.require_run(lease.run_id)
         job_id = str(uuid.uuid4())
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
@@ -179,6 +238,8 @@ class Engine:
             raise UnknownLease(run_id)
         if run["state"] in ("closing", "closed"):
             raise RunClosed(f"run {run_id} is {run['state']}")
+        if run["state"] == LOST_STATE:
+            raise HostUnavailable("HOST_LOST", run.get("error") or f"the worker host of run {run_id} is lost")
         if run["state"] not in allowed:
             raise NotReady(
                 f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "

@@ -29,7 +29,7 @@ CLIENT_STATUS = {
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "HOST_LOST", "WORKERS_DOWN")
 # The runs API answers a job failure 200 with the failed job record; the facade itself
 # answers these when it cannot do its own part (Redis away, an unexpected error).
-RUNS_FACADE_STATUS = {"BACKEND_UNAVAILABLE": 503, "INTERNAL": 500}
+RUNS_FACADE_STATUS = {"BACKEND_UNAVAILABLE": 503, "HOST_LOST": 503, "WORKERS_DOWN": 503, "INTERNAL": 500}
 # Client errors a worker can also end a job with (the run changed under a queued job).
 CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify
 
 from app import error_codes, validation
-from app.engine import Engine, NotReady, UnknownLease, capacity_message
+from app.engine import Engine, HostUnavailable, NotReady, UnknownLease, capacity_message
 from termpool import failures
 from termpool.state import CapacityError
 
@@ -115,6 +115,11 @@ def close():
 @bp.errorhandler(UnknownLease)
 def _unknown_lease(exc):
     return fail("UNKNOWN_LEASE", str(exc))
+
+
+@bp.errorhandler(HostUnavailable)
+def _host_unavailable(exc):
+    return fail(exc.code, str(exc))
 
 
 @bp.errorhandler(NotReady)

@@ -44,8 +44,8 @@ import math
 
 from flask import Blueprint, current_app, jsonify, request
 
-from app import openapi, validation
-from app.engine import Engine, NotReady, RunClosed, Submission, UnknownLease, capacity_message
+from app import error_codes, openapi, validation
+from app.engine import Engine, HostUnavailable, NotReady, RunClosed, Submission, UnknownLease, capacity_message
 from termpool import failures
 from termpool.state import CapacityError
 
@@ -189,7 +189,7 @@ def create_run():
     try:
         sub = engine().submit(task_key, request_id, start, episode)
     except CapacityError as exc:
-        return fail(429, capacity_message(task_key, exc.code), exc.code)
+        return fail(error_codes.runs_status(exc.code) or 429, capacity_message(task_key, exc.code), exc.code)
     return _submission_reply(sub)
 
 
@@ -236,8 +236,7 @@ def get_job(job_id: str):
     if job is None:
         return fail(404, f"unknown job: {job_id}", "UNKNOWN_JOB")
     engine().store.touch(job["run_id"])
-    if seconds > 0 and job["state"] in ("queued", "running"):
-        job = engine().store.wait_job(job_id, seconds) or job
+    job = engine().poll(job_id, seconds) or job  # settles a job whose host is lost
     return ok(job=_job_view(job))
 
 
@@ -250,6 +249,11 @@ def _unknown_run(exc):
 @bp.errorhandler(NotReady)
 def _not_ready(exc):
     return fail(409, str(exc), "RUN_NOT_READY")
+
+
+@bp.errorhandler(HostUnavailable)
+def _host_unavailable(exc):
+    return fail(503, str(exc), exc.code)
 
 
 @bp.errorhandler(RunClosed)

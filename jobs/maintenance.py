@@ -1,5 +1,6 @@
 """Maintenance: the idle reaper (beat), the reconcile sweep (at worker start and every
-RECONCILE_SECONDS from beat), and worker liveness heartbeats."""
+RECONCILE_SECONDS from beat), lost hosts (beat, termpool/hosts.py), and worker liveness
+heartbeats (with the host's queue kind and capacity)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,27 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import lifecycle
 from jobs.runtime import store
+from termpool import hosts
 from termpool.config import settings
+from termpool.queues import queue_kind
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 3.0  # well under HOST_SILENCE_SECONDS (10 s by default)
 
 
 def _run_is_live(run_id: str) -> bool:
     if run_id.startswith("warm-"):
         return store().warm_known(run_id)
     run = store().get_run(run_id) if run_id else None
-    return bool(run) and run.get("state") != "closed"
+    return bool(run) and run.get("state") not in ("closed", "lost")
 
 
 @shared_task(name="pool.reconcile", bind=True)
 def reconcile(self, *, host):
+    """Remove this host's leftovers; runs marked lost while it was away are closed first."""
+    settled = store().settle_lost_runs(host)
+    if settled:
+        log.warning("host %s is back: closing its %d runs marked lost", host, len(settled))
     removed = lifecycle.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
@@ -54,9 +61,11 @@ def reap(self):
     from termpool.dispatch import enqueue_close  # the same path the facade uses
 
     cfg = settings()
-    hosts = set(store().live_hosts()) | {cfg.host_id}
+    lost = hosts.sweep(store(), cfg.host_silence)
+    if lost:
+        log.warning("runs marked lost (HOST_LOST), by host: %s", lost)
     reaped = []
-    for host in hosts:
+    for host in set(store().live_hosts()) | {cfg.host_id}:
         # An /allocate never followed by a reset holds a slot; heartbeats do not extend it.
         candidates = [(run_id, "idle", "") for run_id in store().idle_runs(host, cfg.run_idle_ttl)]
         candidates += [
@@ -72,28 +81,46 @@ def reap(self):
 
 
 # ---- worker liveness ------------------------------------------------------------------------
-def _heartbeat(node: str, host: str, stop: threading.Event) -> None:
+def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
+    capacity = hosts.capacity(settings())
     while not stop.is_set():
         try:
             store().node_heartbeat(node)
-            store().host_heartbeat(host)
+            store().host_beat(host, node, kind, capacity)
         except Exception:  # Redis away: keep trying, the facade reports 503 meanwhile
             log.exception("heartbeat failed")
         stop.wait(HEARTBEAT_SECONDS)
 
 
 _stop_heartbeat = threading.Event()
+_beating: dict = {}  # node and kind of this process's heartbeat
+
+
+def _worker_kind(worker, host: str) -> str:
+    """The queue kind this worker consumes (every worker of jobs/worker.py consumes one)."""
+    kinds = {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from} - {None}
+    return min(kinds) if kinds else "other"
 
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_):
-    node = sender.hostname
+    host = settings().host_id
+    _beating.update(node=sender.hostname, kind=_worker_kind(sender, host))
     threading.Thread(
-        target=_heartbeat, args=(node, settings().host_id, _stop_heartbeat), daemon=True, name="termpool-heartbeat"
+        target=_heartbeat,
+        args=(_beating["node"], host, _beating["kind"], _stop_heartbeat),
+        daemon=True,
+        name="termpool-heartbeat",
     ).start()
-    sender.app.send_task("pool.reconcile", kwargs={"host": settings().host_id})
+    sender.app.send_task("pool.reconcile", kwargs={"host": host})
 
 
 @worker_shutdown.connect
 def _on_worker_shutdown(**_):
+    """A clean stop: this queue kind of the host is down at once, not HOST_SILENCE_SECONDS later."""
     _stop_heartbeat.set()
+    if _beating:
+        try:
+            store().host_node_stopped(settings().host_id, _beating["node"], _beating["kind"])
+        except Exception:  # Redis away: the silence limit tells the same a little later
+            log.warning("could not deregister %s", _beating["node"], exc_info=True)

@@ -94,6 +94,7 @@ class Settings:
     web_workers: int
     web_threads: int
     log_level: str
+    host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
     extra: dict = field(default_factory=dict)
 
     @property
@@ -165,6 +166,7 @@ def load_settings(env=None) -> Settings:
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
+        host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),
     )
 
 

@@ -36,6 +36,12 @@ def queue_name(host: str, kind: str) -> str:
     return f"termpool.{host}.{kind}"
 
 
+def queue_kind(queue: str, host: str) -> str | None:
+    """The kind of one of `host`'s queues; None for any other queue."""
+    head, _, kind = queue.rpartition(".")
+    return kind if head == f"termpool.{host}" and kind in QUEUE_KINDS else None
+
+
 def host_queues(host: str) -> list[Queue]:
     return [Queue(queue_name(host, kind)) for kind in QUEUE_KINDS]
 

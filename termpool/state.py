@@ -23,6 +23,7 @@ Keys (all under ``tp:``):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import secrets
@@ -480,7 +481,9 @@ class Store:
                 return self.get_job(job_id)
             job = self.get_job(job_id)
             if job and job.get("state") == "running" and self._abandoned(job):
-                self.fail_lost_job(job_id, f"worker {job['node']} was lost while running this job")
+                # With its process known, a job is abandoned only when its whole host is silent.
+                code = "HOST_LOST" if job.get("worker") else "WORKER_LOST"
+                self.fail_lost_job(job_id, f"worker {job['node']} was lost while running this job", code=code)
 
     def _abandoned(self, job: dict) -> bool:
         """The job's worker process is dead and no worker of its host is left to recover it
@@ -634,6 +637,231 @@ class Store:
         return score is not None and score > time.time() - NODE_TTL
 
 
+# ---- many hosts: liveness per queue kind, placement, drain, loss ------------------------------
+# Keys of this section (all under tp:):
+#   host:<h>:nodes   hash: worker node -> "<queue kind> <last beat>" (0: it stopped cleanly)
+#   host:<h>:info    hash: what the host publishes with its heartbeat (max_tasks, max_runs_per_task)
+#   hosts:draining   set: hosts that take no new runs
+#   host:<h>:lost    set: runs of h marked lost (HOST_LOST) until h's reconcile closes them
+HOST_FORGET_SECONDS = 3600  # a host silent this long is dropped from the hosts list and /status
+LOST_STATE = "lost"
+
+# Placement: every argument is in ARGV (ARGV[1] is the key prefix). A host is a candidate when
+# it beat since `cutoff` with every queue kind and is not draining; with no host beating at all
+# (a fresh Redis) the facade's own host id is the one candidate, as before. Among candidates
+# with room for the task key: the least loaded (live runs over its published capacity), unless
+# one within `slack` of that load already holds the task's images (images:<h>), then that one.
+_PLACE = """
+local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local cutoff, affinity, def_tasks, def_runs = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local slack, nkinds, fallback = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
+if req_key ~= '' then
+  local existing = redis.call('GET', req_key)
+  if existing then
+    local state = redis.call('HGET', p .. 'run:' .. existing, 'state')
+    if state and state ~= 'closing' and state ~= 'closed' and state ~= 'lost' then
+      redis.call('HSET', p .. 'run:' .. existing, 'last_used_at', now)
+      local host = redis.call('HGET', p .. 'run:' .. existing, 'host')
+      redis.call('ZADD', p .. 'host:' .. host .. ':live', now, existing)
+      return {'reused', existing, host}
+    end
+  end
+end
+local function serving(h)
+  if redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 then return false end
+  local nodes = redis.call('HVALS', p .. 'host:' .. h .. ':nodes')
+  local kinds, n = {}, 0
+  for _, value in ipairs(nodes) do
+    local kind, at = string.match(value, '^(%S+) (%S+)$')
+    if kind and tonumber(at) >= cutoff and not kinds[kind] then kinds[kind] = true n = n + 1 end
+  end
+  return n >= nkinds
+end
+local beating = redis.call('ZRANGEBYSCORE', p .. 'hosts', cutoff, '+inf')
+local candidates = {}
+for _, h in ipairs(beating) do if serving(h) then table.insert(candidates, h) end end
+if #beating == 0 and fallback ~= '' then candidates = {fallback} end
+if #candidates == 0 then return {'full', 'WORKERS_DOWN'} end
+local fits, code = {}, 'TASK_SLOTS_EXHAUSTED'
+for _, h in ipairs(candidates) do
+  local info = redis.call('HMGET', p .. 'host:' .. h .. ':info', 'max_tasks', 'max_runs_per_task')
+  local max_tasks, max_runs = tonumber(info[1]) or def_tasks, tonumber(info[2]) or def_runs
+  local keys_key = p .. 'host:' .. h .. ':keys'
+  local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
+  local room
+  if n > 0 then
+    room = n < max_runs
+    if not room then code = 'RUN_SLOTS_EXHAUSTED' end
+  else
+    room = redis.call('HLEN', keys_key) < max_tasks
+  end
+  if room then
+    local load = redis.call('ZCARD', p .. 'host:' .. h .. ':live') / math.max(max_tasks * max_runs, 1)
+    table.insert(fits, {h, load, redis.call('SISMEMBER', p .. 'images:' .. h, affinity) == 1})
+  end
+end
+if #fits == 0 then return {'full', code} end
+local least = fits[1]
+for _, f in ipairs(fits) do if f[2] < least[2] then least = f end end
+local chosen = least
+if not least[3] then
+  for _, f in ipairs(fits) do
+    if f[3] and f[2] <= least[2] + slack and (chosen == least or f[2] < chosen[2]) then chosen = f end
+  end
+end
+local host = chosen[1]
+redis.call('HINCRBY', p .. 'host:' .. host .. ':keys', task_key, 1)
+redis.call('ZADD', p .. 'host:' .. host .. ':live', now, run_id)
+redis.call('HSET', p .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', host,
+  'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
+if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', tonumber(ARGV[14])) end
+return {'new', run_id, host}
+"""
+
+# A host is lost: each live run becomes "lost" (HOST_LOST) and leaves the host's capacity count.
+_MARK_LOST = """
+local p, h, now, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local live = redis.call('ZRANGE', p .. 'host:' .. h .. ':live', 0, -1)
+for _, run in ipairs(live) do
+  redis.call('HSET', p .. 'run:' .. run, 'state', 'lost', 'code', 'HOST_LOST', 'error', err,
+    'retryable', 'true', 'lost_at', now)
+  redis.call('SADD', p .. 'host:' .. h .. ':lost', run)
+end
+redis.call('DEL', p .. 'host:' .. h .. ':live', p .. 'host:' .. h .. ':keys')
+return live
+"""
+
+
+@dataclass
+class Placement:
+    """How allocate weighs hosts (Store.place)."""
+
+    cutoff: float  # a host's workers must have beaten since then
+    kinds: int  # ... with this many queue kinds
+    default_tasks: int  # capacity of a host that has not published its own
+    default_runs: int
+    slack: float  # load difference image affinity may outweigh
+    fallback: str  # the one candidate when no host beats at all
+
+
+class HostStore(Store):
+    """Store plus the keys of many hosts: heartbeats with capacity, placement, drain, loss."""
+
+    @functools.cached_property
+    def _place(self):
+        return self.r.register_script(_PLACE)
+
+    @functools.cached_property
+    def _mark_lost(self):
+        return self.r.register_script(_MARK_LOST)
+
+    # ---- heartbeats -------------------------------------------------------------------------
+    def host_beat(self, host: str, node: str, kind: str, capacity: dict) -> None:
+        """A worker process of `host` consuming queue `kind` is alive; capacity: its limits."""
+        now = time.time()
+        pipe = self.r.pipeline()
+        pipe.zadd(PREFIX + "hosts", {host: now})
+        pipe.hset(f"{PREFIX}host:{host}:nodes", node, f"{kind} {now}")
+        pipe.hset(f"{PREFIX}host:{host}:info", mapping={k: str(v) for k, v in capacity.items()})
+        pipe.execute()
+
+    def host_node_stopped(self, host: str, node: str, kind: str) -> None:
+        """A worker process stopped cleanly: its kind is down at once; the host leaves the hosts
+        list with its last process."""
+        key = f"{PREFIX}host:{host}:nodes"
+        self.r.hset(key, node, f"{kind} 0")
+        if not any(float(value.split()[1]) > 0 for value in self.r.hvals(key)):
+            self.r.zrem(PREFIX + "hosts", host)
+
+    def host_nodes(self, host: str) -> dict[str, tuple[str, float]]:
+        """node -> (queue kind, last beat; 0 once it stopped)."""
+        out = {}
+        for node, value in self.r.hgetall(f"{PREFIX}host:{host}:nodes").items():
+            kind, _, at = value.partition(" ")
+            out[node] = (kind, float(at or 0))
+        return out
+
+    def known_hosts(self) -> dict[str, float]:
+        """Every host in the hosts list, with its last heartbeat."""
+        return dict(self.r.zrange(PREFIX + "hosts", 0, -1, withscores=True))
+
+    def forget_host(self, host: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.zrem(PREFIX + "hosts", host)
+        pipe.delete(f"{PREFIX}host:{host}:nodes", f"{PREFIX}host:{host}:info")
+        pipe.execute()
+
+    # ---- placement --------------------------------------------------------------------------
+    def place(self, task_key: str, request_id: str, affinity: str, rule: Placement) -> Allocation:
+        """Allocate a run on the best host (see _PLACE); CapacityError when none has room
+        (code WORKERS_DOWN when no host is serving)."""
+        req_key = f"{PREFIX}req:{task_key}:{request_id}" if request_id else ""
+        now = str(time.time())
+        args = [PREFIX, task_key, new_run_id(), now, req_key, request_id, rule.cutoff, affinity]
+        args += [rule.default_tasks, rule.default_runs, rule.slack, rule.kinds, rule.fallback, IDEMPOTENCY_TTL]
+        reply = self._place(args=args)
+        if reply[0] == "full":
+            raise CapacityError(reply[1])
+        if reply[0] == "new":
+            self._index_run(reply[1], float(now))
+        return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
+
+    def host_info(self, host: str) -> dict:
+        return self.r.hgetall(f"{PREFIX}host:{host}:info")
+
+    def host_load(self, host: str) -> dict:
+        """Live runs and images cached on the host (for /status and `hosts list`)."""
+        pipe = self.r.pipeline()
+        pipe.zcard(f"{PREFIX}host:{host}:live")
+        pipe.scard(f"{PREFIX}images:{host}")
+        pipe.scard(f"{PREFIX}host:{host}:lost")
+        live, images, lost = pipe.execute()
+        return {"live_runs": live, "images_cached": images, "lost_runs": lost}
+
+    # ---- drain ------------------------------------------------------------------------------
+    def set_draining(self, host: str, draining: bool) -> None:
+        if draining:
+            self.r.sadd(PREFIX + "hosts:draining", host)
+        else:
+            self.r.srem(PREFIX + "hosts:draining", host)
+
+    def draining_hosts(self) -> set[str]:
+        return self.r.smembers(PREFIX + "hosts:draining")
+
+    # ---- loss -------------------------------------------------------------------------------
+    def mark_host_lost(self, host: str, error: str) -> list[str]:
+        """Mark the host's live runs lost and free its capacity; returns those runs."""
+        runs = self._mark_lost(args=[PREFIX, host, time.time(), failures.cap(error)])
+        for run_id in runs:
+            for job_id in self.run_jobs(run_id):
+                self.fail_lost_job(job_id, error, code="HOST_LOST")
+        return runs
+
+    def lost_runs(self, host: str) -> list[str]:
+        return list(self.r.smembers(f"{PREFIX}host:{host}:lost"))
+
+    def close_lost_run(self, run_id: str) -> bool:
+        """A lost run is released (the client's close): closing, its teardown waits for its host."""
+        if not self.transition(run_id, (LOST_STATE,), "closing"):
+            return False
+        host = self.r.hget(PREFIX + "run:" + run_id, "host")
+        pipe = self.r.pipeline()
+        pipe.srem(f"{PREFIX}host:{host}:lost", run_id)
+        pipe.sadd(f"{PREFIX}host:{host}:closing", run_id)
+        pipe.hset(PREFIX + "run:" + run_id, mapping={"closing_reason": "closed", "last_used_at": time.time()})
+        pipe.execute()
+        return True
+
+    def settle_lost_runs(self, host: str) -> list[str]:
+        """The host is back: its lost runs are closed, so its reconcile removes their containers."""
+        runs = self.lost_runs(host)
+        for run_id in runs:
+            if self.transition(run_id, (LOST_STATE,), "closed"):
+                self.mark_closed(run_id)
+            self.r.srem(f"{PREFIX}host:{host}:lost", run_id)
+        return runs
+
+
 # ---- locks ----------------------------------------------------------------------------------
 LOCK_TTL = 12.0  # a lock outlives its owner by at most this long: the owner renews it meanwhile
 LOCK_POLL = 0.2
@@ -714,3 +942,8 @@ def build_lock(client: redis.Redis, host: str, image: str) -> OwnedLock:
 def warm_lock(client: redis.Redis, host: str, task_path: str) -> OwnedLock:
     """One refill of a task's warm pool per host at a time."""
     return OwnedLock(client, f"{PREFIX}warm-lock:{host}:{task_path}")
+
+
+def beat_lock(client: redis.Redis) -> OwnedLock:
+    """One beat scheduler per deployment (one Redis): a second one stands by until it is free."""
+    return OwnedLock(client, f"{PREFIX}beat-lock")

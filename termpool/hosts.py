@@ -1,0 +1,132 @@
+"""Many worker hosts behind one Redis: which are serving, where a run goes, what a lost one means.
+
+A worker process beats every few seconds with its host, its queue kind and its host's capacity
+(jobs/maintenance.py). From those beats:
+
+* a host serves when every queue kind of it beat within HOST_SILENCE_SECONDS and it is not
+  draining; allocate places a run only on a serving host (state.HostStore.place);
+* a call on a run whose host has no worker that beat within the limit fails at once with
+  HOST_LOST (the host's live runs are marked lost, its capacity freed); when only the call's
+  queue kind is silent, with WORKERS_DOWN;
+* a host with no beat at all on record (never seen, or a Redis that lost its data a moment
+  ago) is not judged: calls wait for their time limits as before.
+
+Used by the facade (app/engine.py), the reaper and the CLI; imports nothing Docker-side.
+"""
+
+from __future__ import annotations
+
+import time
+
+from termpool.config import QUEUE_KINDS, Settings
+from termpool.state import HOST_FORGET_SECONDS, HostStore, Placement
+
+# Image affinity: a host that already has the task's images wins over the least loaded one
+# when its load (live runs over capacity) is at most this much higher; one cold start (a
+# build) costs far more than running a few more runs on a host.
+AFFINITY_SLACK = 0.1
+
+# Queue kinds a job of each kind (job records' `kind`) needs.
+JOB_QUEUE_KINDS = {
+    "start": ("build", "lifecycle"),
+    "tool_call": ("exec",),
+    "evaluation": ("eval",),
+    "close": ("teardown",),
+}
+
+
+def placement(cfg: Settings, now: float | None = None) -> Placement:
+    return Placement(
+        cutoff=(now or time.time()) - cfg.host_silence,
+        kinds=len(QUEUE_KINDS),
+        default_tasks=cfg.max_tasks,
+        default_runs=cfg.max_runs_per_task,
+        slack=AFFINITY_SLACK,
+        fallback=cfg.host_id,
+    )
+
+
+def capacity(cfg: Settings) -> dict:
+    """What a host publishes with its heartbeat: its own limits, not the facade's."""
+    return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task}
+
+
+def unavailable(store: HostStore, host: str, kinds: tuple, silence: float) -> str:
+    """'' when the host's workers of these queue kinds beat within `silence` seconds, else the
+    failure code: HOST_LOST when none of its workers did, WORKERS_DOWN when some kind is silent."""
+    nodes = store.host_nodes(host)
+    if not nodes:
+        return ""  # nothing on record: not judged (see the module docstring)
+    cutoff = time.time() - silence
+    alive = {kind for kind, at in nodes.values() if at >= cutoff}
+    if not alive:
+        return "HOST_LOST"
+    return "WORKERS_DOWN" if set(kinds) - alive else ""
+
+
+def message(code: str, host: str, kinds: tuple, silence: float) -> str:
+    if code == "HOST_LOST":
+        return f"worker host {host} is lost: none of its workers has been heard from for {silence:g} s"
+    return f"no live worker of host {host} consumes its {'/'.join(kinds)} queue (silent for {silence:g} s)"
+
+
+def check(store: HostStore, host: str, kinds: tuple, silence: float) -> tuple[str, str]:
+    """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
+    A lost host's runs are marked lost on the way (idempotent)."""
+    code = unavailable(store, host, kinds, silence)
+    if not code:
+        return "", ""
+    error = message(code, host, kinds, silence)
+    if code == "HOST_LOST":
+        store.mark_host_lost(host, error)
+    return code, error
+
+
+def sweep(store: HostStore, silence: float) -> dict[str, list[str]]:
+    """The reaper's pass: mark every silent host's runs lost; forget hosts silent for an hour.
+    Returns the runs marked lost, by host."""
+    now = time.time()
+    marked = {}
+    for host, last in store.known_hosts().items():
+        if last >= now - silence:
+            continue
+        if last < now - HOST_FORGET_SECONDS and not store.lost_runs(host):
+            store.forget_host(host)
+            continue
+        runs = store.mark_host_lost(host, message("HOST_LOST", host, (), silence))
+        if runs:
+            marked[host] = runs
+    return marked
+
+
+def overview(store: HostStore, cfg: Settings) -> dict[str, dict]:
+    """Per host: state (serving / draining / workers_down / lost), capacity, live runs, images
+    cached, last heartbeat and the queue kinds heard from (for /status and `hosts list`)."""
+    now = time.time()
+    draining = store.draining_hosts()
+    known = store.known_hosts()
+    out = {}
+    for host in sorted(set(known) | draining):
+        nodes = store.host_nodes(host)
+        alive = sorted({kind for kind, at in nodes.values() if at >= now - cfg.host_silence})
+        if not alive:
+            state = "lost"
+        elif host in draining:
+            state = "draining"
+        elif len(alive) < len(QUEUE_KINDS):
+            state = "workers_down"
+        else:
+            state = "serving"
+        info = store.host_info(host)
+        out[host] = {
+            "state": state,
+            "draining": host in draining,
+            "capacity": {
+                "max_tasks": int(info.get("max_tasks", cfg.max_tasks)),
+                "max_runs_per_task": int(info.get("max_runs_per_task", cfg.max_runs_per_task)),
+            },
+            **store.host_load(host),
+            "last_heartbeat": known.get(host),
+            "live_queue_kinds": alive,
+        }
+    return out

@@ -1,0 +1,153 @@
+"""Placement over many hosts, drain, and host loss in the state store alone (a private Redis,
+no Docker): termpool/hosts.py and the HostStore section of termpool/state.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from termpool import hosts
+from termpool.config import QUEUE_KINDS, load_settings
+from termpool.state import CapacityError, HostStore
+
+
+@pytest.fixture
+def store(redis_server) -> HostStore:
+    redis_server.flushall()
+    return HostStore(redis_server)
+
+
+@pytest.fixture
+def cfg():
+    return load_settings({"POOL_HOST_ID": "facade-host", "WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "5"})
+
+
+def beat(store: HostStore, host: str, kinds=QUEUE_KINDS, at: float | None = None, max_tasks=4, max_runs=5) -> None:
+    for kind in kinds:
+        store.host_beat(host, f"{kind}-x-1@{host}", kind, {"max_tasks": max_tasks, "max_runs_per_task": max_runs})
+    if at is not None:  # pretend the beats are that old
+        for kind in kinds:
+            store.r.hset(f"tp:host:{host}:nodes", f"{kind}-x-1@{host}", f"{kind} {at}")
+        store.r.zadd("tp:hosts", {host: at})
+
+
+def place(store, cfg, key="task-a", request_id=""):
+    return store.place(key, request_id, key, hosts.placement(cfg))
+
+
+def test_least_loaded_host_gets_the_run(store, cfg):
+    beat(store, "a")
+    beat(store, "b")
+    first = place(store, cfg)
+    second = place(store, cfg)
+    assert {first.host, second.host} == {"a", "b"}
+    placed = [place(store, cfg, key=f"k{i}").host for i in range(6)]
+    assert placed.count("a") == placed.count("b") == 3
+
+
+def test_load_counts_each_hosts_own_capacity(store, cfg):
+    beat(store, "small", max_tasks=1, max_runs=2)
+    beat(store, "big", max_tasks=8, max_runs=10)
+    placed = [place(store, cfg, key=f"k{i}").host for i in range(6)]
+    assert placed.count("small") == 1  # a task key of its own fills its one task slot
+
+
+def test_image_affinity_within_the_slack(store, cfg):
+    beat(store, "a")
+    beat(store, "b")
+    store.mark_image_ready("b", "task-a")
+    # 20 runs of capacity: one run is a load of 0.05, within the 0.1 slack; three are not.
+    assert [place(store, cfg).host for _ in range(3)] == ["b", "b", "b"]
+    assert place(store, cfg).host == "a"
+
+
+def test_draining_stale_and_incomplete_hosts_take_no_runs(store, cfg):
+    beat(store, "draining")
+    store.set_draining("draining", True)
+    beat(store, "stale", at=time.time() - cfg.host_silence - 5)
+    beat(store, "no-exec", kinds=[k for k in QUEUE_KINDS if k != "exec"])
+    beat(store, "good")
+    assert {place(store, cfg, key=f"k{i}").host for i in range(4)} == {"good"}
+    store.set_draining("good", True)
+    with pytest.raises(CapacityError) as raised:
+        place(store, cfg, key="other")
+    assert raised.value.code == "WORKERS_DOWN"
+
+
+def test_no_host_beating_falls_back_to_the_facades_host(store, cfg):
+    assert place(store, cfg).host == "facade-host"
+
+
+def test_capacity_codes(store, cfg):
+    beat(store, "a", max_tasks=1, max_runs=1)
+    place(store, cfg, key="one")
+    with pytest.raises(CapacityError) as raised:
+        place(store, cfg, key="one")
+    assert raised.value.code == "RUN_SLOTS_EXHAUSTED"
+    with pytest.raises(CapacityError) as raised:
+        place(store, cfg, key="two")
+    assert raised.value.code == "TASK_SLOTS_EXHAUSTED"
+
+
+def test_idempotent_allocate_returns_the_same_lease_on_any_host(store, cfg):
+    beat(store, "a")
+    beat(store, "b")
+    leases = {place(store, cfg, key=f"k{i}", request_id=f"r{i}").run_id: f"k{i}" for i in range(4)}
+    assert {store.get_run(run)["host"] for run in leases} == {"a", "b"}
+    for run_id, key in leases.items():
+        again = place(store, cfg, key=key, request_id=f"r{key[1:]}")
+        assert again.reused and again.run_id == run_id
+
+
+def test_lost_host_runs_are_marked_lost_and_free_capacity(store, cfg):
+    beat(store, "b")
+    lost_run = place(store, cfg, key="k2", request_id="r2").run_id
+    store.create_job("job-1", lost_run, "tool_call")
+    beat(store, "a")
+    beat(store, "b", at=time.time() - 60)  # b's workers last beat a minute ago
+
+    assert hosts.unavailable(store, "b", ("exec",), cfg.host_silence) == "HOST_LOST"
+    assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == ""
+    marked = hosts.sweep(store, cfg.host_silence)
+    assert lost_run in marked["b"]
+    record = store.get_run(lost_run)
+    assert record["state"] == "lost" and record["code"] == "HOST_LOST"
+    assert store.get_job("job-1")["code"] == "HOST_LOST"
+    assert store.host_status("b")["total_active_runs"] == 0 and store.host_load("b")["lost_runs"] == 1
+    assert hosts.overview(store, cfg)["b"]["state"] == "lost"
+    # The same request id gets a new run, not the lost one.
+    assert place(store, cfg, key="k2", request_id="r2").run_id != lost_run
+
+    # b comes back: its reconcile closes the lost runs first.
+    beat(store, "b")
+    assert store.settle_lost_runs("b") == [lost_run]
+    assert store.get_run(lost_run)["state"] == "closed" and not store.lost_runs("b")
+
+
+def test_closing_a_lost_run_leaves_its_teardown_to_its_host(store, cfg):
+    beat(store, "b")
+    run = place(store, cfg, key="k").run_id
+    store.mark_host_lost("b", "gone")
+    assert store.close_lost_run(run) and not store.close_lost_run(run)
+    assert store.get_run(run)["state"] == "closing" and store.closing_runs("b") == [run]
+    assert store.host_status("b")["total_active_runs"] == 0
+
+
+def test_a_silent_queue_kind_is_workers_down(store, cfg):
+    beat(store, "a", kinds=[k for k in QUEUE_KINDS if k != "eval"])
+    beat(store, "a", kinds=["eval"], at=time.time() - 30)
+    store.r.zadd("tp:hosts", {"a": time.time()})
+    assert hosts.unavailable(store, "a", ("eval",), cfg.host_silence) == "WORKERS_DOWN"
+    assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == ""
+    assert hosts.unavailable(store, "never-seen", ("exec",), cfg.host_silence) == ""
+    assert hosts.overview(store, cfg)["a"]["state"] == "workers_down"
+
+
+def test_a_clean_stop_deregisters_at_once(store, cfg):
+    beat(store, "a")
+    for kind in QUEUE_KINDS:
+        assert "a" in store.known_hosts()
+        store.host_node_stopped("a", f"{kind}-x-1@a", kind)
+    assert "a" not in store.known_hosts()
+    assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == "HOST_LOST"
