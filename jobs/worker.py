@@ -6,6 +6,7 @@ python -m jobs.worker beat        # the reaper's schedule
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -13,8 +14,12 @@ import tempfile
 
 from environments import containment
 from jobs.celery_app import celery_app
+from jobs.runtime import store
 from termpool.config import QUEUE_KINDS, settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
+from termpool.state import LOCK_TTL, beat_lock
+
+log = logging.getLogger(__name__)
 
 # Builds are CPU-heavy and rare: processes, so Celery's time limits apply. Everything else
 # waits on Docker: threads, so a host can hold hundreds of runs in little memory.
@@ -57,10 +62,22 @@ def beat_argv() -> list[str]:
     return ["beat", "-s", schedule, "-l", settings().log_level]
 
 
+def hold_beat_lock():
+    """Block until this process is the deployment's only beat (a Redis lock, renewed while it
+    lives): a second beat started by mistake stands by and takes over when the first dies."""
+    lock = beat_lock(store().r)
+    while not lock.acquire(wait=LOCK_TTL):
+        log.warning("another beat scheduler runs (%s); standing by", lock.owner())
+    return lock
+
+
 def main(args: list[str]) -> None:
     if len(args) != 1 or args[0] not in (*QUEUE_KINDS, "beat"):
         sys.exit(f"usage: python -m jobs.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
-    if args[0] != "beat":
+    if args[0] == "beat":
+        logging.basicConfig(level=settings().log_level)
+        hold_beat_lock()
+    else:
         # Before any job is taken: task containers must not reach this pool's services.
         containment.install(settings())
     celery_app.start(beat_argv() if args[0] == "beat" else worker_argv(args[0]))
