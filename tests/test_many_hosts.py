@@ -1,0 +1,245 @@
+"""One pool over two worker hosts: the stack's own workers on the machine's dockerd (host A)
+and a second host's workers on a second dockerd (host B, tests/second_docker.py), one Redis,
+one facade. Placement spreads runs, each run's containers live on its own host's daemon,
+a host killed with -9 is reported HOST_LOST at once, comes back and cleans up, and a drained
+host takes no runs. The tests run in file order on one module stack."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from termpool.state import HostStore
+from tests.conftest import Router, leftovers, stop_checking_leaks, wait_for
+from tests.second_docker import second_docker  # noqa: F401 (the fixture)
+from tests.stack import ROOT, Stack
+
+TASK = "hello-file"
+EPISODES = 16
+AT_ONCE = 8
+LOSS_ANSWER_LIMIT = 20.0  # seconds from kill -9 to a HOST_LOST answer (the issue's bound)
+
+
+@pytest.fixture(scope="module")
+def pool(second_docker, docker_client):  # noqa: F811 (the fixture imported above)
+    # Capacity 4 x 8 per host: AT_ONCE runs are a quarter of it, so load decides placement.
+    env = {"WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "8", "EXEC_CONCURRENCY": "8"}
+    stack = Stack(env=env, beat=True).start()
+    host_b = "b" + uuid.uuid4().hex[:8]
+    stack.start_host(host_b, {"DOCKER_HOST": second_docker.host})
+    stack.host_b = host_b
+    yield stack
+    second = second_docker.client()
+    try:
+        stop_checking_leaks(stack, docker_client)
+        left = leftovers(second, host_b)
+        assert not left, f"containers left on the second daemon: {left}"
+    finally:
+        second.close()
+
+
+@pytest.fixture(scope="module")
+def router(pool) -> Router:
+    return Router(pool)
+
+
+@pytest.fixture(scope="module")
+def daemons(pool, second_docker, docker_client):  # noqa: F811
+    """Docker client by host id."""
+    second = second_docker.client()
+    yield {pool.host_id: docker_client, pool.host_b: second}
+    second.close()
+
+
+def store(stack: Stack) -> HostStore:
+    return HostStore.from_url(stack.env["REDIS_URL"])
+
+
+def hosts_cli(stack: Stack, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", "hosts", *args],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def host_of(stack: Stack, lease: str) -> str:
+    return store(stack).get_run(lease)["host"]
+
+
+def run_labels(client, lease: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"termpool.run={lease}"}, ignore_removed=True)
+
+
+def episode(router: Router, daemons: dict, request_id: str | None = None) -> tuple[str, float]:
+    """A solved episode; checks its containers are on its own host's daemon only."""
+    lease = router.allocate(TASK, request_id)
+    reply = router.reset(lease, TASK)
+    assert reply.status_code == 200, reply.text
+    host = host_of(router.stack, lease)
+    for daemon_host, client in daemons.items():
+        found = run_labels(client, lease)
+        assert bool(found) == (daemon_host == host), (lease, host, daemon_host, found)
+    router.solve(lease, TASK)
+    reply = router.evaluate(lease)
+    assert reply.status_code == 200, reply.text
+    router.close(lease)
+    return host, reply.json()["score"]
+
+
+def warm_up(stack: Stack, router: Router, daemons: dict, host: str) -> None:
+    """Build the task's images on `host` (the others drained meanwhile)."""
+    others = [h for h in daemons if h != host]
+    for other in others:
+        hosts_cli(stack, "drain", other)
+    try:
+        assert episode(router, daemons)[0] == host
+    finally:
+        for other in others:
+            hosts_cli(stack, "undrain", other)
+
+
+def test_episodes_spread_over_both_hosts(pool, router, daemons):
+    for host in daemons:  # both hosts have the images: placement goes by load alone
+        warm_up(pool, router, daemons, host)
+    with ThreadPoolExecutor(AT_ONCE) as workers:
+        results = list(workers.map(lambda _: episode(router, daemons), range(EPISODES)))
+    placed = [host for host, _ in results]
+    assert all(score == 1.0 for _, score in results), results
+    for host in daemons:
+        assert placed.count(host) >= EPISODES // 4, placed
+    status = pool.get("/status").json()["pool"]["hosts"]
+    for host in daemons:
+        assert status[host]["state"] == "serving" and status[host]["images_cached"] >= 1, status[host]
+        assert status[host]["capacity"] == {"max_tasks": 4, "max_runs_per_task": 8}
+    assert wait_for(lambda: all(not leftovers(client, host) for host, client in daemons.items()), 90)
+
+
+def test_idempotent_allocate_returns_the_same_lease_on_either_host(pool, router, daemons):
+    leases = {}
+    for host in daemons:
+        others = [h for h in daemons if h != host]
+        for other in others:
+            hosts_cli(pool, "drain", other)
+        request_id = uuid.uuid4().hex
+        leases[request_id] = router.allocate(TASK, request_id)
+        assert host_of(pool, leases[request_id]) == host
+        for other in others:
+            hosts_cli(pool, "undrain", other)
+    for request_id, lease in leases.items():
+        reply = pool.post("/allocate", {"task_key": TASK, "request_id": request_id}).json()
+        assert reply["lease_id"] == lease and reply["reused"] is True, reply
+        router.close(lease)
+
+
+def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
+    a, b = pool.host_id, pool.host_b
+    hosts_cli(pool, "drain", a)
+    lease = router.allocate(TASK)
+    hosts_cli(pool, "undrain", a)
+    assert host_of(pool, lease) == b
+    assert router.reset(lease, TASK).status_code == 200
+    call = {"name": "shell_exec", "arguments": {"id": "main", "command": "sleep 120", "block": True, "timeout": 180}}
+    with ThreadPoolExecutor(1) as background:
+        pending = background.submit(lambda: pool.post("/exec_tool", {"lease_id": lease, "tool_call": call}))
+        assert wait_for(lambda: store(pool).get_run(lease)["state"] == "busy", 60, 0.1)
+        pool.kill_host(b)
+        killed = time.monotonic()
+        reply = pending.result(timeout=120)
+    answered = time.monotonic() - killed
+    assert reply.status_code == 503 and reply.json()["code"] == "HOST_LOST", reply.text
+    assert answered < LOSS_ANSWER_LIMIT, answered
+
+    # Every call on B's run now fails at once; the run left B's capacity.
+    started = time.monotonic()
+    reply = pool.post("/exec_tool", {"lease_id": lease, "tool_call": call})
+    assert reply.status_code == 503 and reply.json()["code"] == "HOST_LOST", reply.text
+    assert time.monotonic() - started < 5
+    assert store(pool).get_run(lease)["state"] == "lost"
+    status = pool.get("/status").json()["pool"]["hosts"][b]
+    assert status["state"] == "lost" and status["live_runs"] == 0 and status["total_active_runs"] == 0, status
+    assert run_labels(daemons[b], lease), "B's containers stay until B is back"
+
+    # New runs go to A and succeed.
+    for _ in range(3):
+        assert episode(router, daemons)[0] == a
+
+    # B comes back: its reconcile removes the lost run's containers, and it takes runs again.
+    pool.start_host(b)
+    assert wait_for(lambda: not run_labels(daemons[b], lease), 120), "B's orphans were not removed"
+    assert store(pool).get_run(lease)["state"] == "closed"
+    warm_up(pool, router, daemons, b)
+
+
+def test_a_drained_host_takes_no_new_runs(pool, router, daemons):
+    a, b = pool.host_id, pool.host_b
+    hosts_cli(pool, "drain", b)
+    try:
+        live_on_a = router.allocate(TASK)  # a live run on A goes on normally while A drains
+    finally:
+        hosts_cli(pool, "undrain", b)
+    assert host_of(pool, live_on_a) == a and router.reset(live_on_a, TASK).status_code == 200
+    out = hosts_cli(pool, "drain", a)
+    assert "draining" in out
+    listing = hosts_cli(pool, "list")
+    assert any(line.split()[:2] == [a, "draining"] for line in listing.splitlines()), listing
+    assert pool.get("/status").json()["pool"]["hosts"][a]["state"] == "draining"
+    leases = []
+    try:
+        leases += [router.allocate(TASK) for _ in range(6)]
+        assert {host_of(pool, lease) for lease in leases} == {b}
+        assert router.sh(live_on_a, "echo still here") == "still here\n"
+    finally:
+        hosts_cli(pool, "undrain", a)
+        for lease in [*leases, live_on_a]:
+            router.close(lease)
+    assert "draining" not in hosts_cli(pool, "list")
+    assert wait_for(lambda: all(not leftovers(client, host) for host, client in daemons.items()), 90)
+
+
+def test_a_queue_without_live_workers_fails_fast(pool, router, daemons):
+    """Single-host case of the same rule: no live eval worker on a run's host -> WORKERS_DOWN."""
+    a = pool.host_id
+    hosts_cli(pool, "drain", pool.host_b)
+    try:
+        lease = router.allocate(TASK)
+    finally:
+        hosts_cli(pool, "undrain", pool.host_b)
+    try:
+        assert host_of(pool, lease) == a and router.reset(lease, TASK).status_code == 200
+        pool.kill("eval", sig=15)  # a clean stop deregisters at once
+        try:
+            started = time.monotonic()
+            reply = router.evaluate(lease)
+            assert reply.status_code == 503 and reply.json()["code"] == "WORKERS_DOWN", reply.text
+            assert time.monotonic() - started < 5
+            assert router.sh(lease, "echo exec still works") == "exec still works\n"
+        finally:
+            pool.start_worker("eval")
+        assert router.evaluate(lease).status_code == 200
+    finally:
+        router.close(lease)
+
+
+def test_a_second_beat_stands_by_until_the_first_is_gone(pool):
+    """Beat runs once per deployment: a second one waits on a Redis lock and takes over only
+    when the first dies (so the reaper's schedule never runs twice)."""
+    lock_owner = lambda: (pool.redis.get("tp:beat-lock") or "").split(":")  # noqa: E731
+    first = pool.procs["beat"].pid
+    assert wait_for(lambda: lock_owner()[1:2] == [str(first)], 30)
+    second = pool._spawn("beat2", [sys.executable, "-m", "jobs.worker", "beat"]).pid
+    assert wait_for(lambda: "standing by" in pool.logs("beat2"), 60), pool.logs("beat2")
+    assert lock_owner()[1] == str(first)
+    pool.kill("beat")
+    assert wait_for(lambda: lock_owner()[1:2] == [str(second)], 30), lock_owner()
+    pool.procs["beat"] = pool.procs.pop("beat2")  # the stack stops it as its beat
