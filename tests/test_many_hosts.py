@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -115,6 +116,7 @@ def test_episodes_spread_over_both_hosts(pool, router, daemons):
     with ThreadPoolExecutor(AT_ONCE) as workers:
         results = list(workers.map(lambda _: episode(router, daemons), range(EPISODES)))
     placed = [host for host, _ in results]
+    print(f"placement of {EPISODES} episodes at {AT_ONCE} at once: {dict(Counter(placed))}")
     assert all(score == 1.0 for _, score in results), results
     for host in daemons:
         assert placed.count(host) >= EPISODES // 4, placed
@@ -144,21 +146,35 @@ def test_idempotent_allocate_returns_the_same_lease_on_either_host(pool, router,
 
 def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
     a, b = pool.host_id, pool.host_b
-    hosts_cli(pool, "drain", a)
-    lease = router.allocate(TASK)
-    hosts_cli(pool, "undrain", a)
-    assert host_of(pool, lease) == b
-    assert router.reset(lease, TASK).status_code == 200
     call = {"name": "shell_exec", "arguments": {"id": "main", "command": "sleep 120", "block": True, "timeout": 180}}
+    hosts_cli(pool, "drain", a)
+    try:
+        lease = router.allocate(TASK)  # pool API
+        episode_reply = pool.post(  # runs API: a whole episode
+            "/v1/runs", {"task_meta": {"task_name": TASK}, "script": [call], "evaluate": True, "close": True}
+        )
+    finally:
+        hosts_cli(pool, "undrain", a)
+    assert host_of(pool, lease) == b
+    assert episode_reply.status_code == 202, episode_reply.text
+    run_id, (tool_job,) = episode_reply.json()["run_id"], episode_reply.json()["jobs"]["tool_calls"]
+    assert host_of(pool, run_id) == b
+    assert router.reset(lease, TASK).status_code == 200
     with ThreadPoolExecutor(1) as background:
         pending = background.submit(lambda: pool.post("/exec_tool", {"lease_id": lease, "tool_call": call}))
         assert wait_for(lambda: store(pool).get_run(lease)["state"] == "busy", 60, 0.1)
+        assert wait_for(lambda: store(pool).job_state(tool_job) == "running", 120, 0.1)
         pool.kill_host(b)
         killed = time.monotonic()
         reply = pending.result(timeout=120)
     answered = time.monotonic() - killed
+    print(f"a call waiting on the killed host answered {reply.status_code} after {answered:.1f} s")
     assert reply.status_code == 503 and reply.json()["code"] == "HOST_LOST", reply.text
     assert answered < LOSS_ANSWER_LIMIT, answered
+    job = pool.get(f"/v1/jobs/{tool_job}?wait=30").json()["job"]
+    assert job["state"] == "failed" and job["code"] == "HOST_LOST", job
+    reply = pool.post(f"/v1/runs/{run_id}/tool_calls", call)
+    assert reply.status_code == 503 and reply.json()["code"] == "HOST_LOST", reply.text
 
     # Every call on B's run now fails at once; the run left B's capacity.
     started = time.monotonic()
@@ -176,8 +192,9 @@ def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
 
     # B comes back: its reconcile removes the lost run's containers, and it takes runs again.
     pool.start_host(b)
-    assert wait_for(lambda: not run_labels(daemons[b], lease), 120), "B's orphans were not removed"
-    assert store(pool).get_run(lease)["state"] == "closed"
+    for lost in (lease, run_id):
+        assert wait_for(lambda r=lost: not run_labels(daemons[b], r), 120), "B's orphans were not removed"
+        assert store(pool).get_run(lost)["state"] == "closed"
     warm_up(pool, router, daemons, b)
 
 
