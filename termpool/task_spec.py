@@ -16,15 +16,7 @@ DEFAULT_TEST_TIMEOUT_SEC = 60.0
 COMPOSE_FILE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 TEST_TIMEOUT_FACTOR = 4  # the test script may run 4 x max_test_timeout_sec
 
-# Keys that configure the run; every other key of task.yaml is kept as metadata.
-_RUN_KEYS = (
-    "instruction",
-    "difficulty",
-    "parser_name",
-    "max_agent_timeout_sec",
-    "max_test_timeout_sec",
-    "run_tests_in_same_shell",
-)
+# Keys of task.yaml kept as the task's metadata (those that configure the run are read by name).
 _METADATA_KEYS = (
     "author_name",
     "author_email",
