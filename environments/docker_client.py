@@ -10,8 +10,13 @@ import subprocess
 from pathlib import Path
 
 import docker
+import docker.errors
 
+from termpool import failures
 from termpool.failures import DockerError
+
+# The SDK's exception types by code, for failures.classify (termpool/ loads no Docker code).
+failures.register_codes({docker.errors.BuildError: "TASK_BUILD_FAILED", docker.errors.APIError: "DOCKER_ERROR"})
 
 MANAGED_LABEL = "termpool.managed"
 RUN_LABEL = "termpool.run"
