@@ -48,6 +48,7 @@ def test_check_lists_problems(tmp_path):
     (broken / "run-tests.sh").unlink()
     (broken / "Dockerfile").unlink()
     (data / "stray").mkdir()  # not a task at all
+    (data / "hello-file" / "weights.json").write_text("{not json")  # termpool does not read weights
     run = cli(tmp_path)
 
     result = run("check", data)
