@@ -115,7 +115,7 @@ STEPS = ("clone", "checkout", "install")
 
 
 class Download:
-    """One dataset download: run() the STEPS in order (or step() them one at a time)."""
+    """One dataset download: step() through the STEPS in order, then cleanup()."""
 
     def __init__(self, source: DatasetSource, dest: Path, force: bool = False):
         self.source = source
@@ -132,14 +132,6 @@ class Download:
 
     def step(self, name: str) -> None:
         getattr(self, "_" + name)()
-
-    def run(self) -> Download:
-        try:
-            for name in STEPS:
-                self.step(name)
-        finally:
-            self.cleanup()
-        return self
 
     def cleanup(self) -> None:
         if self.work and self.work.exists():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -94,7 +94,6 @@ class Settings:
     web_workers: int
     web_threads: int
     log_level: str
-    extra: dict = field(default_factory=dict)
 
     @property
     def default_log_dir(self) -> Path:
