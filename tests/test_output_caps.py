@@ -13,7 +13,7 @@ import pytest
 
 from environments import artifacts
 from environments.session_helper import HELPER_PATH, prepare_container, session_dir
-from environments.shell_tools import OutputLimits, cap_text, run_tool
+from environments.tools import OutputLimits, cap_text, run_tool
 from tests.conftest import Router, private_stack, wait_for
 from tests.stack import ROOT
 
