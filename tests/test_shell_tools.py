@@ -898,6 +898,17 @@ def test_fallback_and_restart_when_server_dies(served, monkeypatch):
     assert settle_end(sh, "s", served.shell(backing)("shell_write_to_process", id="s", command="z")) == "z\ngot z\n"
 
 
+def test_restart_installs_a_missing_helper(served, monkeypatch):
+    """A server restart that finds no helper (Docker cannot start it) installs the helper too."""
+    monkeypatch.setattr(server_socket, "RESTART_EVERY", 0.0)
+    container = served.container
+    pid = wait_for_server(container)
+    container.exec_run(["sh", "-c", f"kill -9 {pid}; rm -f {HELPER_PATH}"], user="root")
+    server_socket.restart_server(served.model, served.ctl_socket)
+    assert wait_for_server(container, not_pid=pid) != pid
+    assert served.shell()("shell_exec", id="t", command="echo served") == "served\n"
+
+
 def test_no_zombies_or_stragglers_after_many_calls(served):
     container = served.container
     pid = wait_for_server(container)

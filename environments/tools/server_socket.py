@@ -11,7 +11,7 @@ import struct
 import threading
 import time
 
-from environments.session_helper import prepare_container, start_server
+from environments.session_helper import HelperNotStarted, prepare_container, start_server
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,7 @@ def restart_server(container, path: str) -> None:
         try:
             try:
                 start_server(container)
-            except RuntimeError as exc:
-                if not str(exc).startswith("OCI runtime exec failed"):
-                    raise
+            except HelperNotStarted:
                 prepare_container(container, serve=True)  # the helper is missing: install it too
         except Exception as exc:
             log.warning("restarting tp-session serve for %s failed: %s", path, exc)

@@ -6,6 +6,7 @@ import math
 import posixpath
 
 import docker.errors
+import redis.exceptions
 import requests
 
 from environments.session_helper import WORKSPACE, container_user, is_root, session_dir
@@ -39,10 +40,7 @@ KIND_BLOCKING = "blocking"  # a blocking command that outlived its timeout
 
 def is_infrastructure_error(exc: BaseException) -> bool:
     """Docker or Redis unreachable: the caller's business (a 503), not an observation."""
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        return True
-    module = type(exc).__module__ or ""
-    return module == "redis" or module.startswith("redis.")
+    return isinstance(exc, (requests.exceptions.ConnectionError, redis.exceptions.RedisError))
 
 
 class ToolContext:
@@ -185,7 +183,7 @@ def shell_write_content_to_file(ctx: ToolContext, /, content, file_path) -> str:
     except Exception as exc:
         if is_infrastructure_error(exc):
             raise
-        reason = getattr(exc, "explanation", None) if isinstance(exc, docker.errors.APIError) else None
+        reason = exc.explanation if isinstance(exc, docker.errors.APIError) else None
         return WRITE_FAILED.format(path=file_path, reason=reason or str(exc) or type(exc).__name__)
     return WRITTEN.format(path=file_path)
 
@@ -216,7 +214,7 @@ def _write_file(helper: HelperTransport, content: str, file_path: str) -> None:
     else:
         # Create missing parents as the container's user (so they are theirs), check the
         # target, and learn the numeric ids the archive's file must carry.
-        out, err = helper.run(["mkparents", path])
+        out, err, _ = helper.run(["mkparents", path])
         ids = out.split()
         if len(ids) != 2 or not all(i.isdigit() for i in ids):
             raise OSError((err or out).decode("utf-8", "replace").strip())

@@ -10,8 +10,9 @@ import json
 import tarfile
 import time
 from typing import NamedTuple
+from urllib.parse import quote
 
-from environments.session_helper import HELPER_PATH, WORKSPACE, prepare_container
+from environments.session_helper import HELPER_PATH, exec_never_started, prepare_container
 from environments.tools.server_socket import ask_server, encode_request, restart_server, unprepared
 
 # What a helper from before the output limits says to today's spawn arguments.
@@ -21,6 +22,7 @@ _OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- ar
 class Reply(NamedTuple):
     out: bytes  # stdout (through the server: stdout and stderr merged)
     err: bytes
+    started: bool  # False when Docker could not start the helper (`out` is then Docker's reason)
 
 
 class HelperTransport:
@@ -44,7 +46,7 @@ class HelperTransport:
             reply = self.run(args, workdir, environment)
         out, err = reply.out, reply.err
         head, newline, body = out.partition(b"\n")
-        if not newline or not head or out.startswith((b"OCI runtime", b"tp-session: ")):
+        if not reply.started or not newline or not head or out.startswith(b"tp-session: "):
             detail = (err or out).decode("utf-8", "replace").strip(". \n")
             raise RuntimeError(f"tp-session {args[0]} failed: {detail or 'no output'}")
         return head.decode("ascii", "replace").split(), body
@@ -59,7 +61,7 @@ class HelperTransport:
                 prepare_container(self.container)  # /workspace or the helper was removed
                 out = ask_server(self.ctl_socket, request)
             if out is not None:
-                return Reply(out, b"")
+                return Reply(out, b"", True)
             try:
                 return self.run_exec(args, workdir, environment)
             finally:
@@ -69,21 +71,20 @@ class HelperTransport:
     def run_exec(self, args, workdir, environment) -> Reply:
         argv = [HELPER_PATH, *args]
         reply = self._exec(argv, workdir, environment)
-        out = reply.out
-        if out.startswith(b"OCI runtime exec failed") and (b"tp-session" in out or WORKSPACE.encode() in out):
+        if not reply.started:
             prepare_container(self.container)  # a container nobody prepared: do it now, once
             reply = self._exec(argv, workdir, environment)
         return reply
 
     def _exec(self, argv, workdir, environment) -> Reply:
-        # The low-level API: exec_create + exec_start is one round trip fewer than exec_run
-        # (which also inspects the exit code we do not need).
+        # The low-level API: exec_run inspects the exec too, but keeps only its exit code, which
+        # does not tell a helper that never started from one that exited 126.
         api = self.container.client.api
         exec_id = api.exec_create(
             self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
         )["Id"]
         out, err = api.exec_start(exec_id, demux=True)
-        return Reply(out or b"", err or b"")
+        return Reply(out or b"", err or b"", not exec_never_started(api, exec_id))
 
     def put_file(self, path: str, data: bytes) -> tuple[str, str] | None:
         """Write a file through the server (`tp-session put`): (status, reason); None when there
@@ -109,9 +110,12 @@ class HelperTransport:
             raise OSError("the container refused the archive")
 
     def is_directory(self, path: str) -> bool:
-        """Stat a path through the archive API's HEAD request: no process is started."""
+        """Stat a path through the archive API's HEAD request: no process is started. docker-py
+        has no call for it (get_archive would start streaming the archive), so the URL is made
+        from the client's public base_url and api_version the way the SDK makes its own."""
         api = self.container.client.api
-        res = api.head(api._url("/containers/{0}/archive", self.container.id), params={"path": path})
+        url = f"{api.base_url}/v{api.api_version}/containers/{quote(self.container.id, safe='')}/archive"
+        res = api.head(url, params={"path": path})
         if res.status_code != 200:  # missing, or a parent is not a directory: put_archive says why
             return False
         stat = json.loads(base64.b64decode(res.headers.get("X-Docker-Container-Path-Stat") or "e30="))
