@@ -21,7 +21,7 @@ from environments import artifacts, lifecycle
 from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
-from environments.shell_tools import run_tool, tool_schemas
+from environments.tools import run_tool, tool_schemas
 from jobs import warm_pool
 from jobs.runtime import remove_env, store
 from termpool import failures
