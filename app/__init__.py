@@ -17,7 +17,7 @@ from termpool.state import Store
 
 def celery_init_app(app: Flask, cfg: Settings) -> Celery:
     """The Flask docs' pattern: one Celery app, kept in app.extensions."""
-    from tasks.celery_app import make_celery
+    from termpool.queues import make_celery
 
     celery = make_celery(cfg)
     celery.set_default()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from tasks import dispatch
+from termpool import dispatch
 from termpool.config import Settings
 from termpool.state import NO_FAILURE, Allocation, Store
 

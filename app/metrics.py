@@ -64,7 +64,7 @@ SKIPPED_ENDPOINTS = {"metrics"}  # scrapes would only measure themselves
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
 KEYS_PER_QUEUE = 1 + len(KOMBU_PRIORITY_STEPS)
-MAINTENANCE_QUEUE = "termpool.maintenance"  # tasks.celery_app.MAINTENANCE_QUEUE
+MAINTENANCE_QUEUE = "termpool.maintenance"  # termpool.queues.MAINTENANCE_QUEUE
 SCRAPE_REDIS_TIMEOUT = 2.0
 
 

@@ -2,7 +2,7 @@
 
 Everything it shows comes from Redis (the facade may run on another host than the run's
 containers and files): the run record, and each job record, which holds a tool call's name
-and arguments (capped, tasks/dispatch.py `recorded_call`) and its observation. A run's files
+and arguments (capped, termpool/dispatch.py `recorded_call`) and its observation. A run's files
 are served only when the facade sees the run's folder under its own TBENCH_OUTPUT_ROOT;
 otherwise the page names the host and path.
 

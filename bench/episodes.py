@@ -236,7 +236,7 @@ def tests_tar(task_dir: Path) -> bytes:
 
 class Floor:
     """What termpool's reset, tool call, write, evaluate and close cost at the least: the same
-    container options as termpool's direct start (tasks/environment.py), straight SDK calls."""
+    container options as termpool's direct start (environments/lifecycle.py), straight SDK calls."""
 
     def __init__(self, docker_client, image: str, mem_limit: str, task_dir: Path, workdir: Path, label: dict):
         self.docker = docker_client

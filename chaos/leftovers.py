@@ -131,7 +131,7 @@ def cleanup(service: Service) -> dict:
 
 def _remove_containment(service: Service) -> bool:
     """The stack's packet-filter rules (its workers installed them; they outlive a stop)."""
-    from tasks import containment
+    from environments import containment
     from termpool.config import load_settings
 
     try:

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks import compose_config
 from termpool.config import Settings
 from termpool.failures import TaskInvalid
 from termpool.task_spec import (
@@ -92,7 +91,10 @@ def _strip(message: str, task_dir: Path) -> str:
 
 
 def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
-    """What the start path would refuse: the same resolving and rules (tasks/compose_config.py)."""
+    """What the start path would refuse: the same resolving and rules (environments/compose_config.py,
+    imported here: the facade loads this CLI and must not load the Docker side)."""
+    from environments import compose_config
+
     try:
         compose_file(task_dir)
     except TaskError:

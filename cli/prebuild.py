@@ -1,6 +1,6 @@
 """`dataset prebuild`: build every task's images ahead of the first episode.
 
-Calls tasks.environment.ensure_image directly, the same code a build worker runs, with the
+Calls environments.lifecycle.ensure_image directly, the same code a build worker runs, with the
 same per-host Redis lock, so a prebuild and a worker never build one image twice at once.
 """
 
@@ -44,7 +44,7 @@ def lock_client(cfg: Settings) -> redis.Redis:
 
 
 def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: redis.Redis) -> BuildResult:
-    from tasks.environment import ensure_image  # imports the docker SDK: only when building
+    from environments.lifecycle import ensure_image  # imports the docker SDK: only when building
 
     started = time.monotonic()
     try:

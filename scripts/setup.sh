@@ -24,4 +24,4 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
 $dev && "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 
-bash tasks/helper/build.sh >/dev/null
+bash environments/helper/build.sh >/dev/null

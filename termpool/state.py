@@ -484,7 +484,7 @@ class Store:
 
     def _abandoned(self, job: dict) -> bool:
         """The job's worker process is dead and no worker of its host is left to recover it
-        (tasks/lost_jobs.py retries what it can): the fallback for a host that is gone."""
+        (jobs/lost_jobs.py retries what it can): the fallback for a host that is gone."""
         token, node = job.get("worker"), job.get("node") or ""
         if not token:  # recorded before the step's process was known
             return bool(node) and not self.node_alive(node)
@@ -563,7 +563,7 @@ class Store:
             self.r.delete(*[f"{PREFIX}sess:{run_id}:{sid}" for sid in sids])
         self.r.delete(f"{PREFIX}sess:{run_id}")
 
-    # ---- worker processes and the jobs they run (tasks/lost_jobs.py) ----------------------
+    # ---- worker processes and the jobs they run (jobs/lost_jobs.py) ----------------------
     # A worker process is known by a random token, new for every process, so a restarted
     # worker that gets its predecessor's node name is still told apart from it.
     def worker_beat(self, host: str, token: str, facts: dict) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 import requests
 
-from tasks.worker import node_name
+from jobs.worker import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
@@ -115,7 +115,7 @@ class Stack:
             proc = self.procs.get(kind)
             if proc is not None and proc.poll() is not None:
                 if kind == "beat":
-                    self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
+                    self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
                 else:
                     self.start_worker(kind)
                 revived.append(kind)
@@ -127,7 +127,7 @@ class Stack:
         for kind in WORKER_KINDS:
             self.start_worker(kind, wait=False)
         if self.beat:
-            self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
+            self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
         self._spawn("web", [sys.executable, "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"])
         self._wait(lambda: requests.get(self.url + "/healthz", timeout=2).ok, "gunicorn")
         for kind in WORKER_KINDS:
@@ -135,7 +135,7 @@ class Stack:
         return self
 
     def start_worker(self, kind: str, wait: bool = True) -> None:
-        self._spawn(kind, [sys.executable, "-m", "tasks.worker", kind])
+        self._spawn(kind, [sys.executable, "-m", "jobs.worker", kind])
         if wait:
             self.wait_worker(kind)
 
@@ -164,8 +164,8 @@ class Stack:
         self._remove_containment()
 
     def _remove_containment(self) -> None:
-        """Drop the packet-filter rules this stack's workers installed (tasks/containment.py)."""
-        from tasks import containment
+        """Drop the packet-filter rules this stack's workers installed (environments/containment.py)."""
+        from environments import containment
         from termpool.config import load_settings
 
         cfg = load_settings(self.env)

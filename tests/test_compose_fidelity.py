@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import compose_config, container_spec, environment
-from tasks.docker_env import ComposeError, run_compose
+from environments import compose_config, container_spec, lifecycle
+from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
 from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
 from tests.conftest import wait_for
@@ -128,7 +128,7 @@ def start(task_dir: Path, cfg, tmp_path: Path, force_compose=False):
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
     run_dir = tmp_path / run["run_id"]
     run_dir.mkdir()
-    return run, environment.start(run, task_dir, run_dir, cfg, 240, force_compose=force_compose)
+    return run, lifecycle.start(run, task_dir, run_dir, cfg, 240, force_compose=force_compose)
 
 
 def leaves_nothing(docker_client, run):
@@ -165,13 +165,13 @@ def test_refused_files_are_task_unsupported(tmp_path, docker_client):
 def test_build_failure_names_the_task_and_log(tmp_path, redis_server):
     cfg = settings(tmp_path)
     with pytest.raises(TaskBuildFailed) as err:  # the SDK build of a one-service task
-        environment.ensure_image("broken-dockerfile", FIXTURES / "broken-dockerfile", cfg, 240, redis_server)
+        lifecycle.ensure_image("broken-dockerfile", FIXTURES / "broken-dockerfile", cfg, 240, redis_server)
     assert str(FIXTURES / "broken-dockerfile" / "Dockerfile") in str(err.value)
     task_dir = task_copy(tmp_path, CLIENT + "  side:\n    build: ./side\n", "t-broken-side")
     (task_dir / "side").mkdir()
     (task_dir / "side" / "Dockerfile").write_text("FROM termpool-test-base:bookworm\nRUN echo side-marker && exit 7\n")
     with pytest.raises(TaskBuildFailed) as err:  # a compose build
-        environment.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+        lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
     text = str(err.value)
     assert str(task_dir / "docker-compose.yaml") in text and "side-marker" in text and len(text) < 2600
 
@@ -198,10 +198,10 @@ def test_failing_service_is_task_start_failed(tmp_path, docker_client, redis_ser
         "  side:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n" + sidecar
     )
     task_dir = task_copy(tmp_path, compose, "t-start-" + word)
-    environment.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
     with pytest.raises(TaskStartFailed) as err:
-        environment.start(run, task_dir, tmp_path, cfg, 240)
+        lifecycle.start(run, task_dir, tmp_path, cfg, 240)
     assert "'side'" in str(err.value) and word in str(err.value)
     leaves_nothing(docker_client, run)
 
@@ -240,7 +240,7 @@ def test_fast_path_applies_exactly_where_expected(tmp_path):
     eligible = {
         d.name
         for d in FIXTURES.iterdir()
-        if environment.is_template(environment.load_compose(d.name, d, cfg, 60), cfg, d, d.name)
+        if lifecycle.is_template(lifecycle.load_compose(d.name, d, cfg, 60), cfg, d, d.name)
     }
     assert eligible == FAST_PATH
 
@@ -248,7 +248,7 @@ def test_fast_path_applies_exactly_where_expected(tmp_path):
 @pytest.mark.parametrize("task", sorted(FAST_PATH - {"broken-dockerfile"}))
 def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    environment.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
+    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
     seen = {}
     for force in (False, True):
         run, (env, container) = start(FIXTURES / task, cfg, tmp_path, force_compose=force)
@@ -261,7 +261,7 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
             # per-project network (see the README, "Compose tasks").
             assert network == ("default" if not force else f"{env.project}_default")
         finally:
-            environment.remove_run_resources(run["run_id"], env.project)
+            lifecycle.remove_run_resources(run["run_id"], env.project)
         leaves_nothing(docker_client, run)
     assert seen["direct"] == seen["compose"]
 
@@ -269,12 +269,12 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
 @pytest.mark.parametrize("task", ["sidecar-kv", "compose-limits", "compose-healthy-sidecar"])
 def test_other_files_fall_back_to_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    environment.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
+    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
     run, (env, container) = start(FIXTURES / task, cfg, tmp_path)
     try:
         assert env.mode == "compose"
     finally:
-        environment.remove_run_resources(run["run_id"], env.project)
+        lifecycle.remove_run_resources(run["run_id"], env.project)
     leaves_nothing(docker_client, run)
 
 
@@ -283,7 +283,7 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
     would collide unless termpool makes them per run (the fixed name stays an alias)."""
     cfg = settings(tmp_path)
     task_dir = FIXTURES / "compose-healthy-sidecar"
-    environment.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
     runs = []
     try:
         for _ in range(2):
@@ -301,7 +301,7 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
             assert by_alias == sidecar.exec_run(["python3", "-c", fetch, "127.0.0.1"]).output
     finally:
         for run, env in runs:
-            environment.remove_run_resources(run["run_id"], env.project)
+            lifecycle.remove_run_resources(run["run_id"], env.project)
     for run, _ in runs:
         leaves_nothing(docker_client, run)
 

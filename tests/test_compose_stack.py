@@ -117,7 +117,7 @@ class ComposeStack:
 def _remove_rules(host_id: str) -> None:
     """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
     their bridge is gone); removed here so no other test ever meets them."""
-    from tasks import containment
+    from environments import containment
     from termpool.config import load_settings
 
     if shutil.which("iptables"):

@@ -1,4 +1,4 @@
-"""Task containers cannot reach their pool's API, Redis or Flower (tasks/containment.py), yet
+"""Task containers cannot reach their pool's API, Redis or Flower (environments/containment.py), yet
 still reach their sidecars and the outside."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import uuid
 import docker.errors
 import pytest
 
-from tasks import compose_config, containment
-from tasks.containment import Guard
+from environments import compose_config, containment
+from environments.containment import Guard
 from termpool.config import load_settings
 from termpool.failures import TaskUnsupported
 from tests.conftest import Router, private_stack, wait_for

@@ -70,7 +70,7 @@ def test_check_lists_problems(tmp_path):
 
 @pytest.mark.unit
 def test_check_flags_what_termpool_refuses_or_cannot_honour(tmp_path):
-    """The same rules the start path applies (tasks/compose_config.py), before any run."""
+    """The same rules the start path applies (environments/compose_config.py), before any run."""
     from tests.test_unsafe_tasks import CLIENT
 
     extra = {

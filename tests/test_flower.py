@@ -1,4 +1,4 @@
-"""Flower (tasks/flower.py) against a real stack: every worker pool and queue, pool tasks by
+"""Flower (jobs/flower.py) against a real stack: every worker pool and queue, pool tasks by
 name with their run id, basic auth on the HTTP API; and the launcher's arguments."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import uuid
 import pytest
 import requests
 
-from tasks.celery_app import MAINTENANCE_QUEUE, queue_name
-from tasks.flower import TASK_COLUMNS, flower_argv
+from jobs.flower import TASK_COLUMNS, flower_argv
+from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from tests.conftest import wait_for
 from tests.stack import ROOT, WORKER_KINDS, free_port
 
@@ -71,7 +71,7 @@ def flower(stack):
     }
     log = open(stack.workdir / f"{name}.log", "ab")  # noqa: SIM115 (flower writes it until the teardown)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks.flower"],
+        [sys.executable, "-m", "jobs.flower"],
         cwd=ROOT,
         env=env,
         stdout=log,

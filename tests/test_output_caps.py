@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from tasks import artifacts
-from tasks.session_helper import HELPER_PATH, prepare_container, session_dir
-from tasks.shell_tools import OutputLimits, cap_text, run_tool
+from environments import artifacts
+from environments.session_helper import HELPER_PATH, prepare_container, session_dir
+from environments.shell_tools import OutputLimits, cap_text, run_tool
 from tests.conftest import Router, private_stack, wait_for
 from tests.stack import ROOT
 
@@ -138,7 +138,10 @@ def test_a_helper_from_before_the_limits_is_replaced(base_image, docker_client, 
     """A container prepared by an older termpool (a run that outlived an upgrade of its workers)
     has a helper that does not know --limit: the first call installs the current one."""
     source = subprocess.run(
-        ["git", "show", f"{OLD_HELPER_COMMIT}:tasks/helper/tp_session.c"], cwd=ROOT, capture_output=True, check=True
+        ["git", "show", f"{OLD_HELPER_COMMIT}:environments/helper/tp_session.c"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
     ).stdout
     (tmp_path / "tp_session.c").write_bytes(source)
     subprocess.run(

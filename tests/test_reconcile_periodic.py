@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.celery_app import make_celery
 from termpool.config import load_settings
+from termpool.queues import make_celery
 from tests.conftest import Router, leftovers, wait_for
 from tests.stack import Stack
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from tasks import dispatch
-from tasks.celery_app import MAINTENANCE_QUEUE, TASK_KINDS, make_celery, route_task
+from termpool import dispatch
 from termpool.config import QUEUE_KINDS, load_settings
+from termpool.queues import JOB_KINDS, MAINTENANCE_QUEUE, make_celery, route_job
 from termpool.state import Store
 
 pytestmark = pytest.mark.unit
@@ -23,21 +23,21 @@ TASK_PATH = "hello-file"
 
 
 def queue_of(name: str, kwargs: dict | None) -> str:
-    route = route_task(name, (), kwargs, {})
+    route = route_job(name, (), kwargs, {})
     queue = route["queue"]
     return queue if isinstance(queue, str) else queue.name
 
 
 # ---- routing -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(TASK_KINDS))
+@pytest.mark.parametrize("name", sorted(JOB_KINDS))
 def test_pool_task_goes_to_its_hosts_queue_of_its_kind(name):
-    assert TASK_KINDS[name] in QUEUE_KINDS
-    assert queue_of(name, {"host": HOST, "run_id": "run-0"}) == f"termpool.{HOST}.{TASK_KINDS[name]}"
-    assert queue_of(name, {"host": "h2"}) == f"termpool.h2.{TASK_KINDS[name]}"
+    assert JOB_KINDS[name] in QUEUE_KINDS
+    assert queue_of(name, {"host": HOST, "run_id": "run-0"}) == f"termpool.{HOST}.{JOB_KINDS[name]}"
+    assert queue_of(name, {"host": "h2"}) == f"termpool.h2.{JOB_KINDS[name]}"
 
 
 def test_each_queue_kind_has_its_tasks():
-    assert sorted(set(TASK_KINDS.values())) == sorted(QUEUE_KINDS)
+    assert sorted(set(JOB_KINDS.values())) == sorted(QUEUE_KINDS)
     assert queue_of("pool.exec_tool", {"host": HOST}) == f"termpool.{HOST}.exec"
     assert queue_of("pool.ensure_image", {"host": HOST}) == f"termpool.{HOST}.build"
     assert queue_of("pool.close_run", {"host": HOST}) == f"termpool.{HOST}.teardown"
@@ -52,7 +52,7 @@ def test_maintenance_tasks_go_to_the_maintenance_queue(name):
 @pytest.mark.parametrize("kwargs", [None, {}, {"host": ""}, {"host": None}, {"run_id": "run-0"}])
 def test_pool_task_without_a_host_is_refused(kwargs):
     with pytest.raises(ValueError, match="needs a host"):
-        route_task("pool.exec_tool", (), kwargs, {})
+        route_job("pool.exec_tool", (), kwargs, {})
 
 
 # ---- chains --------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from unittest import mock
 import docker
 import pytest
 
-from tasks import shell_tools
-from tasks.session_helper import CTL_DIR, CTL_SOCKET, HELPER_PATH, SESSIONS_ROOT, prepare_container, session_dir
-from tasks.shell_tools import run_tool, tool_schemas
+from environments import shell_tools
+from environments.session_helper import CTL_DIR, CTL_SOCKET, HELPER_PATH, SESSIONS_ROOT, prepare_container, session_dir
+from environments.shell_tools import run_tool, tool_schemas
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ["exec", "socket"]
@@ -859,7 +859,7 @@ def test_server_survives_client_killed_mid_call(served):
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 import docker
-from tasks.shell_tools import run_tool
+from environments.shell_tools import run_tool
 model = docker.from_env().containers.prepare_model({{"Id": {container.name!r}, "Config": {{"User": ""}}}})
 class Sessions:
     def get(self, sid): return {{}}

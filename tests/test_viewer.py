@@ -13,7 +13,7 @@ import markupsafe
 import pytest
 import requests
 
-from tasks import dispatch
+from termpool import dispatch
 from termpool import state as state_module
 from termpool.state import Store
 from tests.conftest import wait_for

@@ -1,8 +1,12 @@
-"""The Celery application: broker, queues, explicit routes, beat schedule.
+"""Queue naming, routing and the Celery app's shared configuration.
+
+Imported by both sides: the facade builds its Celery app (to send jobs) from `make_celery`, the
+workers build theirs from it too and add their job modules and the beat schedule
+(jobs/celery_app.py). Nothing here imports worker code.
 
 Queues are named per worker host and kind of work: ``termpool.<host>.<kind>``. A run's jobs
 always go to the queues of the host its containers live on, so routing reads the ``host``
-keyword every pool task carries. Reaping goes to the shared ``termpool.maintenance`` queue.
+keyword every pool job carries. Reaping goes to the shared ``termpool.maintenance`` queue.
 """
 
 from __future__ import annotations
@@ -10,15 +14,12 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from termpool.config import QUEUE_KINDS, Settings, settings
+from termpool.config import QUEUE_KINDS, Settings
 
 MAINTENANCE_QUEUE = "termpool.maintenance"
-RECONCILE_SECONDS = 30.0
-# What a worker imports: its tasks, and the signal handlers that notice lost work.
-TASK_MODULES = ["tasks.jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode", "tasks.lost_jobs"]
 
-# Which kind of queue each task consumes from.
-TASK_KINDS = {
+# Which kind of queue each job (Celery task name) is consumed from.
+JOB_KINDS = {
     "pool.ensure_image": "build",
     "pool.start_run": "lifecycle",
     "pool.refill_warm": "lifecycle",
@@ -39,9 +40,9 @@ def host_queues(host: str) -> list[Queue]:
     return [Queue(queue_name(host, kind)) for kind in QUEUE_KINDS]
 
 
-def route_task(name, args, kwargs, options, task=None, **kw):
-    """Explicit route: pool tasks go to their host's queue of their kind."""
-    kind = TASK_KINDS.get(name)
+def route_job(name, args, kwargs, options, task=None, **kw):
+    """Explicit route: pool jobs go to their host's queue of their kind."""
+    kind = JOB_KINDS.get(name)
     if kind is None:
         return {"queue": MAINTENANCE_QUEUE}
     host = (kwargs or {}).get("host")
@@ -50,13 +51,15 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     return {"queue": Queue(queue_name(host, kind))}
 
 
-def make_celery(cfg: Settings) -> Celery:
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=TASK_MODULES)
+def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
+    """The Celery app for `cfg`: broker, queues, routes and the delivery rules both sides share.
+    The workers pass their job modules in `include`; the facade sends jobs by name."""
+    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=include or [])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,
         task_default_queue=MAINTENANCE_QUEUE,
-        task_routes=(route_task,),
+        task_routes=(route_job,),
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -64,11 +67,11 @@ def make_celery(cfg: Settings) -> Celery:
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
-        # Lost work (tasks/lost_jobs.py). Acked when it starts, a task is never replayed after
+        # Lost work (jobs/lost_jobs.py). Acked when it starts, a job is never replayed after
         # its worker dies, not even by Redis' unacked restore (visibility_timeout); and without
         # prefetch a worker holds no message it has not started, so nothing of a dead worker
         # waits unacked for that restore. A build whose prefork child dies is sent again at
-        # once, once; everything else lost is recovered by tasks/lost_jobs.py.
+        # once, once; everything else lost is recovered by jobs/lost_jobs.py.
         worker_disable_prefetch=True,
         task_annotations={
             "pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1, "default_retry_delay": 0}
@@ -89,14 +92,5 @@ def make_celery(cfg: Settings) -> Celery:
         broker_channel_error_retry=True,
         broker_transport_options={"visibility_timeout": 4 * 3600},
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
-            # Leftovers of runs Redis no longer knows go within a minute, not at the next
-            # worker start: the fan-out sends pool.reconcile to each live host's teardown queue.
-            "reconcile-hosts": {"task": "pool.reconcile_hosts", "schedule": RECONCILE_SECONDS},
-        },
     )
     return app
-
-
-celery_app = make_celery(settings())

@@ -1,6 +1,6 @@
 """The tp-session helper: build it on the host, install it in task containers.
 
-tp-session (tasks/helper/tp_session.c) is a small static binary that runs inside each client
+tp-session (environments/helper/tp_session.c) is a small static binary that runs inside each client
 container and keeps the shell sessions' state in files there (see the C source for its
 protocol), so sessions survive restarts of every worker process.
 

@@ -24,7 +24,7 @@ Rules go in with `iptables` where the worker runs it (root on the host); a worke
 container (the compose deployment) has no iptables of its own, so a short-lived container of
 its image on the host's network with NET_ADMIN runs the script. Either way under a lock file in
 POOL_SOCKET_DIR (a host folder, mounted at the same path in worker containers), so workers
-starting together do not interleave. `python -m tasks.containment apply|remove|show`.
+starting together do not interleave. `python -m environments.containment apply|remove|show`.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _own_container():
     deployment: its hostname is its id), or None on the host (or when Docker is unreachable)."""
     import docker.errors
 
-    from tasks.docker_env import docker_client
+    from environments.docker_client import docker_client
 
     try:
         return docker_client().containers.get(socket.gethostname())
@@ -272,7 +272,7 @@ def _own_container():
 def _run_on_host(text: str, image: str) -> None:
     """Run the script in a container of `image` (which has iptables) on the host's network:
     NET_ADMIN there changes the host's packet filter and nothing else."""
-    from tasks.docker_env import docker_client
+    from environments.docker_client import docker_client
 
     docker_client().containers.run(
         image,
@@ -288,7 +288,7 @@ def _run_on_host(text: str, image: str) -> None:
 def _own_bridge_networks(container) -> list:
     """The container's own Docker bridge networks, except Docker's default one: task containers
     started without compose live there, it is never exempt."""
-    from tasks.docker_env import docker_client
+    from environments.docker_client import docker_client
 
     networks = []
     for net in (container.attrs.get("NetworkSettings") or {}).get("Networks", {}).values():
@@ -364,7 +364,7 @@ def remove(cfg: Settings) -> None:
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ("apply", "remove", "show"):
-        sys.exit("usage: python -m tasks.containment apply|remove|show")
+        sys.exit("usage: python -m environments.containment apply|remove|show")
     cfg = settings()
     if argv[0] == "remove":
         remove(cfg)

@@ -12,7 +12,7 @@ import json
 import posixpath
 from pathlib import Path
 
-from tasks.docker_env import ComposeError, run_compose
+from environments.docker_client import ComposeError, run_compose
 from termpool.config import Settings
 from termpool.failures import TaskInvalid, TaskUnsupported
 from termpool.task_spec import TaskError, compose_file, image_name, name_prefix
@@ -131,7 +131,7 @@ def unsupported(resolved: dict, task_dir: Path) -> list[str]:
     for key, net in (resolved.get("networks") or {}).items():
         if net.get("external"):
             problems.append(f"network {key!r} is external: a task may only use its own networks")
-        # Containment's packet filter (tasks/containment.py) knows task networks by Docker's bridge names.
+        # Containment's packet filter (environments/containment.py) knows task networks by Docker's bridge names.
         if (net.get("driver") or "bridge") != "bridge":
             problems.append(f"network {key!r} uses driver {net['driver']!r}; only bridge networks")
         if "com.docker.network.bridge.name" in (net.get("driver_opts") or {}):

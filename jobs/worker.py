@@ -1,7 +1,7 @@
 """Start one worker pool (per queue kind) or the beat scheduler, sized from the settings.
 
-python -m tasks.worker exec        # the exec queue of this host
-python -m tasks.worker beat        # the reaper's schedule
+python -m jobs.worker exec        # the exec queue of this host
+python -m jobs.worker beat        # the reaper's schedule
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import socket
 import sys
 import tempfile
 
-from tasks import containment
-from tasks.celery_app import MAINTENANCE_QUEUE, celery_app, queue_name
+from environments import containment
+from jobs.celery_app import celery_app
 from termpool.config import QUEUE_KINDS, settings
+from termpool.queues import MAINTENANCE_QUEUE, queue_name
 
 # Builds are CPU-heavy and rare: processes, so Celery's time limits apply. Everything else
 # waits on Docker: threads, so a host can hold hundreds of runs in little memory.
@@ -58,7 +59,7 @@ def beat_argv() -> list[str]:
 
 def main(args: list[str]) -> None:
     if len(args) != 1 or args[0] not in (*QUEUE_KINDS, "beat"):
-        sys.exit(f"usage: python -m tasks.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
+        sys.exit(f"usage: python -m jobs.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
     if args[0] != "beat":
         # Before any job is taken: task containers must not reach this pool's services.
         containment.install(settings())

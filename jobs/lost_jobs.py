@@ -33,10 +33,10 @@ import threading
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_postrun, task_prerun, task_retry, worker_ready, worker_shutdown
 
-from tasks.dispatch import EPISODE_FAILED_TASK
-from tasks.runtime import store
+from jobs.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
+from termpool.dispatch import EPISODE_FAILED_TASK
 
 log = logging.getLogger(__name__)
 

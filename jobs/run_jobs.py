@@ -17,12 +17,13 @@ import docker.errors
 import requests.exceptions
 from celery import chain, shared_task
 
-from tasks import artifacts, environment, warm_pool
-from tasks.docker_env import docker_client
-from tasks.evaluation import copy_tests, run_tests
-from tasks.runtime import remove_env, store
-from tasks.session_helper import prepare_container
-from tasks.shell_tools import run_tool, tool_schemas
+from environments import artifacts, lifecycle
+from environments.docker_client import docker_client
+from environments.evaluation import copy_tests, run_tests
+from environments.session_helper import prepare_container
+from environments.shell_tools import run_tool, tool_schemas
+from jobs import warm_pool
+from jobs.runtime import remove_env, store
 from termpool import failures
 from termpool.config import settings
 from termpool.paths import resolve_task_path
@@ -183,7 +184,7 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
-    image = environment.ensure_image(
+    image = lifecycle.ensure_image(
         run["task_meta"]["task_name"], _task_dir(run), settings(), timeouts.ensure_image, store().r
     )
     store().mark_image_ready(host, run["task_meta"]["task_path"])
@@ -200,7 +201,7 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
-    warm = environment.warm_capable(task_dir, settings())
+    warm = lifecycle.warm_capable(task_dir, settings())
     env = warm_pool.claim(run, host, _run_path) if warm else None
     if env is None:
         try:
@@ -246,8 +247,8 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
     )
 
 
-def _start_cold(run: dict, task_dir: Path) -> environment.RunEnv:
-    env, container = environment.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
+def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
+    env, container = lifecycle.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
     try:
         prepare_container(container, serve=bool(env.ctl_dir))
     except BaseException:
@@ -270,7 +271,7 @@ def exec_tool(self, *, host, run_id, job_id, tool_call):
             tool_call.get("arguments"),
             _RunSessions(run_id),
             expose_kill=settings().expose_kill_tool,
-            ctl_socket=environment.ctl_socket(run["env"]) or None,
+            ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
         )
     finally:
         store().transition(run_id, ("busy",), "ready")

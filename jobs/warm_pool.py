@@ -12,23 +12,23 @@ from pathlib import Path
 
 from celery import shared_task
 
-from tasks import artifacts, environment
-from tasks.runtime import remove_env, store
-from tasks.session_helper import prepare_container
+from environments import artifacts, lifecycle
+from environments.session_helper import prepare_container
+from jobs.runtime import remove_env, store
 from termpool.config import settings
 from termpool.paths import resolve_task_path
 from termpool.state import warm_lock
 
 
-def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
+def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
     """A pre-started container of this task, handed to this run alone (LPOP), if one is alive."""
     while True:
         entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
         if entry is None:
             return None
-        if environment.client_if_running(entry["client"]) is not None:
+        if lifecycle.client_if_running(entry["client"]) is not None:
             run_path = run_path(run, mounts_from=Path(entry["run_dir"]))
-            return environment.RunEnv(
+            return lifecycle.RunEnv(
                 "direct",
                 entry["project"],
                 entry["client"],
@@ -37,8 +37,8 @@ def claim(run: dict, host: str, run_path) -> environment.RunEnv | None:
                 ctl_dir=entry.get("ctl_dir", ""),
                 user=entry.get("user", ""),
             )
-        environment.remove_run_resources(entry["warm_id"])  # died while pooled
-        environment.remove_ctl_dir(entry.get("ctl_dir", ""))
+        lifecycle.remove_run_resources(entry["warm_id"])  # died while pooled
+        lifecycle.remove_ctl_dir(entry.get("ctl_dir", ""))
         store().warm_forget(entry["warm_id"])
 
 
@@ -56,7 +56,7 @@ def refill_warm(self, *, host, task_path, task_name):
             warm_id = "warm-" + secrets.token_hex(8)
             pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
             store().warm_reserve(warm_id, cfg.timeouts.reset_session + 60)
-            env, container = environment.start(
+            env, container = lifecycle.start(
                 pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg, cfg.timeouts.reset_session
             )
             try:

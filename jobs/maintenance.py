@@ -9,8 +9,8 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from tasks import environment
-from tasks.runtime import store
+from environments import lifecycle
+from jobs.runtime import store
 from termpool.config import settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def _run_is_live(run_id: str) -> bool:
 
 @shared_task(name="pool.reconcile", bind=True)
 def reconcile(self, *, host):
-    removed = environment.reconcile(host, _run_is_live, settings().socket_dir)
+    removed = lifecycle.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
     return removed
@@ -39,7 +39,7 @@ def reconcile_hosts(self):
     Each message expires after one period, so a host whose teardown queue is stalled gets
     one pending sweep, not a backlog.
     """
-    from tasks.celery_app import RECONCILE_SECONDS
+    from jobs.celery_app import RECONCILE_SECONDS
 
     hosts = store().live_hosts()
     for host in hosts:
@@ -51,7 +51,7 @@ def reconcile_hosts(self):
 def reap(self):
     """Release idle runs and leases never reset, queue their teardown; re-queue teardowns
     that were lost."""
-    from tasks.dispatch import enqueue_close  # the same path the facade uses
+    from termpool.dispatch import enqueue_close  # the same path the facade uses
 
     cfg = settings()
     hosts = set(store().live_hosts()) | {cfg.host_id}

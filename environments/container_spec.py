@@ -17,7 +17,7 @@ from pathlib import Path
 
 from docker.utils import parse_bytes
 
-from tasks.compose_config import CLIENT_SERVICE, client_service, service_images
+from environments.compose_config import CLIENT_SERVICE, client_service, service_images
 from termpool.config import Settings
 
 # Keys of a resolved client service that the SDK fast path reproduces exactly.

@@ -1,6 +1,6 @@
 """The terminal tools (docs/tools.md), run in a task's client container.
 
-Every tool call runs the tp-session helper (tasks/helper/tp_session.c) once in the container:
+Every tool call runs the tp-session helper (environments/helper/tp_session.c) once in the container:
 through its server's unix socket when the caller names one (`ctl_socket`, a host path; a few
 milliseconds), else, or when nobody answers there, as one `docker exec` (tens of milliseconds).
 shell_write_content_to_file is one `tp-session put` through the server, or else (and for paths
@@ -36,7 +36,7 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from tasks.session_helper import (
+from environments.session_helper import (
     HELPER_PATH,
     WORKSPACE,
     container_user,

@@ -12,9 +12,9 @@ import logging
 
 from celery import shared_task
 
-from tasks.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
-from tasks.jobs import _job, store
+from jobs.run_jobs import _job, store
 from termpool import failures
+from termpool.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 
 log = logging.getLogger(__name__)
 

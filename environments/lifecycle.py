@@ -1,9 +1,9 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
-Every start first asks compose for the task's resolved file (tasks/compose_config.py) and
+Every start first asks compose for the task's resolved file (environments/compose_config.py) and
 refuses what termpool never runs. A file that is one plain `client` service is then started
 straight through the docker SDK (one create+start, no compose process); any other goes through
-`docker compose up` with a generated override (tasks/container_spec.py) that adds termpool's
+`docker compose up` with a generated override (environments/container_spec.py) that adds termpool's
 labels and limits to whatever the task sets.
 """
 
@@ -23,8 +23,8 @@ import docker.errors
 import redis
 import yaml
 
-from tasks import container_spec
-from tasks.compose_config import (
+from environments import container_spec
+from environments.compose_config import (
     CLIENT_SERVICE,
     build_env,
     check_supported,
@@ -34,7 +34,7 @@ from tasks.compose_config import (
     service_images,
     task_files,
 )
-from tasks.docker_env import (
+from environments.docker_client import (
     HOST_LABEL,
     MANAGED_LABEL,
     MAX_OUTPUT,
@@ -44,7 +44,7 @@ from tasks.docker_env import (
     run_compose,
     termpool_labels,
 )
-from tasks.session_helper import CTL_DIR, CTL_SOCKET
+from environments.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
 from termpool.state import build_lock

@@ -1,6 +1,6 @@
 """Run Flower, Celery's web monitor, against termpool's Celery app.
 
-    python -m tasks.flower          # the Procfile's `flower` process
+    python -m jobs.flower          # the Procfile's `flower` process
 
 Flower sees every worker pool and queue of every host through the broker (REDIS_URL), and
 each pool task by name with its arguments; the `kwargs` column carries the run id (the
@@ -81,7 +81,7 @@ def flower_argv(basic_auth: str, env=None) -> list[str]:
 
 
 def main() -> None:
-    from tasks.celery_app import celery_app
+    from jobs.celery_app import celery_app
     from termpool.config import settings
 
     logging.basicConfig(level=settings().log_level, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from tasks import environment
+from environments import lifecycle
 from termpool.config import settings
 from termpool.state import Store
 
@@ -16,9 +16,9 @@ def store() -> Store:
 
 def remove_env(run_id: str, env: dict) -> int:
     """Remove a run's containers and networks (its warm container's too) and its socket folder."""
-    removed = environment.remove_run_resources(run_id, env.get("project", ""))
+    removed = lifecycle.remove_run_resources(run_id, env.get("project", ""))
     if env.get("warm_id"):
-        removed += environment.remove_run_resources(env["warm_id"])
+        removed += lifecycle.remove_run_resources(env["warm_id"])
         store().warm_forget(env["warm_id"])
-    environment.remove_ctl_dir(env.get("ctl_dir", ""))
+    lifecycle.remove_ctl_dir(env.get("ctl_dir", ""))
     return removed

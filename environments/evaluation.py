@@ -11,7 +11,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.session_helper import HELPER_PATH
+from environments.session_helper import HELPER_PATH
 from termpool.failures import DockerError, TaskInvalid, TestsTimeout, TestsUnparsable
 from termpool.pytest_parser import UnknownParser, get_parser, score
 from termpool.task_spec import TaskSpec
