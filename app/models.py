@@ -345,11 +345,12 @@ class _Body(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _task_meta_absent(cls, value):
-        """An absent task_meta is answered like a null one: "task_meta must be a dict"."""
-        if "task_meta" in cls.model_fields and isinstance(value, dict) and "task_meta" not in value:
-            return {**value, "task_meta": None}
-        return value
+    def _objects_absent(cls, value):
+        """An absent task_meta or tool_call is answered like a null one: "task_meta must be a dict"."""
+        if not isinstance(value, dict):
+            return value
+        absent = [name for name in ("task_meta", "tool_call") if name in cls.model_fields and name not in value]
+        return {**value, **dict.fromkeys(absent)}
 
 
 RunCtxField = Annotated[RunCtx | None, BeforeValidator(lambda value: {} if value is None else value)]
@@ -388,7 +389,7 @@ class RunRequest(_Body):
     task_timeouts: TaskTimeouts = Field(default_factory=TaskTimeouts)
     script: Annotated[
         Annotated[list[ToolCall], Field(max_length=MAX_SCRIPT_STEPS)] | None,
-        WrapValidator(lambda value, handler: _script_size(handler(value))),
+        AfterValidator(_script_size),
         Field(
             description="Tool calls run after the start, in order, each as its own job; at most "
             f"{MAX_SCRIPT_BYTES} bytes of JSON."
@@ -439,6 +440,8 @@ class Reply(_Out):
 
 
 class PoolStatus(_Out):
+    model_config = ConfigDict(extra="allow")  # what Engine.status adds is answered too
+
     max_tasks: int
     active_tasks: int
     max_runs_per_task: int

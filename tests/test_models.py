@@ -166,6 +166,7 @@ def test_task_timeouts_garbage_is_dropped_not_refused():
     "tool_call, text",
     [
         ("shell_exec", "tool_call must be a dict"),
+        (None, "tool_call must be a dict"),
         ({}, "tool_call.name is required"),
         ({"name": ""}, "tool_call.name must be a non-empty string"),
         ({"name": 5}, "tool_call.name must be a non-empty string"),
@@ -176,6 +177,8 @@ def test_task_timeouts_garbage_is_dropped_not_refused():
 )
 def test_tool_call_texts_on_both_faces(tool_call, text):
     assert refused(models.ExecToolRequest, {"lease_id": RUN, "tool_call": tool_call}) == text
+    if tool_call is None:
+        assert refused(models.ExecToolRequest, {"lease_id": RUN}) == text
     if isinstance(tool_call, dict):  # the runs API's body is the tool call itself
         assert refused(models.ToolCall, tool_call, root="tool_call") == text
 
