@@ -13,7 +13,7 @@ from celery import Celery
 
 from termpool import dispatch, hosts
 from termpool.config import Settings
-from termpool.state import LOST_STATE, NO_FAILURE, Allocation, HostStore
+from termpool.state import LOST_STATE, NO_FAILURE, Allocation, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -65,7 +65,7 @@ class Submission:
 @dataclass
 class Engine:
     cfg: Settings
-    store: HostStore
+    store: Store
     celery: Celery
 
     # ---- leases -----------------------------------------------------------------------------

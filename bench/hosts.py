@@ -25,7 +25,7 @@ import docker
 
 from bench.episodes import TASK, PoolClient, pool_episode
 from bench.stats import Recorder
-from termpool.state import HostStore
+from termpool.state import Store
 from tests.second_docker import SecondDocker
 from tests.stack import Stack
 
@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def warm_up(stack: Stack, store: HostStore, hosts: list[str]) -> None:
+def warm_up(stack: Stack, store: Store, hosts: list[str]) -> None:
     """One episode per host (the others drained), so every host has the task's image built."""
     for host in hosts:
         others = [h for h in hosts if h != host]
@@ -63,7 +63,7 @@ def warm_up(stack: Stack, store: HostStore, hosts: list[str]) -> None:
                 store.set_draining(other, False)
 
 
-def measure(stack: Stack, store: HostStore, args) -> dict:
+def measure(stack: Stack, store: Store, args) -> dict:
     rec = Recorder()
     keys = [f"{TASK}-{uuid.uuid4().hex[:6]}" for _ in range(-(-args.concurrency // RUNS_PER_KEY))]
     idle_before = stack.redis.info("stats")["total_commands_processed"]
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
             second.load_image(BASE_IMAGE)
             hosts.append("b" + uuid.uuid4().hex[:8])
             stack.start_host(hosts[1], {"DOCKER_HOST": second.host})
-        store = HostStore.from_url(stack.env["REDIS_URL"])
+        store = Store.from_url(stack.env["REDIS_URL"])
         log(f"warming up {hosts}")
         warm_up(stack, store, hosts)
         log(f"{args.episodes} episodes at {args.concurrency} at once over {len(hosts)} host(s)")

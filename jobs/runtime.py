@@ -6,12 +6,12 @@ import functools
 
 from environments import lifecycle
 from termpool.config import settings
-from termpool.state import HostStore
+from termpool.state import Store
 
 
 @functools.lru_cache(maxsize=1)
-def store() -> HostStore:
-    return HostStore.from_url(settings().redis_url)
+def store() -> Store:
+    return Store.from_url(settings().redis_url)
 
 
 def remove_env(run_id: str, env: dict) -> int:

@@ -17,7 +17,7 @@ from jobs.celery_app import celery_app
 from jobs.runtime import store
 from termpool.config import QUEUE_KINDS, settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
-from termpool.state import LOCK_TTL, beat_lock
+from termpool.state import LOCK_TTL
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def beat_argv() -> list[str]:
 def hold_beat_lock():
     """Block until this process is the deployment's only beat (a Redis lock, renewed while it
     lives): a second beat started by mistake stands by and takes over when the first dies."""
-    lock = beat_lock(store().r)
+    lock = store().beat_lock()
     while not lock.acquire(wait=LOCK_TTL):
         log.warning("another beat scheduler runs (%s); standing by", lock.owner())
     return lock

@@ -4,7 +4,7 @@ A worker process beats every few seconds with its host, its queue kind and its h
 (jobs/maintenance.py). From those beats:
 
 * a host serves when every queue kind of it beat within HOST_SILENCE_SECONDS and it is not
-  draining; allocate places a run only on a serving host (state.HostStore.place);
+  draining; allocate places a run only on a serving host (state.Store.place);
 * a call on a run whose host has no worker that beat within the limit fails at once with
   HOST_LOST (the host's live runs are marked lost, its capacity freed); when only the call's
   queue kind is silent, with WORKERS_DOWN;
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from termpool.config import QUEUE_KINDS, Settings
-from termpool.state import HOST_FORGET_SECONDS, HostStore, Placement
+from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 
 # Image affinity: a host that already has the task's images wins over the least loaded one
 # when its load (live runs over capacity) is at most this much higher; one cold start (a
@@ -51,7 +51,7 @@ def capacity(cfg: Settings) -> dict:
     return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task}
 
 
-def unavailable(store: HostStore, host: str, kinds: tuple, silence: float) -> str:
+def unavailable(store: Store, host: str, kinds: tuple, silence: float) -> str:
     """'' when the host's workers of these queue kinds beat within `silence` seconds, else the
     failure code: HOST_LOST when none of its workers did, WORKERS_DOWN when some kind is silent."""
     nodes = store.host_nodes(host)
@@ -70,7 +70,7 @@ def message(code: str, host: str, kinds: tuple, silence: float) -> str:
     return f"no live worker of host {host} consumes its {'/'.join(kinds)} queue (silent for {silence:g} s)"
 
 
-def check(store: HostStore, host: str, kinds: tuple, silence: float) -> tuple[str, str]:
+def check(store: Store, host: str, kinds: tuple, silence: float) -> tuple[str, str]:
     """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
     A lost host's runs are marked lost on the way (idempotent)."""
     code = unavailable(store, host, kinds, silence)
@@ -82,7 +82,7 @@ def check(store: HostStore, host: str, kinds: tuple, silence: float) -> tuple[st
     return code, error
 
 
-def sweep(store: HostStore, silence: float) -> dict[str, list[str]]:
+def sweep(store: Store, silence: float) -> dict[str, list[str]]:
     """The reaper's pass: mark every silent host's runs lost; forget hosts silent for an hour.
     Returns the runs marked lost, by host."""
     now = time.time()
@@ -99,7 +99,7 @@ def sweep(store: HostStore, silence: float) -> dict[str, list[str]]:
     return marked
 
 
-def overview(store: HostStore, cfg: Settings) -> dict[str, dict]:
+def overview(store: Store, cfg: Settings) -> dict[str, dict]:
     """Per host: state (serving / draining / workers_down / lost), capacity, live runs, images
     cached, last heartbeat and the queue kinds heard from (for /status and `hosts list`)."""
     now = time.time()

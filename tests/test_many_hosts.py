@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from termpool.state import HostStore
+from termpool.state import Store
 from tests.conftest import Router, leftovers, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 from tests.stack import ROOT, Stack
@@ -57,8 +57,8 @@ def daemons(pool, second_docker, docker_client):  # noqa: F811
     second.close()
 
 
-def store(stack: Stack) -> HostStore:
-    return HostStore.from_url(stack.env["REDIS_URL"])
+def store(stack: Stack) -> Store:
+    return Store.from_url(stack.env["REDIS_URL"])
 
 
 def hosts_cli(stack: Stack, *args: str) -> str:
@@ -251,7 +251,7 @@ def test_a_queue_without_live_workers_fails_fast(pool, router, daemons):
 def test_a_second_beat_stands_by_until_the_first_is_gone(pool):
     """Beat runs once per deployment: a second one waits on a Redis lock and takes over only
     when the first dies (so the reaper's schedule never runs twice)."""
-    lock_owner = lambda: (pool.redis.get("tp:beat-lock") or "").split(":")  # noqa: E731
+    lock_owner = lambda: store(pool).beat_lock().owner().split(":")  # noqa: E731
     first = pool.procs["beat"].pid
     assert wait_for(lambda: lock_owner()[1:2] == [str(first)], 30)
     second = pool._spawn("beat2", [sys.executable, "-m", "jobs.worker", "beat"]).pid

@@ -1,5 +1,5 @@
 """Placement over many hosts, drain, and host loss in the state store alone (a private Redis,
-no Docker): termpool/hosts.py and the HostStore section of termpool/state.py."""
+no Docker): termpool/hosts.py and the Store section of termpool/state.py."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 
 from termpool import hosts
 from termpool.config import QUEUE_KINDS, load_settings
-from termpool.state import CapacityError, HostStore
+from termpool.state import CapacityError, Store
 
 
 @pytest.fixture
-def store(redis_server) -> HostStore:
+def store(redis_server) -> Store:
     redis_server.flushall()
-    return HostStore(redis_server)
+    return Store(redis_server)
 
 
 @pytest.fixture
@@ -23,13 +23,11 @@ def cfg():
     return load_settings({"POOL_HOST_ID": "facade-host", "WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "5"})
 
 
-def beat(store: HostStore, host: str, kinds=QUEUE_KINDS, at: float | None = None, max_tasks=4, max_runs=5) -> None:
+def beat(store: Store, host: str, kinds=QUEUE_KINDS, at: float | None = None, max_tasks=4, max_runs=5) -> None:
+    """The heartbeats of one worker process per queue kind of `host` (as of `at`: older ones)."""
     for kind in kinds:
-        store.host_beat(host, f"{kind}-x-1@{host}", kind, {"max_tasks": max_tasks, "max_runs_per_task": max_runs})
-    if at is not None:  # pretend the beats are that old
-        for kind in kinds:
-            store.r.hset(f"tp:host:{host}:nodes", f"{kind}-x-1@{host}", f"{kind} {at}")
-        store.r.zadd("tp:hosts", {host: at})
+        capacity = {"max_tasks": max_tasks, "max_runs_per_task": max_runs}
+        store.host_beat(host, f"{kind}-x-1@{host}", kind, capacity, now=at)
 
 
 def place(store, cfg, key="task-a", request_id=""):
@@ -135,9 +133,8 @@ def test_closing_a_lost_run_leaves_its_teardown_to_its_host(store, cfg):
 
 
 def test_a_silent_queue_kind_is_workers_down(store, cfg):
-    beat(store, "a", kinds=[k for k in QUEUE_KINDS if k != "eval"])
     beat(store, "a", kinds=["eval"], at=time.time() - 30)
-    store.r.zadd("tp:hosts", {"a": time.time()})
+    beat(store, "a", kinds=[k for k in QUEUE_KINDS if k != "eval"])
     assert hosts.unavailable(store, "a", ("eval",), cfg.host_silence) == "WORKERS_DOWN"
     assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == ""
     assert hosts.unavailable(store, "never-seen", ("exec",), cfg.host_silence) == ""
