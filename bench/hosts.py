@@ -69,6 +69,7 @@ def measure(stack: Stack, store: Store, args) -> dict:
     idle_before = stack.redis.info("stats")["total_commands_processed"]
     time.sleep(IDLE_SECONDS)  # what the pool costs Redis doing nothing (heartbeats, queue polls)
     commands_before = stack.redis.info("stats")["total_commands_processed"]
+    memory_before = stack.redis.info("memory")["used_memory"]
     idle_rate = (commands_before - idle_before) / IDLE_SECONDS
 
     counter = itertools.count()
@@ -91,6 +92,8 @@ def measure(stack: Stack, store: Store, args) -> dict:
         list(pool.map(worker, range(args.concurrency)))
     seconds = time.monotonic() - started
     commands = stack.redis.info("stats")["total_commands_processed"] - commands_before
+    kept = stack.redis.info("memory")["used_memory"] - memory_before  # closed runs' records stay 24 h
+    clients = stack.redis.info("clients")["connected_clients"]
     placed = Counter(store.get_run(run)["host"] for run in rec.run_ids)
     return {
         "hosts": args.hosts,
@@ -106,6 +109,8 @@ def measure(stack: Stack, store: Store, args) -> dict:
         "redis_commands_per_episode": round(commands / args.episodes, 1),
         "redis_idle_commands_per_s": round(idle_rate, 1),
         "redis_commands_per_episode_net": round((commands - idle_rate * seconds) / args.episodes, 1),
+        "redis_bytes_kept_per_episode": round(kept / args.episodes),
+        "redis_connections": clients,
     }
 
 

@@ -161,8 +161,11 @@ class Stack:
 
     def kill_host(self, host_id: str, sig=signal.SIGKILL) -> None:
         """Signal every worker process of a host started by start_host (SIGKILL: the host is lost)."""
-        for name in [n for n in self.procs if n.startswith(host_id + ":")]:
-            self.kill(name, sig)
+        procs = [self.procs.pop(name) for name in [n for n in self.procs if n.startswith(host_id + ":")]]
+        for proc in procs:  # all at once, as a machine dies: no survivor sees the others go
+            os.killpg(proc.pid, sig)
+        for proc in procs:
+            proc.wait(timeout=60)
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.pop(name)

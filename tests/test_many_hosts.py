@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from termpool.state import Store
-from tests.conftest import Router, leftovers, stop_checking_leaks, wait_for
+from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 from tests.stack import ROOT, Stack
 
@@ -76,6 +76,12 @@ def hosts_cli(stack: Stack, *args: str) -> str:
 
 def host_of(stack: Stack, lease: str) -> str:
     return store(stack).get_run(lease)["host"]
+
+
+def leftovers(client, host: str) -> list[str]:
+    """Names of the host's termpool containers (teardowns may remove some while listing)."""
+    found = client.containers.list(all=True, filters={"label": f"termpool.host={host}"}, ignore_removed=True)
+    return [c.name for c in found]
 
 
 def run_labels(client, lease: str) -> list:
