@@ -26,12 +26,12 @@ from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 # build) costs far more than running a few more runs on a host.
 AFFINITY_SLACK = 0.1
 
-# Queue kinds a job of each kind (job records' `kind`) needs.
+# Queue kinds a job of each kind (job records' `kind`) needs. Not closes: a lost host's
+# teardowns wait in its queue and run when it is back (the client's close answers at once).
 JOB_QUEUE_KINDS = {
     "start": ("build", "lifecycle"),
     "tool_call": ("exec",),
     "evaluation": ("eval",),
-    "close": ("teardown",),
 }
 
 
