@@ -9,7 +9,8 @@ A worker process beats every few seconds with its host, its queue kind and its h
   HOST_LOST (the host's live runs are marked lost, its capacity freed); when only the call's
   queue kind is silent, with WORKERS_DOWN;
 * a host with no beat at all on record (never seen, or a Redis that lost its data a moment
-  ago) is not judged: calls wait for their time limits as before.
+  ago) is not judged, nor is any host while Redis has been up for less than the limit (it
+  restarted: the workers could not beat meanwhile): calls wait for their time limits as before.
 
 Used by the facade (app/engine.py), the reaper and the CLI; imports nothing Docker-side.
 """
@@ -59,9 +60,10 @@ def unavailable(store: Store, host: str, kinds: tuple, silence: float) -> str:
         return ""  # nothing on record: not judged (see the module docstring)
     cutoff = time.time() - silence
     alive = {kind for kind, at in nodes.values() if at >= cutoff}
-    if not alive:
-        return "HOST_LOST"
-    return "WORKERS_DOWN" if set(kinds) - alive else ""
+    code = "HOST_LOST" if not alive else "WORKERS_DOWN" if set(kinds) - alive else ""
+    if code and store.redis_uptime() < silence:
+        return ""  # Redis itself was away (a restart): every worker was silent, none is lost
+    return code
 
 
 def message(code: str, host: str, kinds: tuple, silence: float) -> str:
@@ -87,6 +89,8 @@ def sweep(store: Store, silence: float) -> dict[str, list[str]]:
     Returns the runs marked lost, by host."""
     now = time.time()
     marked = {}
+    if store.redis_uptime() < silence:
+        return marked  # Redis restarted: the workers could not beat meanwhile
     for host, last in store.known_hosts().items():
         if last >= now - silence:
             continue

@@ -856,6 +856,10 @@ class Store:
             self._index_run(reply[1], float(now))
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
+    def redis_uptime(self) -> float:
+        """Seconds since Redis (re)started: no heartbeat could arrive before."""
+        return float(self._r.info("server")["uptime_in_seconds"])
+
     def host_info(self, host: str) -> dict:
         return self._r.hgetall(host_info_key(host))
 

@@ -10,6 +10,7 @@ import pytest
 from termpool import hosts
 from termpool.config import QUEUE_KINDS, load_settings
 from termpool.state import CapacityError, Store
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -19,8 +20,12 @@ def store(redis_server) -> Store:
 
 
 @pytest.fixture
-def cfg():
-    return load_settings({"POOL_HOST_ID": "facade-host", "WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "5"})
+def cfg(store):
+    env = {"POOL_HOST_ID": "facade-host", "WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "5"}
+    cfg = load_settings({**env, "HOST_SILENCE_SECONDS": "2"})
+    # Hosts are judged only once Redis has been up longer than the silence limit.
+    assert wait_for(lambda: store.redis_uptime() >= cfg.host_silence, 10)
+    return cfg
 
 
 def beat(store: Store, host: str, kinds=QUEUE_KINDS, at: float | None = None, max_tasks=4, max_runs=5) -> None:
@@ -148,3 +153,10 @@ def test_a_clean_stop_deregisters_at_once(store, cfg):
         store.host_node_stopped("a", f"{kind}-x-1@a", kind)
     assert "a" not in store.known_hosts()
     assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == "HOST_LOST"
+
+
+def test_no_host_is_judged_while_redis_is_younger_than_the_limit(store, cfg):
+    beat(store, "a", at=time.time() - 60)
+    assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == "HOST_LOST"
+    long_limit = store.redis_uptime() + 3600  # as if Redis had restarted within the limit
+    assert hosts.unavailable(store, "a", ("exec",), long_limit) == ""
