@@ -7,8 +7,10 @@ import ipaddress
 from celery import Celery
 from flask import Flask, request
 
-from app import errors, validation, viewer
+from app import errors, viewer
 from app.engine import Engine
+from app.http import fail
+from app.models import MAX_BODY_BYTES
 from termpool.config import Settings, settings
 from termpool.state import Store
 
@@ -32,11 +34,11 @@ def _guard(app: Flask, cfg: Settings) -> None:
         if request.path == "/healthz":
             return None
         if networks and not _allowed(_client_address(), networks):
-            return errors.error_reply(403, "client address not allowed", "FORBIDDEN")
+            return fail("FORBIDDEN", "client address not allowed", 403)
         if cfg.api_token and request.headers.get("Authorization", "") != f"Bearer {cfg.api_token}":
             if request.blueprint == "viewer":  # a browser: the login form and its cookie (app/viewer.py)
                 return viewer.browser_gate(cfg.api_token)
-            return errors.error_reply(401, "missing or wrong bearer token", "UNAUTHORIZED")
+            return fail("UNAUTHORIZED", "missing or wrong bearer token", 401)
         return None
 
 
@@ -55,12 +57,13 @@ def create_app(cfg: Settings | None = None) -> Flask:
     cfg = cfg or settings()
     app = Flask(__name__, static_folder=None)
     app.json.sort_keys = False
-    app.config["MAX_CONTENT_LENGTH"] = validation.MAX_BODY_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
     app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
     _guard(app, cfg)
     errors.register(app)
 
+    from app import apidoc
     from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
     from app.runs_api import bp as runs_bp
@@ -69,6 +72,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.register_blueprint(runs_bp)
     app.register_blueprint(viewer.bp)
     init_metrics(app)
+    apidoc.register(app)
 
     from cli.dataset import dataset_cli
 

@@ -10,12 +10,12 @@ import logging
 
 import kombu.exceptions
 import redis.exceptions
-from flask import Flask, jsonify
+from flask import Flask
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.validation import MAX_BODY_BYTES, BadRequest
+from app.http import BadRequest, fail
+from app.models import MAX_BODY_BYTES
 from termpool.codes import HTTP_STATUS_CODES
-from termpool.failures import retryable
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,6 @@ BACKEND_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 # other 5xx internal.
 
 
-def error_reply(status: int, error: str, code: str, headers=None):
-    """The JSON body, status (and headers) of a refusal; retryable as failures.py says."""
-    body = jsonify({"ok": False, "error": error, "code": code, "retryable": retryable(code)})
-    return (body, status, headers) if headers else (body, status)
-
-
 def http_code(status: int) -> str:
     return HTTP_STATUS_CODES.get(status) or ("INTERNAL" if status >= 500 else "BAD_REQUEST")
 
@@ -38,21 +32,21 @@ def http_code(status: int) -> str:
 def register(app: Flask) -> None:
     @app.errorhandler(BadRequest)
     def bad_request(exc):
-        return error_reply(400, str(exc), "BAD_REQUEST")
+        return fail("BAD_REQUEST", str(exc), 400)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         status = exc.code or 500
         headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
-        return error_reply(status, exc.description or exc.name, http_code(status), headers)
+        return fail(http_code(status), exc.description or exc.name, status, headers)
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(exc):
-        return error_reply(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", "PAYLOAD_TOO_LARGE")
+        return fail("PAYLOAD_TOO_LARGE", f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
 
     def backend_down(exc):
         log.warning("backend unreachable: %s", exc)
-        return error_reply(503, f"Redis is unreachable: {exc}", "BACKEND_UNAVAILABLE")
+        return fail("BACKEND_UNAVAILABLE", f"Redis is unreachable: {exc}", 503)
 
     for exc_class in BACKEND_DOWN:
         app.register_error_handler(exc_class, backend_down)
@@ -60,4 +54,4 @@ def register(app: Flask) -> None:
     @app.errorhandler(Exception)
     def unexpected(exc):
         log.exception("unhandled error")
-        return error_reply(500, f"{type(exc).__name__}: {exc}", "INTERNAL")
+        return fail("INTERNAL", f"{type(exc).__name__}: {exc}", 500)

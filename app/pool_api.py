@@ -1,37 +1,32 @@
 """The pool API (docs/http-api.md section 1): byte-compatible with the reference pool server.
 
 Every call blocks until its job has ended, then answers the way the reference does, plus
-`code` and `retryable` on every failure (statuses per code: app/error_codes.py).
+`code` and `retryable` on every failure (statuses per code: app/error_codes.py). Bodies and
+replies are app/models.py's.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint
 
-from app import error_codes, validation
-from app.engine import Engine, NotReady, UnknownLease, capacity_message
-from termpool import failures
+from app import error_codes, models
+from app.engine import NotReady, UnknownLease, capacity_message
+from app.http import engine, fail_on, ok, operation
 from termpool.state import CapacityError
 
 bp = Blueprint("pool", __name__)
+fail = fail_on(error_codes.pool_status)
+
+UNAVAILABLE = (
+    "Docker or the run's worker host could not be reached (BACKEND_UNAVAILABLE, HOST_LOST, WORKERS_DOWN): retry"
+)
+# The reference answers 500 for an unknown lease and a run that was not reset; routers expect it.
+UNKNOWN_LEASE = "Unknown run_lease_id (code UNKNOWN_LEASE)"
 
 
-def engine() -> Engine:
-    return current_app.extensions["termpool"]
-
-
-def ok(**fields):
-    return jsonify({"ok": True, **fields})
-
-
-def fail(code: str, error: str):
-    """A failed reply: its status from the code (app/error_codes.py), `code` and `retryable` added."""
-    return jsonify({"ok": False, "error": error, **failures.fields(code)}), error_codes.pool_status(code)
-
-
-def _job_reply(job: dict, **success_fields):
+def _job_reply(job: dict, success: type[models.Reply], **fields):
     if job.get("state") == "succeeded":
-        return ok(**success_fields)
+        return ok(success(**fields))
     if job.get("state") in ("queued", "running"):
         return fail(
             "TIMEOUT", f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})"
@@ -43,73 +38,107 @@ def _job_reply(job: dict, **success_fields):
 
 
 @bp.get("/healthz")
+@operation("Liveness.", {200: ("Alive", models.Reply)})
 def healthz():
     return ok()
 
 
 @bp.get("/status")
+@operation(
+    "Capacity and live runs per task key.",
+    {200: ("Pool status", models.StatusReply), 500: "Internal error"},
+)
 def status():
-    return ok(pool=engine().status())
+    return ok(models.StatusReply(pool=engine().status()))
 
 
 @bp.post("/allocate")
-def allocate():
-    body = validation.json_body()
-    task_key = validation.required_str(body, "task_key")
-    request_id = validation.optional_str(body, "request_id")
+@operation(
+    "Lease a run slot for a task key.",
+    {
+        200: ("Leased", models.AllocateReply),
+        400: "task_key is required, or a field is malformed (code BAD_REQUEST)",
+        429: "No capacity; code TASK_SLOTS_EXHAUSTED or RUN_SLOTS_EXHAUSTED",
+    },
+    models.AllocateRequest,
+)
+def allocate(body: models.AllocateRequest):
     try:
-        lease = engine().allocate(task_key, request_id)
+        lease = engine().allocate(body.task_key, models.text_id(body.request_id))
     except CapacityError as exc:
-        return fail(exc.code, capacity_message(task_key, exc.code))
-    return ok(lease_id=lease.run_id, reused=lease.reused)
+        return fail(exc.code, capacity_message(body.task_key, exc.code))
+    return ok(models.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
 
 
 @bp.post("/heartbeat")
-def heartbeat():
-    run_id = validation.required_str(validation.json_body(), "lease_id")
-    engine().lease(run_id)
+@operation("Mark the lease as used.", {200: ("Done", models.Reply), 500: UNKNOWN_LEASE}, models.LeaseRequest)
+def heartbeat(body: models.LeaseRequest):
+    engine().lease(body.lease_id)
     return ok()
 
 
 @bp.post("/reset")
-def reset():
-    body = validation.json_body()
-    run_id = validation.required_str(body, "lease_id")
-    cfg = engine().cfg
-    meta = validation.task_meta(body, cfg)
-    ctx = validation.run_ctx(body, cfg)
-    timeouts = validation.task_timeouts(body)
-    run = engine().lease(run_id)
-    job_id = engine().start(run, meta, ctx, timeouts)
+@operation(
+    "Start (or restart) the run's environment and wait for it.",
+    {
+        200: ("Started", models.ResetReply),
+        500: "Unknown lease, or the start failed; error says why, code what kind of failure",
+        503: UNAVAILABLE,
+    },
+    models.ResetRequest,
+)
+def reset(body: models.ResetRequest):
+    timeouts = body.task_timeouts.given()
+    run = engine().lease(body.lease_id)
+    job_id = engine().start(run, body.task_meta.model_dump(), body.run_ctx.model_dump(), timeouts)
     job = engine().wait(job_id, engine().start_wait_limit(timeouts))
     result = job.get("result") or {}
-    return _job_reply(job, user_msg=result.get("user_msg"), tool_schemas=result.get("tool_schemas"))
+    return _job_reply(job, models.ResetReply, user_msg=result.get("user_msg"), tool_schemas=result.get("tool_schemas"))
 
 
 @bp.post("/exec_tool")
-def exec_tool():
-    body = validation.json_body()
-    run_id = validation.required_str(body, "lease_id")
-    call = validation.tool_call(body.get("tool_call"))
-    run = engine().lease(run_id)
+@operation(
+    "Run one tool call and wait for its observation.",
+    {
+        200: ("Done", models.ExecToolReply),
+        500: "Unknown lease or run not reset; code says which",
+        503: UNAVAILABLE,
+    },
+    models.ExecToolRequest,
+)
+def exec_tool(body: models.ExecToolRequest):
+    call = body.tool_call.model_dump()
+    run = engine().lease(body.lease_id)
     job_id = engine().tool_call(run, call)
     job = engine().wait(job_id, engine().tool_wait_limit(call))
-    return _job_reply(job, observation=job.get("result"))
+    return _job_reply(job, models.ExecToolReply, observation=job.get("result"))
 
 
 @bp.post("/evaluate")
-def evaluate():
-    run_id = validation.required_str(validation.json_body(), "lease_id")
-    run = engine().lease(run_id)
+@operation(
+    "Run the task's tests and wait for the score.",
+    {
+        200: ("Done", models.EvaluateReply),
+        500: "Tests timed out (TESTS_TIMEOUT), output unparsable (TESTS_UNPARSABLE), or run not reset",
+        503: UNAVAILABLE,
+    },
+    models.LeaseRequest,
+)
+def evaluate(body: models.LeaseRequest):
+    run = engine().lease(body.lease_id)
     job_id = engine().evaluation(run)
     job = engine().wait(job_id, engine().eval_wait_limit(run))
-    return _job_reply(job, score=(job.get("result") or {}).get("score"))
+    return _job_reply(job, models.EvaluateReply, score=(job.get("result") or {}).get("score"))
 
 
 @bp.post("/close")
-def close():
-    run_id = validation.required_str(validation.json_body(), "lease_id")
-    return ok(found=engine().close(run_id) is not None)
+@operation(
+    "Release the lease; the teardown may finish after the reply.",
+    {200: ("Done", models.CloseReply)},
+    models.LeaseRequest,
+)
+def close(body: models.LeaseRequest):
+    return ok(models.CloseReply(found=engine().close(body.lease_id) is not None))
 
 
 @bp.errorhandler(UnknownLease)

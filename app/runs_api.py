@@ -34,102 +34,26 @@ Decisions where the spec is silent:
     can wait on the last one. A repeat may briefly name a start job whose record is still
     being written (a 404 for a few milliseconds).
   * ``script`` holds at most MAX_SCRIPT_STEPS tool calls and MAX_SCRIPT_BYTES of JSON: each
-    step of a Celery chain carries the rest of the chain in its message.
+    step of a Celery chain carries the rest of the chain in its message (app/models.py).
 """
 
 from __future__ import annotations
 
-import json
-import math
+from flask import Blueprint, request
+from pydantic import TypeAdapter, ValidationError
 
-from flask import Blueprint, current_app, jsonify, request
-
-from app import openapi, validation
-from app.engine import Engine, NotReady, RunClosed, Submission, UnknownLease, capacity_message
-from termpool import failures
+from app import error_codes, models
+from app.engine import NotReady, RunClosed, Submission, UnknownLease, capacity_message
+from app.http import BadRequest, engine, fail_on, ok, operation
 from termpool.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
+fail = fail_on(error_codes.runs_status)
 
-MAX_WAIT = 60.0
-MAX_SCRIPT_STEPS = 1000
-MAX_SCRIPT_BYTES = 1 << 20
-RUN_FIELDS = (
-    "run_id",
-    "task_key",
-    "state",
-    "host",
-    "created_at",
-    "last_used_at",
-    "user_msg",
-    "tool_schemas",
-    "score",
-    "tests",
-    "error",
-    "code",
-    "retryable",
-)
-JOB_FIELDS = (
-    "job_id",
-    "run_id",
-    "kind",
-    "state",
-    "result",
-    "error",
-    "code",
-    "retryable",
-    "attempts",
-    "queued_at",
-    "started_at",
-    "finished_at",
-)
-
-
-def engine() -> Engine:
-    return current_app.extensions["termpool"]
-
-
-def ok(status: int = 200, **fields):
-    return jsonify({"ok": True, **fields}), status
-
-
-def fail(status: int, error: str, code: str):
-    return jsonify({"ok": False, "error": error, **failures.fields(code)}), status
-
-
-# ---- request parsing ------------------------------------------------------------------------
-def _flag(body: dict, field: str) -> bool:
-    value = body.get(field, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise validation.BadRequest(f"{field} must be true or false")
-    return value
-
-
-def _script(body: dict) -> list[dict]:
-    """The episode's tool calls, each checked like a pool API tool_call."""
-    script = body.get("script")
-    if script is None:
-        return []
-    if not isinstance(script, list):
-        raise validation.BadRequest("script must be a list of tool calls {name, arguments}")
-    if len(script) > MAX_SCRIPT_STEPS:
-        raise validation.BadRequest(f"script has {len(script)} tool calls; at most {MAX_SCRIPT_STEPS} are allowed")
-    calls = []
-    for i, call in enumerate(script):
-        try:
-            calls.append(validation.tool_call(call))
-        except validation.BadRequest as exc:
-            raise validation.BadRequest(f"script[{i}]: {exc}") from None
-    if len(json.dumps(calls)) > MAX_SCRIPT_BYTES:
-        raise validation.BadRequest(f"script is larger than {MAX_SCRIPT_BYTES} bytes of JSON")
-    return calls
-
-
-def _task_key(body: dict, meta: dict) -> str:
-    key = validation.optional_str(body, "task_key") or meta["task_name"]
-    return validation.required_str({"task_key": key}, "task_key")
+WAIT = TypeAdapter(models.WaitSeconds)
+UNKNOWN_RUN = "Unknown run (code UNKNOWN_RUN)"
+WRONG_STATE = "Run not started (RUN_NOT_READY) or closing/closed (RUN_CLOSED)"
+ACCEPTED = ("Accepted; poll the job", models.JobAccepted)
 
 
 def _wait_seconds() -> float:
@@ -137,85 +61,102 @@ def _wait_seconds() -> float:
     if raw is None:
         return 0.0
     try:
-        seconds = float(raw)
-    except ValueError:
-        raise validation.BadRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT:g}") from None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT:
-        raise validation.BadRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT:g}")
-    return seconds
+        return WAIT.validate_python(raw)
+    except ValidationError:
+        raise BadRequest(f"wait must be a number of seconds from 0 to {models.MAX_WAIT:g}") from None
 
 
 # ---- replies --------------------------------------------------------------------------------
-def _with_failure(view: dict, record: dict) -> dict:
-    """error, code and retryable: null unless the record holds a failure (the store keeps "")."""
+def _view(model: type, record: dict, **more) -> dict:
+    """The model's fields of a stored record; error, code and retryable are null unless the
+    record holds a failure (the store keeps "")."""
+    view = {name: record.get(name) for name in model.model_fields} | more
     view["error"] = record.get("error") or None
     view["code"] = record.get("code") or None
     view["retryable"] = record.get("retryable") if view["code"] else None
-    return view
-
-
-def _run_view(run: dict) -> dict:
-    view = _with_failure({field: run.get(field) for field in RUN_FIELDS}, run)
-    view["jobs"] = engine().store.run_jobs(run["run_id"])
-    return view
-
-
-def _job_view(job: dict) -> dict:
-    return _with_failure({field: job.get(field) for field in JOB_FIELDS}, job)
+    return model(**view)
 
 
 def _submission_reply(sub: Submission):
-    reply = {"run_id": sub.run_id, "job_id": sub.job_id, "state": sub.state, "reused": sub.reused}
-    if sub.jobs is not None:
-        reply["jobs"] = sub.jobs
-    return ok(202, **reply)
+    fields = {"run_id": sub.run_id, "job_id": sub.job_id, "state": sub.state, "reused": sub.reused}
+    if sub.jobs is not None:  # only when this request started the run
+        fields["jobs"] = sub.jobs
+    return ok(models.Submitted(**fields), 202)
 
 
 # ---- endpoints ------------------------------------------------------------------------------
 @bp.post("/runs")
-def create_run():
+@operation(
+    "Allocate and start a run; optionally a whole episode in one request.",
+    {
+        202: ("Accepted; job_id is the start job, jobs lists every step", models.Submitted),
+        429: "No capacity, as /allocate",
+    },
+    models.RunRequest,
+    tag="runs",
+)
+def create_run(body: models.RunRequest):
     """Allocate and start a run; with script/evaluate/close, the whole episode as one chain."""
-    body = validation.json_body()
-    cfg = engine().cfg
-    meta = validation.task_meta(body, cfg)
     start = {
-        "task_meta": meta,
-        "run_ctx": validation.run_ctx(body, cfg),
-        "task_timeouts": validation.task_timeouts(body),
+        "task_meta": body.task_meta.model_dump(),
+        "run_ctx": body.run_ctx.model_dump(),
+        "task_timeouts": body.task_timeouts.given(),
     }
-    episode = {"script": _script(body), "evaluate": _flag(body, "evaluate"), "close": _flag(body, "close")}
-    task_key = _task_key(body, meta)
-    request_id = validation.optional_str(body, "request_id")
+    script = [call.model_dump() for call in body.script or []]
+    episode = {"script": script, "evaluate": body.evaluate, "close": body.close}
+    task_key = body.capacity_key()
     try:
-        sub = engine().submit(task_key, request_id, start, episode)
+        sub = engine().submit(task_key, models.text_id(body.request_id), start, episode)
     except CapacityError as exc:
-        return fail(429, capacity_message(task_key, exc.code), exc.code)
+        return fail(exc.code, capacity_message(task_key, exc.code))
     return _submission_reply(sub)
 
 
 @bp.get("/runs/<run_id>")
+@operation("A run's record.", {200: ("The run", models.RunReply), 404: UNKNOWN_RUN}, tag="runs")
 def get_run(run_id: str):
     run = engine().store.get_run(run_id)
     if run is None:
         raise UnknownLease(run_id)
     engine().store.touch(run_id)
-    return ok(run=_run_view(run))
+    jobs = engine().store.run_jobs(run_id)
+    return ok(models.RunReply(run=_view(models.Run, run, jobs=jobs)))
 
 
 @bp.post("/runs/<run_id>/tool_calls")
-def create_tool_call(run_id: str):
-    call = validation.tool_call(validation.json_body())
+@operation(
+    "Queue one tool call.",
+    {202: ACCEPTED, 404: UNKNOWN_RUN, 409: WRONG_STATE},
+    models.ToolCall,
+    root="tool_call",
+    tag="runs",
+)
+def create_tool_call(run_id: str, body: models.ToolCall):
     run = engine().live_run(run_id)
-    return ok(202, job_id=engine().tool_call(run, call))
+    return ok(models.JobAccepted(job_id=engine().tool_call(run, body.model_dump())), 202)
 
 
 @bp.post("/runs/<run_id>/evaluation")
+@operation(
+    "Queue the task's tests (a body, if any, is ignored).",
+    {202: ACCEPTED, 404: UNKNOWN_RUN, 409: WRONG_STATE},
+    tag="runs",
+)
 def create_evaluation(run_id: str):
     run = engine().live_run(run_id)
-    return ok(202, job_id=engine().evaluation(run))
+    return ok(models.JobAccepted(job_id=engine().evaluation(run)), 202)
 
 
 @bp.delete("/runs/<run_id>")
+@operation(
+    "Release the run and tear it down (idempotent).",
+    {
+        202: ("Released; job_id is the teardown", models.Released),
+        200: ("Already closing or closed; job_id is the newest close job", models.AlreadyReleased),
+        404: UNKNOWN_RUN,
+    },
+    tag="runs",
+)
 def delete_run(run_id: str):
     """Release the run and queue its teardown; repeating it is harmless (see module doc)."""
     run = engine().store.get_run(run_id)
@@ -223,41 +164,46 @@ def delete_run(run_id: str):
         raise UnknownLease(run_id)
     job_id = engine().close(run_id)
     if job_id is not None:
-        return ok(202, job_id=job_id, found=True)
+        return ok(models.Released(job_id=job_id, found=True), 202)
     run = engine().store.require_run(run_id)
-    return ok(job_id=engine().last_job(run_id, "close"), found=False, state=run["state"])
+    last = engine().last_job(run_id, "close")
+    return ok(models.AlreadyReleased(job_id=last, found=False, state=run["state"]))
 
 
 @bp.get("/jobs/<job_id>")
+@operation(
+    "A job's record, optionally long-polled.",
+    {
+        200: ("The job (maybe still queued or running when wait ran out)", models.JobReply),
+        400: f"wait is not a number from 0 to {models.MAX_WAIT:g} (code BAD_REQUEST)",
+        404: "Unknown job (code UNKNOWN_JOB)",
+    },
+    query={"wait": ("Hold the request until the job has ended or this many seconds have passed.", WAIT)},
+    tag="runs",
+)
 def get_job(job_id: str):
     """A job's record; with ?wait=S, held until the job ends (BLMOVE, no polling) or S pass."""
     seconds = _wait_seconds()
     job = engine().store.get_job(job_id)
     if job is None:
-        return fail(404, f"unknown job: {job_id}", "UNKNOWN_JOB")
+        return fail("UNKNOWN_JOB", f"unknown job: {job_id}")
     engine().store.touch(job["run_id"])
     if seconds > 0 and job["state"] in ("queued", "running"):
         job = engine().store.wait_job(job_id, seconds) or job
-    return ok(job=_job_view(job))
+    return ok(models.JobReply(job=_view(models.Job, job)))
 
 
-# ---- errors and the API document -------------------------------------------------------------
+# ---- errors ---------------------------------------------------------------------------------
 @bp.errorhandler(UnknownLease)
 def _unknown_run(exc):
-    return fail(404, str(exc), "UNKNOWN_RUN")
+    return fail("UNKNOWN_RUN", str(exc))
 
 
 @bp.errorhandler(NotReady)
 def _not_ready(exc):
-    return fail(409, str(exc), "RUN_NOT_READY")
+    return fail("RUN_NOT_READY", str(exc))
 
 
 @bp.errorhandler(RunClosed)
 def _closed(exc):
-    return fail(409, str(exc), "RUN_CLOSED")
-
-
-@bp.record_once
-def _serve_openapi(state) -> None:
-    """GET /openapi.json lives outside /v1 (it documents both faces), so it goes on the app."""
-    state.app.add_url_rule("/openapi.json", "openapi", lambda: jsonify(openapi.document()))
+    return fail("RUN_CLOSED", str(exc))

@@ -8,7 +8,7 @@ import re
 import time
 from pathlib import Path
 
-from environments.shell_tools import cap_text
+from environments.tools import cap_text
 from termpool.config import settings
 
 TOOL_LOG = "tool_calls.jsonl"

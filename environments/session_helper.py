@@ -156,4 +156,18 @@ def start_server(container) -> None:
     exec_id = api.exec_create(container.id, [HELPER_PATH, "serve", CTL_SOCKET], stdout=True, stderr=True)["Id"]
     out = api.exec_start(exec_id)
     if out:
-        raise RuntimeError(out.decode("utf-8", "replace").strip())
+        error = HelperNotStarted if exec_never_started(api, exec_id) else RuntimeError
+        raise error(out.decode("utf-8", "replace").strip())
+
+
+class HelperNotStarted(RuntimeError):
+    """Docker could not start the helper in the container (not installed, or its working
+    directory is gone); the exec's output is Docker's reason."""
+
+
+def exec_never_started(api, exec_id: str) -> bool:
+    """Whether Docker failed to start the exec's process. Docker reports that inside the
+    output stream (the connection is hijacked by then), so it is read from the exec's state:
+    exit code 126 and no process id."""
+    state = api.exec_inspect(exec_id)
+    return state.get("ExitCode") == 126 and not state.get("Pid")

@@ -18,10 +18,10 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from environments import artifacts, lifecycle
-from environments.docker_client import docker_client
+from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
-from environments.shell_tools import run_tool, tool_schemas
+from environments.tools import run_tool, tool_schemas
 from jobs import warm_pool
 from jobs.runtime import remove_env, store
 from termpool import failures
@@ -157,12 +157,12 @@ def _live_run(run_id: str) -> dict:
     return run
 
 
-def _client_container(run: dict):
-    """The run's client container as a lightweight model: no inspect call per tool call."""
+def _client_container(run: dict) -> KnownContainer:
+    """The run's client container, from its record: no inspect call per tool call."""
     env = run.get("env")
     if not env or run["state"] in ("allocated", "starting"):
         raise RunNotStarted(f"run {run['run_id']} has not been reset")
-    return docker_client().containers.prepare_model({"Id": env["client"], "Config": {"User": env.get("user", "")}})
+    return KnownContainer(docker_client(), env["client"], env.get("user", ""))
 
 
 class _RunSessions:
@@ -184,8 +184,13 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
+    cfg = settings()
     image = lifecycle.ensure_image(
-        run["task_meta"]["task_name"], _task_dir(run), settings(), timeouts.ensure_image, store().r
+        run["task_meta"]["task_name"],
+        _task_dir(run),
+        cfg,
+        timeouts.ensure_image,
+        functools.partial(store().build_lock, cfg.host_id),
     )
     store().mark_image_ready(host, run["task_meta"]["task_path"])
     return image

@@ -12,7 +12,6 @@ import pytest
 import requests
 
 from app import error_codes
-from app.openapi import document
 from termpool import failures
 from tests.conftest import Router, leftovers, wait_for
 from tests.docker_fault_proxy import FaultProxy
@@ -56,16 +55,6 @@ def test_readme_table_matches_the_codes():
     start = readme.index(error_codes.TABLE_BEGIN)
     end = readme.index(error_codes.TABLE_END, start) + len(error_codes.TABLE_END)
     assert readme[start:end] + "\n" == error_codes.render_table(), "run python -m app.error_codes"
-
-
-@pytest.mark.unit
-def test_openapi_document_carries_the_codes():
-    doc = document()
-    assert doc["x-error-codes"] == error_codes.rows()
-    error = doc["components"]["schemas"]["Error"]["properties"]
-    assert error["code"]["enum"] == list(failures.CODES) and error["retryable"]["type"] == "boolean"
-    job = doc["components"]["schemas"]["Job"]["properties"]
-    assert {"code", "retryable", "attempts"} <= set(job)
 
 
 @pytest.mark.unit

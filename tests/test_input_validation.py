@@ -1,4 +1,5 @@
-"""Input limits, without Docker or Redis: the app's test client against a Redis nobody listens on.
+"""Input limits over HTTP, without Docker or Redis: the app's test client against a Redis nobody
+listens on (the models' own texts: tests/test_models.py).
 
 Every request here is refused before the app reaches Redis (a 503 would mean it got that far),
 with a 4xx JSON {"ok": false, "error", "code", "retryable": false}.
@@ -11,8 +12,8 @@ import uuid
 
 import pytest
 
-from app import create_app, validation
-from app.validation import BadRequest, check_json_tree, scalar_id
+from app import create_app, models
+from app.http import BadRequest, check_json_tree
 from termpool.config import load_settings
 from termpool.task_spec import image_name, name_prefix, valid_task_name
 from tests.stack import FIXTURES, free_port
@@ -49,7 +50,7 @@ def reset_body(**meta) -> dict:
 # ---- the body -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["/allocate", "/reset", "/exec_tool", "/v1/runs", f"/v1/runs/{RUN}/tool_calls"])
 def test_deep_body_is_a_400(client, path):
-    for depth in (validation.MAX_JSON_DEPTH + 1, 100_000):
+    for depth in (models.MAX_JSON_DEPTH + 1, 100_000):
         data = '{"a": ' * depth + "1" + "}" * depth
         refused(client.post(path, data=data), 400, "BAD_REQUEST", "nests deeper")
     data = "[" * 100_000 + "]" * 100_000
@@ -57,7 +58,7 @@ def test_deep_body_is_a_400(client, path):
 
 
 def test_depth_limit_is_inclusive(client):
-    data = '{"task_key": ' + "[" * (validation.MAX_JSON_DEPTH - 1) + "]" * (validation.MAX_JSON_DEPTH - 1) + "}"
+    data = '{"task_key": ' + "[" * (models.MAX_JSON_DEPTH - 1) + "]" * (models.MAX_JSON_DEPTH - 1) + "}"
     refused(client.post("/allocate", data=data), 400, "BAD_REQUEST", "task_key must be a string")
 
 
@@ -85,8 +86,8 @@ def test_non_object_bodies_still_count_as_empty(client, data):
 
 
 def test_body_size_is_capped(client):
-    data = json.dumps({"task_key": "x" * validation.MAX_BODY_BYTES})
-    refused(client.post("/allocate", data=data), 413, "PAYLOAD_TOO_LARGE", str(validation.MAX_BODY_BYTES))
+    data = json.dumps({"task_key": "x" * models.MAX_BODY_BYTES})
+    refused(client.post("/allocate", data=data), 413, "PAYLOAD_TOO_LARGE", str(models.MAX_BODY_BYTES))
 
 
 def test_check_json_tree_needs_no_recursion():
@@ -102,7 +103,7 @@ def test_check_json_tree_needs_no_recursion():
 @pytest.mark.parametrize(
     "value, text",
     [
-        ("x" * (validation.MAX_ID_LENGTH + 1), "longer than"),
+        ("x" * (models.MAX_ID_LENGTH + 1), "longer than"),
         ("x" * 1_000_000, "longer than"),
         ("a\x00b", "control characters"),
         ("line\n", "control characters"),
@@ -129,14 +130,6 @@ def test_task_key(client, value, text):
 )
 def test_request_id(client, value, text):
     refused(client.post("/allocate", json={"task_key": "k", "request_id": value}), 400, "BAD_REQUEST", text)
-
-
-def test_scalar_ids_accept_strings_integers_and_null():
-    assert scalar_id({"id": "ep-1"}, "id", "id") == "ep-1"
-    assert scalar_id({"id": 7}, "id", "id") == "7"
-    assert scalar_id({"id": -7.0}, "id", "id") == "-7"  # JSON Schema counts 7.0 as an integer
-    assert scalar_id({"id": None}, "id", "id") == scalar_id({}, "id", "id") == ""
-    assert scalar_id({"id": "../../etc/passwd ü"}, "id", "id") == "../../etc/passwd ü"  # a key, never a path
 
 
 @pytest.mark.parametrize("path", ["/heartbeat", "/reset", "/exec_tool", "/evaluate", "/close"])
@@ -191,7 +184,7 @@ def test_task_names_that_make_docker_names(name):
         ({"task_path": "hello-file/" + "ü" * 200}, "component longer than 255 bytes"),
         ({"task_path": "hello\x00file"}, "control characters"),
         ({"task_path": ""}, "must not be empty"),
-        ({"instruction": "x" * (validation.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
+        ({"instruction": "x" * (models.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
         ({"instruction": "a\x00b"}, "NUL"),
     ],
 )
@@ -205,7 +198,7 @@ def test_task_meta_bounds(client, meta, text):
         ({"log_dir": "a" * 1_000_000}, "log_dir is longer than"),
         ({"log_dir": "x/" + "b" * 256}, "component longer than 255 bytes"),
         ({"log_dir": "a\nb"}, "control characters"),
-        ({"uid": "u" * (validation.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
+        ({"uid": "u" * (models.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
         ({"uid": {"a": 1}}, "run_ctx.uid must be a string or an integer"),
         ({"group_index": [1]}, "run_ctx.group_index"),
         ({"sample_index": "a\x00"}, "run_ctx.sample_index"),
@@ -220,20 +213,6 @@ def test_tool_name_bounds(client):
         body = {"lease_id": RUN, "tool_call": {"name": name}}
         refused(client.post("/exec_tool", json=body), 400, "BAD_REQUEST", "tool_call.name")
         refused(client.post(f"/v1/runs/{RUN}/tool_calls", json={"name": name}), 400, "BAD_REQUEST", "tool_call.name")
-
-
-def test_task_timeouts_garbage_is_dropped_not_refused():
-    body = {
-        "task_timeouts": {
-            "eval": 10**400,
-            "reset_session": float("inf"),
-            "close_session": -1,
-            "bogus": 5,
-            "ensure_image": 30,
-        }
-    }
-    assert validation.task_timeouts(body) == {"ensure_image": 30.0}
-    assert validation.task_timeouts({"task_timeouts": [1, 2]}) == {}
 
 
 # ---- routes and methods -------------------------------------------------------------------------

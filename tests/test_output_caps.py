@@ -13,7 +13,7 @@ import pytest
 
 from environments import artifacts
 from environments.session_helper import HELPER_PATH, prepare_container, session_dir
-from environments.shell_tools import OutputLimits, cap_text, run_tool
+from environments.tools import OutputLimits, cap_text, run_tool
 from tests.conftest import Router, private_stack, wait_for
 from tests.stack import ROOT
 
@@ -21,6 +21,7 @@ SESSION_LIMIT = 1 << 20
 OBSERVATION_LIMIT = 8192
 NOTE = "[... "
 OLD_HELPER_COMMIT = "e1c90f7"  # the helper before output limits
+OLD_HELPER_SOURCE = "tasks/helper/tp_session.c"  # its path then (environments/helper/ since the layout change)
 
 
 # ---- pure logic -------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def test_a_helper_from_before_the_limits_is_replaced(base_image, docker_client, 
     """A container prepared by an older termpool (a run that outlived an upgrade of its workers)
     has a helper that does not know --limit: the first call installs the current one."""
     source = subprocess.run(
-        ["git", "show", f"{OLD_HELPER_COMMIT}:environments/helper/tp_session.c"],
+        ["git", "show", f"{OLD_HELPER_COMMIT}:{OLD_HELPER_SOURCE}"],
         cwd=ROOT,
         capture_output=True,
         check=True,

@@ -1,4 +1,5 @@
-"""Bad input of every kind: a clear JSON error, the right status, and nothing left behind."""
+"""Bad input of every kind over the real stack: a clear JSON error, the right status, and nothing
+left behind (each field's texts: tests/test_models.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ def test_non_object_bodies_count_as_empty(stack, data):
 
 @pytest.mark.parametrize("path", ["/heartbeat", "/reset", "/exec_tool", "/evaluate", "/close"])
 def test_lease_required(stack, path):
-    assert_error(stack.post(path, {}), 400, "lease_id is required")
-    assert_error(stack.post(path, {"lease_id": 7}), 400, "lease_id must be a string")
+    assert_error(stack.post(path, {}), 400, "lease_id is required", "BAD_REQUEST")
 
 
 def test_unknown_lease(stack):
@@ -69,16 +69,10 @@ def test_hostile_bodies_are_400_and_take_no_slot(stack):
 
 
 def test_body_size_is_capped(stack):
-    from app.validation import MAX_BODY_BYTES
+    from app.models import MAX_BODY_BYTES
 
     body = b'{"task_key": "' + b"x" * MAX_BODY_BYTES + b'"}'
     assert_error(post_raw(stack, "/allocate", body), 413, str(MAX_BODY_BYTES), "PAYLOAD_TOO_LARGE")
-
-
-def test_allocate_field_types(stack):
-    assert_error(stack.post("/allocate", {"task_key": ["x"]}), 400, "task_key must be a string")
-    assert_error(stack.post("/allocate", {"task_key": "x" * 1000}), 400, "longer than")
-    assert_error(stack.post("/allocate", {"task_key": "x", "request_id": {"a": 1}}), 400, "request_id")
 
 
 def test_idempotent_allocate_over_http(stack, router):
@@ -108,17 +102,9 @@ def test_capacity_limits(stack, router):
     "meta, text",
     [
         ("hello-file", "task_meta must be a dict"),
-        ({"task_path": "hello-file"}, "task_meta.task_name is required"),
         ({"task_name": "x", "task_path": "../../../etc"}, "task_meta.task_path"),
-        ({"task_name": "x", "task_path": "/etc"}, "task_meta.task_path"),
-        ({"task_name": "x", "task_path": "hello-file/../../.."}, "task_meta.task_path"),
         ({"task_name": "x", "task_path": "no-such-task"}, "task_meta.task_path"),
-        ({"task_name": "x", "task_path": "hello-file\x00"}, "task_meta.task_path"),
-        ({"task_name": "x", "task_path": "hello-file", "instruction": 5}, "instruction must be a string"),
         ({"task_name": "hello-file/", "task_path": "hello-file"}, "task_meta.task_name must be"),
-        ({"task_name": "x" * 1_000_000, "task_path": "hello-file"}, "task_meta.task_name must be"),
-        ({"task_name": "x", "task_path": "t" * 1_000_000}, "task_meta.task_path is longer"),
-        ({"task_name": "x", "task_path": "hello-file/" + "t" * 300}, "task_meta.task_path has a component"),
     ],
 )
 def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
@@ -128,7 +114,7 @@ def test_reset_rejects_bad_task_meta(stack, router, docker_client, meta, text):
     router.close(lease)
 
 
-@pytest.mark.parametrize("log_dir", ["/tmp", "../outside", "/etc/passwd", 5, "l" * 1_000_000, "a/" + "l" * 300])
+@pytest.mark.parametrize("log_dir", ["/tmp", "../outside", "l" * 1_000_000])
 def test_reset_rejects_log_dir_outside_output_root(stack, router, docker_client, log_dir):
     lease = router.allocate("hello-file")
     reply = router.reset(lease, "hello-file", run_ctx={"log_dir": log_dir})
@@ -141,13 +127,6 @@ def test_exec_tool_validation(stack, router):
     lease = router.allocate("hello-file")
     assert_error(
         stack.post("/exec_tool", {"lease_id": lease, "tool_call": "shell_exec"}), 400, "tool_call must be a dict"
-    )
-    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {}}), 400, "tool_call.name")
-    assert_error(stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": ""}}), 400, "tool_call.name")
-    assert_error(
-        stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_exec", "arguments": []}}),
-        400,
-        "arguments must be a dict",
     )
     assert_error(
         stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": "shell_view", "arguments": {"id": "x"}}}),

@@ -302,24 +302,8 @@ def test_unknown_ids_are_404(stack):
     "body, text",
     [
         ({}, "task_meta must be a dict"),
-        ({"task_meta": "hello-file"}, "task_meta must be a dict"),
-        ({"task_meta": {"task_path": "hello-file"}}, "task_meta.task_name is required"),
         ({"task_meta": {"task_name": "x", "task_path": "../../etc"}}, "task_meta.task_path"),
-        ({"task_meta": meta("hello-file"), "run_ctx": {"log_dir": "/etc"}}, "run_ctx.log_dir"),
-        ({"task_meta": meta("hello-file"), "task_key": ["k"]}, "task_key must be a string"),
-        ({"task_meta": meta("hello-file"), "request_id": {"a": 1}}, "request_id"),
-        ({"task_meta": meta("hello-file"), "script": {"name": "shell_view"}}, "script must be a list"),
         ({"task_meta": meta("hello-file"), "script": ["shell_view"]}, "script[0]: tool_call must be a dict"),
-        (
-            {"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}, {"arguments": {}}]},
-            "script[1]: tool_call.name",
-        ),
-        (
-            {"task_meta": meta("hello-file"), "script": [{"name": "shell_view", "arguments": [1]}]},
-            "script[0]: tool_call.arguments must be a dict",
-        ),
-        ({"task_meta": meta("hello-file"), "script": [{"name": "shell_view"}] * 1001}, "at most 1000"),
-        ({"task_meta": meta("hello-file"), "evaluate": "yes"}, "evaluate must be true or false"),
         ({"task_meta": meta("hello-file"), "close": 1}, "close must be true or false"),
     ],
 )
@@ -429,13 +413,3 @@ def test_openapi_document_lists_every_path(stack):
         assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
     assert "429" in doc["paths"]["/v1/runs"]["post"]["responses"]
     assert "409" in doc["paths"]["/v1/runs/{run_id}/tool_calls"]["post"]["responses"]
-
-
-@pytest.mark.unit
-def test_openapi_document_is_valid():
-    # Required, not skipped when absent: pinned in requirements-dev.txt.
-    from openapi_spec_validator import validate
-
-    from app.openapi import document
-
-    validate(document())

@@ -22,9 +22,9 @@ from unittest import mock
 import docker
 import pytest
 
-from environments import shell_tools
+from environments.docker_client import KnownContainer
 from environments.session_helper import CTL_DIR, CTL_SOCKET, HELPER_PATH, SESSIONS_ROOT, prepare_container, session_dir
-from environments.shell_tools import run_tool, tool_schemas
+from environments.tools import run_tool, schemas, server_socket, tool_schemas, transport
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ["exec", "socket"]
@@ -95,7 +95,7 @@ class Shell:
 
     def __call__(self, name, **arguments):
         if self.ctl_socket and not self.fallback:
-            with mock.patch.object(shell_tools._Context, "_run_helper_exec", _fell_back):
+            with mock.patch.object(transport.HelperTransport, "run_exec", _fell_back):
                 return self.call(name, arguments)
         return self.call(name, arguments)
 
@@ -172,9 +172,7 @@ def make_container(client, image, **kwargs):
 
 def bare_model(client, container):
     """What the pool passes to the tools: a model built without an inspect, which must do."""
-    model = client.containers.prepare_model(
-        {"Id": container.name, "Config": {"User": container.attrs["Config"]["User"]}}
-    )
+    model = KnownContainer(client, container.name, container.attrs["Config"]["User"])
     model.reload = lambda: pytest.fail("the tools reloaded the container model")
     return model
 
@@ -241,7 +239,7 @@ def sh(env):
 # ---- schemas ------------------------------------------------------------------------------
 @pytest.mark.unit
 def test_schemas_are_the_spec_list():
-    shipped = Path(shell_tools.__file__).with_name("tool_schemas.json")
+    shipped = schemas.SCHEMAS_FILE
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == SCHEMAS_SHA256
     names = [s["function"]["name"] for s in tool_schemas()]
     assert names == ["shell_exec", "shell_view", "shell_write_to_process", "shell_write_content_to_file"]
@@ -859,8 +857,9 @@ def test_server_survives_client_killed_mid_call(served):
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 import docker
-from environments.shell_tools import run_tool
-model = docker.from_env().containers.prepare_model({{"Id": {container.name!r}, "Config": {{"User": ""}}}})
+from environments.docker_client import KnownContainer
+from environments.tools import run_tool
+model = KnownContainer(docker.from_env(), {container.name!r})
 class Sessions:
     def get(self, sid): return {{}}
     def set(self, sid, **fields): pass
@@ -881,17 +880,15 @@ run_tool(model, "shell_exec", {{"id": "mid", "command": "touch /tmp/mid-started;
 
 
 def test_fallback_and_restart_when_server_dies(served, monkeypatch):
-    monkeypatch.setattr(shell_tools, "_RESTART_EVERY", 0.0)
+    monkeypatch.setattr(server_socket, "RESTART_EVERY", 0.0)
     container, backing = served.container, {}
     sh = served.shell(backing, fallback=True)
     assert sh("shell_exec", id="s", command="read -r v; echo got $v", block=False) == started("s")
     for breakage in ["kill -9 {pid}", f"rm {CTL_SOCKET}"]:  # dead server (stale socket file); socket gone
         pid = wait_for_server(container)
         container.exec_run(["sh", "-c", breakage.format(pid=pid)], user="root")
-        original = shell_tools._Context._run_helper_exec
-        with mock.patch.object(
-            shell_tools._Context, "_run_helper_exec", autospec=True, side_effect=original
-        ) as via_exec:
+        original = transport.HelperTransport.run_exec
+        with mock.patch.object(transport.HelperTransport, "run_exec", autospec=True, side_effect=original) as via_exec:
             assert sh("shell_exec", id="t", command="echo via exec") == "via exec\n"
         assert via_exec.call_count == 1
         # the call restarted the server in the background: the next calls are served again
@@ -899,6 +896,17 @@ def test_fallback_and_restart_when_server_dies(served, monkeypatch):
         assert served.shell(backing)("shell_exec", id="t", command="echo served") == "served\n"
     # the session started before all this is still there
     assert settle_end(sh, "s", served.shell(backing)("shell_write_to_process", id="s", command="z")) == "z\ngot z\n"
+
+
+def test_restart_installs_a_missing_helper(served, monkeypatch):
+    """A server restart that finds no helper (Docker cannot start it) installs the helper too."""
+    monkeypatch.setattr(server_socket, "RESTART_EVERY", 0.0)
+    container = served.container
+    pid = wait_for_server(container)
+    container.exec_run(["sh", "-c", f"kill -9 {pid}; rm -f {HELPER_PATH}"], user="root")
+    server_socket.restart_server(served.model, served.ctl_socket)
+    assert wait_for_server(container, not_pid=pid) != pid
+    assert served.shell()("shell_exec", id="t", command="echo served") == "served\n"
 
 
 def test_no_zombies_or_stragglers_after_many_calls(served):
