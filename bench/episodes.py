@@ -15,20 +15,20 @@ import time
 import uuid
 from pathlib import Path
 
-import requests
+import httpx
 
 from bench.stats import Recorder
-from termpool.client import Pool, exec_call, write_file_call
+from termpool.client import Pool
 
 TASK = "hello-file"
-TASK_META = {"task_name": TASK, "task_path": TASK, "instruction": "benchmark episode"}
+INSTRUCTION = "benchmark episode"
 ECHO_COMMAND = "echo hi"
 ECHO_OUTPUT = "hi"
 HELLO_PATH = "/app/hello.txt"
 HELLO_CONTENT = "Hello, world!\n"  # what the task's tests want: the episode scores 1.0
 WRITTEN_PREFIX = "Content successfully written to"
 HTTP_TIMEOUT = 900.0  # a single request never hangs the benchmark for ever
-JOB_DEADLINE = 900.0  # runs API: longest wait for one job
+JOB_DEADLINE = 900.0  # longest wait for one job (a pool-API call's reply, a runs-API job)
 
 POOL_OPS = ("allocate", "reset", "tool_call", "write_file", "evaluate", "close")
 RUNS_OPS = ("start", "tool_call", "write_file", "evaluate", "close")
@@ -44,14 +44,6 @@ def _ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
-def _echo_call(sid: str) -> dict:
-    return exec_call(ECHO_COMMAND, id=sid, timeout=60)
-
-
-def _write_call() -> dict:
-    return write_file_call(HELLO_PATH, HELLO_CONTENT)
-
-
 def _check_observation(op: str, observation, expected_start: str, exact: bool = False) -> None:
     text = observation if isinstance(observation, str) else repr(observation)
     good = text.strip() == expected_start if exact else text.startswith(expected_start)
@@ -64,95 +56,74 @@ def _check_score(op: str, score) -> None:
         raise EpisodeError(f"{op}: score {score!r}, expected 1.0 (hello.txt was written before evaluating)")
 
 
-# ---- pool API -------------------------------------------------------------------------------
-class PoolClient:
-    """The blocking pool API, one keep-alive HTTP session per benchmark thread."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.http = requests.Session()
-
-    def call(self, path: str, body: dict) -> dict:
-        reply = self.http.post(self.url + path, json=body, timeout=HTTP_TIMEOUT)
-        try:
-            data = reply.json()
-        except ValueError:
-            data = None
-        if reply.status_code != 200 or not isinstance(data, dict) or data.get("ok") is not True:
-            raise EpisodeError(f"POST {path} -> HTTP {reply.status_code}: {reply.text.strip()[:300]}")
-        return data
-
-    def close(self) -> None:
-        self.http.close()
-
-
-def pool_episode(client: PoolClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
-    lease, op = None, "allocate"
-    try:
-        start = time.perf_counter()
-        lease = client.call("/allocate", {"task_key": task_key, "request_id": uuid.uuid4().hex})["lease_id"]
-        rec.add("allocate", _ms_since(start))
-        rec.run(lease)
-
-        op = "reset"
-        start = time.perf_counter()
-        reply = client.call("/reset", {"lease_id": lease, "task_meta": TASK_META})
-        rec.add("reset", _ms_since(start))
-        if not isinstance(reply.get("tool_schemas"), list) or not reply["tool_schemas"]:
-            raise EpisodeError(f"reset: no tool_schemas in {str(reply)[:200]}")
-
-        op = "tool_call"
-        for _ in range(tool_calls):
-            start = time.perf_counter()
-            reply = client.call("/exec_tool", {"lease_id": lease, "tool_call": _echo_call("bench")})
-            rec.add("tool_call", _ms_since(start))
-            _check_observation(op, reply.get("observation"), ECHO_OUTPUT, exact=True)
-
-        op = "write_file"
-        start = time.perf_counter()
-        reply = client.call("/exec_tool", {"lease_id": lease, "tool_call": _write_call()})
-        rec.add("write_file", _ms_since(start))
-        _check_observation(op, reply.get("observation"), WRITTEN_PREFIX)
-
-        op = "evaluate"
-        start = time.perf_counter()
-        reply = client.call("/evaluate", {"lease_id": lease})
-        rec.add("evaluate", _ms_since(start))
-        _check_score(op, reply.get("score"))
-
-        op = "close"
-        start = time.perf_counter()
-        reply = client.call("/close", {"lease_id": lease})
-        rec.add("close", _ms_since(start))
-        lease = None
-        if reply.get("found") is not True:
-            raise EpisodeError(f"close: found={reply.get('found')!r} for a live lease")
-        return True
-    except Exception as exc:  # every failure is data, not a crash of the benchmark
-        rec.error(f"pool {op}: {type(exc).__name__}: {exc}")
-        return False
-    finally:
-        if lease:
-            try:
-                client.call("/close", {"lease_id": lease})
-            except Exception as exc:
-                rec.error(f"pool close after a failure: {type(exc).__name__}: {exc}")
-
-
-# ---- runs API -------------------------------------------------------------------------------
-class RunsClient(Pool):
-    """The submit-and-poll runs API (/v1) through termpool.client, one per benchmark thread.
-    No retries: a refused or failed operation is a measured error, not something to hide."""
+# ---- both faces through termpool.client -------------------------------------------------------
+class BenchClient(Pool):
+    """termpool.client for one benchmark thread (one keep-alive connection pool), for both
+    faces. No retries: a refused or failed operation is a measured error, not something to hide."""
 
     def __init__(self, url: str):
         super().__init__(url, timeout=HTTP_TIMEOUT, job_timeout=JOB_DEADLINE, retries=0)
 
 
-def runs_api_available(url: str) -> tuple[bool, str]:
+def pool_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
+    """The blocking pool API: allocate, reset, tool calls, write, evaluate, close."""
+    lease, op = None, "allocate"
+    try:
+        start = time.perf_counter()
+        lease = client.allocate(task_key)
+        rec.add("allocate", _ms_since(start))
+        rec.run(lease.id)
+
+        op = "reset"
+        start = time.perf_counter()
+        lease.reset(TASK, instruction=INSTRUCTION)
+        rec.add("reset", _ms_since(start))
+        if not isinstance(lease.tool_schemas, list) or not lease.tool_schemas:
+            raise EpisodeError(f"reset: no tool_schemas in the reply ({lease.tool_schemas!r})")
+
+        op = "tool_call"
+        for _ in range(tool_calls):
+            start = time.perf_counter()
+            observation = lease.exec(ECHO_COMMAND, id="bench", timeout=60)
+            rec.add("tool_call", _ms_since(start))
+            _check_observation(op, observation, ECHO_OUTPUT, exact=True)
+
+        op = "write_file"
+        start = time.perf_counter()
+        observation = lease.write_file(HELLO_PATH, HELLO_CONTENT)
+        rec.add("write_file", _ms_since(start))
+        _check_observation(op, observation, WRITTEN_PREFIX)
+
+        op = "evaluate"
+        start = time.perf_counter()
+        score = lease.evaluate().score
+        rec.add("evaluate", _ms_since(start))
+        _check_score(op, score)
+
+        op = "close"
+        start = time.perf_counter()
+        closing, lease = lease, None
+        found = closing.close()
+        rec.add("close", _ms_since(start))
+        if not found:
+            raise EpisodeError("close: found=false for a live lease")
+        return True
+    except Exception as exc:  # every failure is data, not a crash of the benchmark
+        rec.error(f"pool {op}: {type(exc).__name__}: {exc}")
+        return False
+    finally:
+        if lease is not None:
+            try:
+                lease.close()
+            except Exception as exc:
+                rec.error(f"pool close after a failure: {type(exc).__name__}: {exc}")
+
+
+def runs_api_available(client: BenchClient) -> tuple[bool, str]:
     """Probe POST /v1/runs with an empty body: a route that exists refuses it with 400."""
     try:
-        reply = requests.post(url + "/v1/runs", json={}, timeout=30)
-    except requests.RequestException as exc:
+        reply = client.request("POST", "/v1/runs", json={})
+    except httpx.TransportError as exc:
         return False, f"probe failed: {exc}"
     if reply.status_code in (404, 405):
         return False, f"POST /v1/runs answers HTTP {reply.status_code}: the runs API is not implemented yet"
@@ -160,18 +131,19 @@ def runs_api_available(url: str) -> tuple[bool, str]:
         try:
             run_id = reply.json().get("run_id")
             if run_id:
-                requests.delete(f"{url}/v1/runs/{run_id}", timeout=30)
+                client.request("DELETE", f"/v1/runs/{run_id}")
         except Exception:
             pass
         return True, "POST /v1/runs accepted an empty body (expected 400: task_meta missing)"
     return True, f"POST /v1/runs with an empty body answers HTTP {reply.status_code}"
 
 
-def runs_episode(client: RunsClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
+def runs_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
+    """The runs API: start (and wait for it), tool calls, write, evaluate, close."""
     run, op = None, "start"
     try:
         start = time.perf_counter()
-        run = client.start(TASK, task_key=task_key, instruction=TASK_META["instruction"], wait=False)
+        run = client.start(TASK, task_key=task_key, instruction=INSTRUCTION, wait=False)
         rec.run(run.id)
         run.wait_ready()
         rec.add("start", _ms_since(start))

@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker
 
-from bench.episodes import TASK, PoolClient, pool_episode
+from bench.episodes import TASK, BenchClient, pool_episode
 from bench.stats import Recorder
+from devstack import Stack
+from devstack.second_docker import SecondDocker
 from termpool.state import Store
-from tests.second_docker import SecondDocker
-from tests.stack import Stack
 
 RUNS_PER_KEY = 8
 IDLE_SECONDS = 10.0
@@ -55,7 +55,7 @@ def warm_up(stack: Stack, store: Store, hosts: list[str]) -> None:
         for other in others:
             store.set_draining(other, True)
         try:
-            client, rec = PoolClient(stack.url), Recorder()
+            client, rec = BenchClient(stack.url), Recorder()
             if not pool_episode(client, rec, TASK, 1):
                 raise RuntimeError(f"warm-up episode on {host} failed: {rec.error_messages}")
         finally:
@@ -78,7 +78,7 @@ def measure(stack: Stack, store: Store, args) -> dict:
     def worker(slot: int) -> None:
         """One of `concurrency` clients; each keeps to one task key, so no key ever has more
         than RUNS_PER_KEY episodes in flight."""
-        client = PoolClient(stack.url)
+        client = BenchClient(stack.url)
         try:
             while next(counter) < args.episodes:
                 ok = pool_episode(client, rec, keys[slot % len(keys)], args.tool_calls)

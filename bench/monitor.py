@@ -12,7 +12,8 @@ import threading
 import time
 
 import psutil
-import requests
+
+from termpool.client import Pool
 
 MB = 1024 * 1024
 FACADE = "facade"
@@ -23,9 +24,8 @@ def kind_of(proc_name: str) -> str:
 
 
 class Monitor:
-    def __init__(self, procs: dict, status_url: str, interval: float = 0.5):
-        self.procs = procs  # name -> Popen, as tests.stack.Stack keeps them
-        self.status_url = status_url
+    def __init__(self, procs: dict, url: str, interval: float = 0.5):
+        self.procs = procs  # name -> Popen, as devstack.Stack keeps them
         self.interval = interval
         self.phase = "setup"
         self.samples = 0
@@ -33,7 +33,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-monitor", daemon=True)
-        self._http = requests.Session()
+        self._client = Pool(url, timeout=5, retries=0)  # a sample, not a must: never waits for one
         self._cache: dict[int, psutil.Process] = {}
 
     def start(self) -> Monitor:
@@ -43,7 +43,7 @@ class Monitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self._http.close()
+        self._client.close()
 
     def set_phase(self, phase: str) -> None:
         with self._lock:
@@ -81,8 +81,7 @@ class Monitor:
 
     def live_runs(self) -> int | None:
         try:
-            reply = self._http.get(self.status_url, timeout=5)
-            return int(reply.json()["pool"]["total_active_runs"])
+            return int(self._client.status()["total_active_runs"])
         except Exception:
             return None
 

@@ -16,8 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import Router
-from tests.stack import Stack
+from devstack import Stack
 
 INTERESTING = ("tasks/", "app/", "termpool/", "publish", "blmove", "trace_task", "docker/api", "requests/")
 
@@ -58,11 +57,9 @@ def main() -> None:
     args = parser.parse_args()
     stack = Stack().start()
     try:
-        router = Router(stack)
-        lease = router.allocate("hello-file")
-        assert router.reset(lease, "hello-file").status_code == 200
+        lease = stack.client.allocate("hello-file").reset("hello-file")
         for _ in range(10):  # warm up connections and caches
-            router.sh(lease, "echo hi")
+            lease.exec("echo hi", timeout=60)
         samplers = {
             "exec": record(stack.procs["exec"].pid, Path(f"{args.out}-exec.txt"), args.seconds + 5, False),
             "web": record(stack.procs["web"].pid, Path(f"{args.out}-web.txt"), args.seconds + 5, True),
@@ -71,11 +68,11 @@ def main() -> None:
         latencies, started = [], time.monotonic()
         while time.monotonic() - started < args.seconds:
             t0 = time.perf_counter()
-            router.sh(lease, "echo hi")
+            lease.exec("echo hi", timeout=60)
             latencies.append(time.perf_counter() - t0)
         for proc in samplers.values():
             proc.wait()
-        router.close(lease)
+        lease.close()
     finally:
         stack.stop()
     print(f"{len(latencies)} tool calls, p50 {statistics.median(latencies) * 1000:.1f} ms (sampler attached)")

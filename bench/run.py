@@ -30,11 +30,11 @@ import docker
 import psutil
 
 from bench import report
-from bench.episodes import TASK, Floor, PoolClient, RunsClient, pool_episode, runs_api_available, runs_episode
+from bench.episodes import TASK, BenchClient, Floor, pool_episode, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
+from devstack import FIXTURES, ROOT, Stack
 from termpool.task_spec import image_name
-from tests.stack import FIXTURES, ROOT, Stack
 
 FACES = ("floor", "pool", "runs")
 DRAIN_TIMEOUT = 300.0
@@ -166,7 +166,7 @@ def drain(stack: Stack, timeout: float = DRAIN_TIMEOUT) -> dict:
     pool: dict = {}
     while time.monotonic() < deadline:
         try:
-            pool = stack.get("/status", timeout=10).json()["pool"]
+            pool = stack.client.status()
             if pool.get("total_active_runs") == 0 and pool.get("pending_closes") == 0:
                 return pool
         except Exception:
@@ -304,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stack up: {stack.url}, POOL_HOST_ID {stack.host_id}")
         result["stack_logs"] = str(stack.workdir)
         host_label = f"{HOST_LABEL}={stack.host_id}"
-        monitor = Monitor(stack.procs, stack.url + "/status").start()
+        monitor = Monitor(stack.procs, stack.url).start()
 
-        available, why = runs_api_available(stack.url)
+        available, why = runs_api_available(stack.client)
         if args.skip_runs_api:
             available, why = False, "skipped with --skip-runs-api"
         result["runs_api"] = {"available": available, "note": why}
@@ -320,21 +320,18 @@ def main(argv: list[str] | None = None) -> int:
         def key_for(index: int) -> str:
             return f"{TASK}#{index // runs_per_key}"
 
-        def new_pool(_):
-            return PoolClient(stack.url)
-
-        def new_runs(_):
-            return RunsClient(stack.url)
+        def new_client(_):
+            return BenchClient(stack.url)
 
         episode_fns = {
             "floor": (lambda i: floor, lambda ctx, i, rec: ctx.episode(rec, args.tool_calls), None),
             "pool": (
-                new_pool,
+                new_client,
                 lambda ctx, i, rec: pool_episode(ctx, rec, key_for(i), args.tool_calls),
                 lambda ctx: ctx.close(),
             ),
             "runs": (
-                new_runs,
+                new_client,
                 lambda ctx, i, rec: runs_episode(ctx, rec, key_for(i), args.tool_calls),
                 lambda ctx: ctx.close(),
             ),

@@ -18,25 +18,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import requests
+from termpool.client import Pool, ServiceUnreachable, TermpoolError, exec_call, write_file_call
 
-SOLUTION = {
-    "name": "shell_write_content_to_file",
-    "arguments": {"content": "Hello, world!\n", "file_path": "/app/hello.txt"},
-}
+SOLUTION = write_file_call("/app/hello.txt", "Hello, world!\n")
 TOOL_CALLS = (  # (tool call, what its observation must contain)
-    (
-        {"name": "shell_exec", "arguments": {"id": "a", "command": "echo chaos-hi", "block": True, "timeout": 20}},
-        "chaos-hi",
-    ),
-    (
-        {
-            "name": "shell_exec",
-            "arguments": {"id": "a", "command": "sleep 2; echo slept", "block": True, "timeout": 20},
-        },
-        "slept",
-    ),
-    ({"name": "shell_exec", "arguments": {"id": "b", "command": "pwd", "block": True, "timeout": 20}}, "/"),
+    (exec_call("echo chaos-hi", id="a", timeout=20), "chaos-hi"),
+    (exec_call("sleep 2; echo slept", id="a", timeout=20), "slept"),
+    (exec_call("pwd", id="b", timeout=20), "/"),
 )
 
 
@@ -63,50 +51,42 @@ class Log:
             self.episodes.append(record)
 
 
-def failure_code(status: int | None, data, exc: Exception | None = None) -> str:
-    """The reply's `code` when it has one, else the HTTP status or the client error's class."""
-    if exc is not None:
-        return type(exc).__name__
-    if isinstance(data, dict) and data.get("code"):
-        return str(data["code"])
-    return f"HTTP {status}"
+def failure_code(error: TermpoolError) -> str:
+    """The reply's `code` when it has one, else `HTTP <status>`, or, with no reply at all, the
+    HTTP client's error (ConnectError, ReadTimeout, ...)."""
+    if isinstance(error, ServiceUnreachable):
+        return type(error.__cause__).__name__
+    if isinstance(error.reply, dict) and error.reply.get("code"):
+        return str(error.reply["code"])
+    return f"HTTP {error.status}"
 
 
 class Client:
-    """The pool API over one keep-alive session; every request is timed into the log."""
+    """The pool API through termpool.client, without its retries (Retrying decides); every
+    request is timed into the log. One request is bounded by `timeout` in all."""
 
     def __init__(self, url: str, log: Log | None, timeout: float):
-        self.url, self.log, self.timeout = url, log, timeout
-        self.http = requests.Session()
+        self.log = log
+        self.pool = Pool(url, timeout=timeout, job_timeout=0, retries=0)
 
-    def call(self, step: str, path: str, body: dict, timeout: float | None = None) -> dict:
+    def call(self, step: str, request):
+        """request(): one pool-API call through the client (a Lease method, Pool.allocate);
+        its result, or StepFailed."""
         start = time.monotonic()
-        status, data, exc = None, None, None
         try:
-            reply = self.http.post(self.url + path, json=body, timeout=timeout or self.timeout)
-            status = reply.status_code
-            try:
-                data = reply.json()
-            except ValueError:
-                data = None
-        except requests.RequestException as error:
-            exc = error
-        seconds = time.monotonic() - start
-        good = exc is None and status == 200 and isinstance(data, dict) and data.get("ok") is True
+            result = request()
+        except TermpoolError as error:
+            self._log(step, start, False)
+            raise StepFailed(step, failure_code(error), error.message[:200], error.retryable) from error
+        self._log(step, start, True)
+        return result
+
+    def _log(self, step: str, start: float, ok: bool) -> None:
         if self.log is not None:
-            self.log.request(step, seconds, good)
-        if not good:
-            detail = str(exc)[:200] if exc is not None else str((data or {}).get("error", ""))[:200]
-            retryable = (
-                exc is not None
-                or status in (429, 502, 503, 504)
-                or (isinstance(data, dict) and data.get("retryable") is True)
-            )
-            raise StepFailed(step, failure_code(status, data, exc), detail, retryable)
-        return data
+            self.log.request(step, time.monotonic() - start, ok)
 
     def close(self) -> None:
-        self.http.close()
+        self.pool.close()
 
 
 class Retrying:
@@ -116,11 +96,11 @@ class Retrying:
     def __init__(self, client: Client, keep_trying):
         self.client, self.keep_trying, self.retries = client, keep_trying, 0
 
-    def call(self, step: str, path: str, body: dict) -> dict:
+    def call(self, step: str, request):
         first = None
         while True:
             try:
-                return self.client.call(step, path, body)
+                return self.client.call(step, request)
             except StepFailed as failed:
                 first = first or time.monotonic()
                 if not failed.retryable or not self.keep_trying(time.monotonic() - first):
@@ -137,25 +117,25 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
     steps = Retrying(client, keep_trying or (lambda waited: False))
     allocate_retries = 0
     try:
-        lease = steps.call("allocate", "/allocate", {"task_key": task_key, "request_id": uuid.uuid4().hex})["lease_id"]
+        request_id = uuid.uuid4().hex  # the same for every try: a repeat gets the same lease
+        lease = steps.call("allocate", lambda: client.pool.allocate(task_key, request_id=request_id))
         allocate_retries, steps.retries = steps.retries, 0
-        meta = {"task_name": task_name, "task_path": task_name, "instruction": "chaos episode"}
-        steps.call("reset", "/reset", {"lease_id": lease, "task_meta": meta})
+        steps.call("reset", lambda: lease.reset(task_name, instruction="chaos episode"))
         for call, expected in tool_calls:
             try:
-                reply = client.call("tool_call", "/exec_tool", {"lease_id": lease, "tool_call": call})
-                if expected not in str(reply.get("observation", "")):
+                observation = client.call("tool_call", lambda call=call: lease.tool(call["name"], **call["arguments"]))
+                if expected not in str(observation):
                     lost += 1
             except StepFailed:
                 lost += 1
-        reply = steps.call("write", "/exec_tool", {"lease_id": lease, "tool_call": SOLUTION})
-        if not str(reply.get("observation", "")).startswith("Content successfully written"):
-            raise StepFailed("write", "WRONG_OBSERVATION", str(reply.get("observation"))[:200])
-        score = steps.call("evaluate", "/evaluate", {"lease_id": lease}).get("score")
+        observation = steps.call("write", lambda: lease.tool(SOLUTION["name"], **SOLUTION["arguments"]))
+        if not str(observation).startswith("Content successfully written"):
+            raise StepFailed("write", "WRONG_OBSERVATION", str(observation)[:200])
+        score = steps.call("evaluate", lease.evaluate).score
         if score != 1.0:
             raise StepFailed("evaluate", "WRONG_SCORE", f"score {score!r}")
         retried_before_close = steps.retries
-        found = steps.call("close", "/close", {"lease_id": lease}).get("found")
+        found = steps.call("close", lease.close)
         lease = None
         if found is not True and steps.retries == retried_before_close:  # a retried close finds it closed
             raise StepFailed("close", "NOT_FOUND_AT_CLOSE", f"found={found!r}")
@@ -178,7 +158,7 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
     finally:
         if lease:
             try:
-                client.call("close-after-failure", "/close", {"lease_id": lease}, timeout=30)
+                client.call("close-after-failure", lease.close)
             except StepFailed:
                 pass
 

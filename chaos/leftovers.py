@@ -9,9 +9,9 @@ import time
 import docker
 import docker.errors
 import redis
-import requests
 
 from chaos.service import Service
+from termpool.client import TermpoolError
 from termpool.state import Store
 
 HOST_LABEL = "termpool.host"  # the label termpool puts on every container and network it makes
@@ -34,11 +34,9 @@ def capacity(service: Service) -> dict | None:
     """Slots held and closes pending: /status when the facade answers, else straight from the
     state store (the facade may be the process that died)."""
     try:
-        reply = requests.get(service.url + "/status", timeout=10)
-        pool = reply.json().get("pool") if reply.ok else None
-        if isinstance(pool, dict):
-            return {"runs": pool.get("total_active_runs", 0), "closes": pool.get("pending_closes", 0), "via": "/status"}
-    except (requests.RequestException, ValueError):
+        pool = service.client.status()
+        return {"runs": pool.get("total_active_runs", 0), "closes": pool.get("pending_closes", 0), "via": "/status"}
+    except (TermpoolError, KeyError, AttributeError):
         pass
     try:
         status = service.store().host_status(service.host_id)

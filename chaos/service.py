@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,27 +19,20 @@ from pathlib import Path
 
 import psutil
 import redis
-import requests
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from devstack import FIXTURES, ROOT, free_port
+from termpool.client import Pool
 from termpool.config import QUEUE_KINDS, load_settings
 from termpool.state import Store
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
 SLOW_DOCKERFILE = Path(__file__).resolve().parent / "fixtures" / "slow.Dockerfile"
 BASE_TASK = "hello-file"  # every episode solves this fixture task (score 1.0 when solved)
 WORKER_ROLES = (*QUEUE_KINDS, "beat")
 ROLES = ("web", *WORKER_ROLES, "flower")
 READY_TIMEOUT = 240.0
 STOP_TIMEOUT = 40.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def role_of(cmdline: list[str]) -> str | None:
@@ -98,7 +90,8 @@ class Service:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "serve.log"
         self.seen: dict[int, tuple[float, str]] = {}  # every stack pid seen: (create_time, role)
-        # The harness's own client: no retries, short timeouts (Redis may be down on purpose).
+        # The harness's own clients: no retries, short timeouts (Redis may be down on purpose).
+        self.client = Pool(self.url, timeout=5, retries=0)
         self.redis = redis.Redis(
             host="127.0.0.1",
             port=self.redis_port,
@@ -156,10 +149,7 @@ class Service:
             return False
 
     def healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/healthz", timeout=3).ok
-        except requests.RequestException:
-            return False
+        return self.client.healthy()
 
     def stop(self) -> list[dict]:
         """Stop the service the way an operator would: SIGTERM to serve.sh's process (the

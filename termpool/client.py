@@ -8,20 +8,23 @@
             run.write_file("/app/hello.txt", "Hello, world!\\n")
             print(run.evaluate().score)               # 1.0
 
-Which face: every call goes through the runs API (/v1), never the blocking pool API. Each
-operation is submitted (202 with a job id) and then waited for with long polls
+Which face: runs (Pool.start, Pool.episode) go through the runs API (/v1). Each operation
+is submitted (202 with a job id) and then waited for with long polls
 (GET /v1/jobs/<id>?wait=S, S <= 60), so no HTTP request is held longer than a minute
 however long the job runs (proxies and load balancers cut long requests), a dropped
 connection loses a poll and not the operation, and a failed job's record carries its
-`code` and `retryable`. The pool API stays for existing routers, which need its byte
-compatibility; `Pool.status()` and `Pool.healthy()` read its two shared endpoints.
+`code` and `retryable`. The blocking pool API, which existing routers need byte for byte, is
+there too (Pool.allocate: a Lease whose calls block until their job is done), for the
+benchmark, the chaos suite and the tests that drive it; `Pool.status()` and
+`Pool.healthy()` read the two endpoints both faces share, and `Pool.request()` sends one
+request as is, for callers that look at the HTTP reply itself.
 
 Retries: a failure whose reply says `retryable: true` is sent again, with exponential
 backoff and jitter, when that cannot do the work twice: always for reads, DELETE and
 POST /v1/runs (idempotent: the client always sends a request_id), and for any request the
 service refused before doing anything (429 capacity, or a connection that was never made).
-A tool call or evaluation that failed after it was accepted is never resent; a failed job
-raises its typed error for the caller to decide (an infrastructure error means: run the
+A tool call, reset or evaluation that failed after it was accepted is never resent; a
+failed job raises its typed error for the caller to decide (an infrastructure error means: run the
 episode again).
 
 This module needs only httpx and termpool/codes.py (pure data): nothing of the server's.
@@ -47,6 +50,8 @@ __all__ = [
     "AsyncPool",
     "Run",
     "AsyncRun",
+    "Lease",
+    "AsyncLease",
     "Job",
     "AsyncJob",
     "Evaluation",
@@ -54,6 +59,7 @@ __all__ = [
     "tool_call",
     "exec_call",
     "write_file_call",
+    "task_meta",
     "TermpoolError",
     "ClientError",
     "TaskError",
@@ -298,6 +304,12 @@ def write_file_call(path: str, content: str) -> dict:
     return tool_call("shell_write_content_to_file", content=content, file_path=path)
 
 
+def task_meta(task: str, task_path: str | None = None, instruction: str | None = None) -> dict:
+    """The task_meta of a start (POST /v1/runs, POST /reset): the task folder's name, its
+    path under the service's DATASET_DIR (default: the name) and the instruction."""
+    return {"task_name": task, "task_path": task_path or task, "instruction": instruction or ""}
+
+
 # ---- results --------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
@@ -329,7 +341,7 @@ class _Call:
     body: dict | None = None
     params: dict | None = None
     idempotent: bool = False
-    long_poll: float = 0.0  # seconds the server may hold the reply
+    long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
 
 
 # An operation is a generator that yields what to do (an HTTP request: a _Call; a pause: a
@@ -383,13 +395,17 @@ def _run_body(
     task_timeouts: dict | None,
     task_key: str | None,
 ) -> dict:
-    meta = {"task_name": task, "task_path": task_path or task, "instruction": instruction or ""}
-    body = {"task_key": task_key or task, "task_meta": meta, "request_id": request_id or uuid.uuid4().hex}
-    if run_ctx:
-        body["run_ctx"] = run_ctx
-    if task_timeouts:
-        body["task_timeouts"] = task_timeouts
-    return body
+    body = {
+        "task_key": task_key or task,
+        "task_meta": task_meta(task, task_path, instruction),
+        "request_id": request_id or uuid.uuid4().hex,
+    }
+    return {**body, **_options(run_ctx, task_timeouts)}
+
+
+def _options(run_ctx: dict | None, task_timeouts: dict | None) -> dict:
+    """A start's optional fields, when given (both faces take them the same way)."""
+    return {k: v for k, v in (("run_ctx", run_ctx), ("task_timeouts", task_timeouts)) if v}
 
 
 def _episode(run_id: str, run: dict, jobs: list[dict]) -> Episode:
@@ -457,29 +473,17 @@ class _JobOps(_Ops):
         return (yield from self._call("GET", f"/v1/jobs/{self.id}", idempotent=True))["job"]
 
 
-class _RunOps(_Ops):
-    def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
-        self._pool = pool
-        self.id = run_id
-        self.start_job = start_job
-        start = start or {}
-        self.user_msg: str | None = start.get("user_msg")  # the task's prompt, once started
-        self.tool_schemas: list | None = start.get("tool_schemas")  # the four tools' schemas
+class _SessionOps(_Ops):
+    """The tools of one task environment, whichever face carries them (`_tool`)."""
+
+    id: str
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r})"
 
-    def _submit(self, call: dict) -> Op:
-        reply = yield from self._call("POST", f"/v1/runs/{self.id}/tool_calls", body=call)
-        return self._pool._job_class(self._pool, reply["job_id"])
-
-    def submit(self, name: str, **arguments) -> Op:
-        """Submit any tool call without waiting: its Job (call .wait() for the observation)."""
-        return (yield from self._submit(tool_call(name, **arguments)))
-
     def _tool(self, call: dict) -> Op:
-        job = yield from self._submit(call)
-        return (yield from _wait_job(self._pool, job.id, self._pool.job_timeout))["result"]
+        """Run one tool call (tool_call's dict); its observation text."""
+        raise NotImplementedError
 
     def tool(self, name: str, **arguments) -> Op:
         """Run any tool call and return its observation text."""
@@ -500,6 +504,28 @@ class _RunOps(_Ops):
     def write_file(self, path: str, content: str) -> Op:
         """shell_write_content_to_file: write `content` to `path` in the task container."""
         return (yield from self._tool(write_file_call(path, content)))
+
+
+class _RunOps(_SessionOps):
+    def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
+        self._pool = pool
+        self.id = run_id
+        self.start_job = start_job
+        start = start or {}
+        self.user_msg: str | None = start.get("user_msg")  # the task's prompt, once started
+        self.tool_schemas: list | None = start.get("tool_schemas")  # the four tools' schemas
+
+    def _submit(self, call: dict) -> Op:
+        reply = yield from self._call("POST", f"/v1/runs/{self.id}/tool_calls", body=call)
+        return self._pool._job_class(self._pool, reply["job_id"])
+
+    def submit(self, name: str, **arguments) -> Op:
+        """Submit any tool call without waiting: its Job (call .wait() for the observation)."""
+        return (yield from self._submit(tool_call(name, **arguments)))
+
+    def _tool(self, call: dict) -> Op:
+        job = yield from self._submit(call)
+        return (yield from _wait_job(self._pool, job.id, self._pool.job_timeout))["result"]
 
     def evaluate(self) -> Op:
         """Run the task's tests: an Evaluation (score, per-test results)."""
@@ -525,12 +551,62 @@ class _RunOps(_Ops):
             yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout, raise_failed=False)
 
 
+class _LeaseOps(_SessionOps):
+    """One lease of the blocking pool API: each call is one request that returns when its job
+    is done (so its reply may take up to the pool's job_timeout, a reset with a build)."""
+
+    def __init__(self, pool, lease_id: str, reused: bool = False):
+        self._pool = pool
+        self.id = lease_id
+        self.reused = reused  # /allocate gave back the lease of the same request_id
+        self.user_msg: str | None = None  # the task's prompt, once reset
+        self.tool_schemas: list | None = None
+
+    def _post(self, path: str, fields: dict | None = None, idempotent: bool = False) -> Op:
+        body = {"lease_id": self.id, **(fields or {})}
+        return (yield from self._call("POST", path, body=body, idempotent=idempotent, long_poll=self._pool.job_timeout))
+
+    def reset(
+        self,
+        task: str,
+        *,
+        task_path: str | None = None,
+        instruction: str | None = None,
+        run_ctx: dict | None = None,
+        task_timeouts: dict | None = None,
+    ) -> Op:
+        """(Re)start the lease's environment for `task` (POST /reset; a second reset replaces
+        the first environment); the lease, with user_msg and tool_schemas set."""
+        fields = {"task_meta": task_meta(task, task_path, instruction), **_options(run_ctx, task_timeouts)}
+        reply = yield from self._post("/reset", fields)
+        self.user_msg, self.tool_schemas = reply.get("user_msg"), reply.get("tool_schemas")
+        return self
+
+    def _tool(self, call: dict) -> Op:
+        return (yield from self._post("/exec_tool", {"tool_call": call}))["observation"]
+
+    def evaluate(self) -> Op:
+        """Run the task's tests (POST /evaluate): an Evaluation (tests: {} when the reply has none)."""
+        reply = yield from self._post("/evaluate")
+        return Evaluation(score=float(reply.get("score") or 0.0), tests=reply.get("tests") or {})
+
+    def heartbeat(self) -> Op:
+        """Mark the lease as used, so the idle reaper leaves it (POST /heartbeat)."""
+        yield from self._post("/heartbeat", idempotent=True)
+
+    def close(self) -> Op:
+        """Release the lease and queue its teardown (POST /close); whether it was still live
+        (False when unknown or closed before: closing twice is harmless)."""
+        return (yield from self._post("/close", idempotent=True)).get("found") is True
+
+
 class _PoolOps(_Ops):
     """What Pool and AsyncPool share: settings, the retry policy and the pool-level operations."""
 
     _pool = property(lambda self: self)  # the pool drives its own operations
     _run_class: type
     _job_class: type
+    _lease_class: type
 
     def __init__(
         self,
@@ -549,7 +625,7 @@ class _PoolOps(_Ops):
         retries, backoff, max_backoff: how often and how patiently a retryable failure is
         sent again (delays backoff * 2^n, capped, with jitter; the defaults wait about two
         minutes in all, e.g. for a capacity slot). job_timeout: how long to wait for one job
-        (None: no limit)."""
+        (None: no limit); a pool-API call may take that long on top of `timeout`."""
         self.url = url.rstrip("/")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         self.job_timeout = job_timeout
@@ -565,7 +641,9 @@ class _PoolOps(_Ops):
             "url": call.path,
             "json": call.body,
             "params": call.params,
-            "timeout": httpx.Timeout(self._timeout, read=self._timeout + call.long_poll),
+            "timeout": httpx.Timeout(
+                self._timeout, read=None if call.long_poll is None else self._timeout + call.long_poll
+            ),
         }
 
     def _retry_delay(self, call: _Call, error: TermpoolError, attempt: int) -> float | None:
@@ -679,6 +757,25 @@ class _PoolOps(_Ops):
         """A Job (AsyncJob) object for an existing job id."""
         return self._job_class(self, job_id)
 
+    def allocate(self, task_key: str, *, request_id: str | None = None) -> Op:
+        """A lease of the blocking pool API (POST /allocate), for `task_key`; reset() it with a
+        task next. Sent again after a retryable failure: the request_id (random unless given)
+        makes a repeat return the same lease."""
+        body = {"task_key": task_key, "request_id": request_id or uuid.uuid4().hex}
+        reply = yield from self._call("POST", "/allocate", body=body, idempotent=True)
+        return self._lease_class(self, reply["lease_id"], reply.get("reused") is True)
+
+    def lease(self, lease_id: str):
+        """A Lease (AsyncLease) object for an existing lease id (a run's id on the runs API)."""
+        return self._lease_class(self, lease_id)
+
+    def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> Op:
+        """One HTTP request, sent once as is, with the pool's address, token and timeouts (the
+        read may take job_timeout on top, as a pool-API call does): the httpx.Response, whatever
+        its status, for callers that check the reply itself (its status code, headers, bytes).
+        No retries and no typed errors: a failed connection raises httpx.TransportError."""
+        return (yield _Call(method, path, body=json, params=params, long_poll=self.job_timeout))
+
     def status(self) -> Op:
         """The pool's capacity and live runs (GET /status)."""
         return (yield from self._call("GET", "/status", idempotent=True))["pool"]
@@ -700,7 +797,21 @@ class Job(_JobOps):
     record = _blocking(_JobOps.record)
 
 
-class Run(_RunOps):
+class _ClosedOnExit:
+    """`with` closes it (a run, a lease) on exit."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except TermpoolError:
+            if exc_type is None:  # never hide the error that ended the block
+                raise
+
+
+class Run(_ClosedOnExit, _RunOps):
     """One leased task environment. A context manager: closed (released) on exit."""
 
     submit = _blocking(_RunOps.submit)
@@ -714,15 +825,19 @@ class Run(_RunOps):
     info = _blocking(_RunOps.info)
     close = _blocking(_RunOps.close)
 
-    def __enter__(self) -> Run:
-        return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.close()
-        except TermpoolError:
-            if exc_type is None:  # never hide the error that ended the block
-                raise
+class Lease(_ClosedOnExit, _LeaseOps):
+    """One lease of the blocking pool API (Pool.allocate). A context manager: closed on exit."""
+
+    reset = _blocking(_LeaseOps.reset)
+    tool = _blocking(_LeaseOps.tool)
+    exec = _blocking(_LeaseOps.exec)
+    view = _blocking(_LeaseOps.view)
+    write_to_process = _blocking(_LeaseOps.write_to_process)
+    write_file = _blocking(_LeaseOps.write_file)
+    evaluate = _blocking(_LeaseOps.evaluate)
+    heartbeat = _blocking(_LeaseOps.heartbeat)
+    close = _blocking(_LeaseOps.close)
 
 
 class Pool(_PoolOps):
@@ -730,6 +845,7 @@ class Pool(_PoolOps):
 
     _run_class = Run
     _job_class = Job
+    _lease_class = Lease
 
     def __init__(self, url: str = DEFAULT_URL, **options):
         super().__init__(url, **options)
@@ -740,6 +856,8 @@ class Pool(_PoolOps):
     start = _blocking(_PoolOps.start)
     episode = _blocking(_PoolOps.episode)
     run = _blocking(_PoolOps.run)
+    allocate = _blocking(_PoolOps.allocate)
+    request = _blocking(_PoolOps.request)
     status = _blocking(_PoolOps.status)
     healthy = _blocking(_PoolOps.healthy)
 
@@ -771,6 +889,20 @@ class Pool(_PoolOps):
 
 
 # ---- asyncio --------------------------------------------------------------------------------
+class _AsyncClosedOnExit:
+    """`async with` closes it (a run, a lease) on exit."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.close()
+        except TermpoolError:
+            if exc_type is None:  # never hide the error that ended the block
+                raise
+
+
 class AsyncJob(_JobOps):
     """A submitted operation: await wait() for its result, record() for its state."""
 
@@ -778,7 +910,7 @@ class AsyncJob(_JobOps):
     record = _awaitable(_JobOps.record)
 
 
-class AsyncRun(_RunOps):
+class AsyncRun(_AsyncClosedOnExit, _RunOps):
     """One leased task environment; `async with` closes it on exit."""
 
     submit = _awaitable(_RunOps.submit)
@@ -792,15 +924,19 @@ class AsyncRun(_RunOps):
     info = _awaitable(_RunOps.info)
     close = _awaitable(_RunOps.close)
 
-    async def __aenter__(self) -> AsyncRun:
-        return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
-        try:
-            await self.close()
-        except TermpoolError:
-            if exc_type is None:
-                raise
+class AsyncLease(_AsyncClosedOnExit, _LeaseOps):
+    """One lease of the blocking pool API (AsyncPool.allocate); `async with` closes it on exit."""
+
+    reset = _awaitable(_LeaseOps.reset)
+    tool = _awaitable(_LeaseOps.tool)
+    exec = _awaitable(_LeaseOps.exec)
+    view = _awaitable(_LeaseOps.view)
+    write_to_process = _awaitable(_LeaseOps.write_to_process)
+    write_file = _awaitable(_LeaseOps.write_file)
+    evaluate = _awaitable(_LeaseOps.evaluate)
+    heartbeat = _awaitable(_LeaseOps.heartbeat)
+    close = _awaitable(_LeaseOps.close)
 
 
 class AsyncPool(_PoolOps):
@@ -809,6 +945,7 @@ class AsyncPool(_PoolOps):
 
     _run_class = AsyncRun
     _job_class = AsyncJob
+    _lease_class = AsyncLease
 
     def __init__(self, url: str = DEFAULT_URL, *, max_connections: int = 100, **options):
         super().__init__(url, **options)
@@ -818,6 +955,8 @@ class AsyncPool(_PoolOps):
     start = _awaitable(_PoolOps.start)
     episode = _awaitable(_PoolOps.episode)
     run = _awaitable(_PoolOps.run)
+    allocate = _awaitable(_PoolOps.allocate)
+    request = _awaitable(_PoolOps.request)
     status = _awaitable(_PoolOps.status)
     healthy = _awaitable(_PoolOps.healthy)
 

@@ -1,18 +1,19 @@
-"""Shared fixtures: the test base image, a real stack (Redis, Celery workers, gunicorn), and a
-router-like client for the pool API."""
+"""Shared fixtures: the test base image, a real stack (Redis, Celery workers, gunicorn;
+devstack/), and a router-like driver of the pool API on termpool.client."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 from pathlib import Path
 
 import docker
+import httpx
 import pytest
 
+from devstack import ROOT, Stack, free_port
+from termpool.client import task_meta
 from termpool.state import Store
-from tests.stack import ROOT, Stack
 
 BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")
 
@@ -52,38 +53,36 @@ def stack(base_image, docker_client):
 
 
 class Router:
-    """Drives the pool API the way an RL router does."""
+    """Drives the pool API the way an RL router does, through termpool.client (no retries: a
+    test sees every failure). allocate, tool and sh raise the client's typed error when a call
+    fails; reset, evaluate and close give the raw reply (close: its JSON, once it is a 200),
+    whose status code and fields the tests check."""
 
     def __init__(self, stack: Stack):
         self.stack = stack
 
-    def allocate(self, task_key: str, request_id: str | None = None) -> str:
-        body = {"task_key": task_key, "request_id": request_id or uuid.uuid4().hex}
-        reply = self.stack.post("/allocate", body)
-        assert reply.status_code == 200, reply.text
-        return reply.json()["lease_id"]
+    @property
+    def pool(self):
+        return self.stack.client  # the stack's current one (a restarted stack has a new one)
 
-    def reset(self, lease: str, task: str, **extra):
-        body = {
-            "lease_id": lease,
-            "task_meta": {"task_name": task, "task_path": task, "instruction": f"solve {task}"},
-            **extra,
-        }
-        return self.stack.post("/reset", body)
+    def allocate(self, task_key: str, request_id: str | None = None) -> str:
+        return self.pool.allocate(task_key, request_id=request_id).id
+
+    def reset(self, lease: str, task: str, **extra) -> httpx.Response:
+        body = {"lease_id": lease, "task_meta": task_meta(task, instruction=f"solve {task}"), **extra}
+        return self.pool.request("POST", "/reset", json=body)
 
     def tool(self, lease: str, name: str, **arguments) -> str:
-        reply = self.stack.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": name, "arguments": arguments}})
-        assert reply.status_code == 200, reply.text
-        return reply.json()["observation"]
+        return self.pool.lease(lease).tool(name, **arguments)
 
     def sh(self, lease: str, command: str, **kw) -> str:
         return self.tool(lease, "shell_exec", id="main", command=command, **{"block": True, "timeout": 60, **kw})
 
-    def evaluate(self, lease: str):
-        return self.stack.post("/evaluate", {"lease_id": lease})
+    def evaluate(self, lease: str) -> httpx.Response:
+        return self.pool.request("POST", "/evaluate", json={"lease_id": lease})
 
     def close(self, lease: str) -> dict:
-        reply = self.stack.post("/close", {"lease_id": lease})
+        reply = self.pool.request("POST", "/close", json={"lease_id": lease})
         assert reply.status_code == 200, reply.text
         return reply.json()
 
@@ -135,8 +134,6 @@ def fixtures_dir() -> Path:
 def redis_server():
     """A private redis-server for tests of the state store alone."""
     import redis as redis_lib
-
-    from tests.stack import free_port
 
     port = free_port()
     proc = subprocess.Popen(

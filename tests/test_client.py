@@ -1,6 +1,6 @@
 """termpool.client against the real stack (tests/conftest.py `stack`, fixture tasks): runs as
-context managers, one-shot episodes, typed errors, retries of retryable failures, asyncio;
-plus what needs no stack: the error classes cover every code, and the client installs and
+context managers, one-shot episodes, typed errors, retries of retryable failures, asyncio,
+leases of the pool API and raw replies; plus what needs no stack: the error classes cover every code, and the client installs and
 imports without any of the server's packages."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import threading
 import time
 import uuid
 
+import httpx
 import pytest
 
+from devstack import ROOT, free_port
 from termpool import client as tc
 from termpool.client import (
     AsyncPool,
@@ -27,12 +29,12 @@ from termpool.client import (
     TaskError,
     TermpoolError,
     UnknownJob,
+    UnknownLease,
     UnknownRun,
     exec_call,
 )
 from termpool.codes import CODES
 from tests.conftest import wait_for
-from tests.stack import ROOT, free_port
 
 SERVER_MODULES = ("flask", "celery", "kombu", "docker", "redis", "requests", "yaml", "app", "tasks")
 
@@ -59,6 +61,12 @@ def test_unreachable_service_is_retried_then_raised():
         pool.status()
     assert caught.value.retryable and caught.value.status is None
     assert time.monotonic() - started >= 0.05 * (1 + 2 + 4) * 0.5  # three backoffs, jitter at most halves them
+
+
+@pytest.mark.unit
+def test_raw_request_to_an_unreachable_service_raises_httpx_error():
+    with Pool(f"http://127.0.0.1:{free_port()}", retries=3) as pool, pytest.raises(httpx.ConnectError):
+        pool.request("GET", "/healthz")  # sent once, as is: no retries, no typed error
 
 
 @pytest.mark.unit
@@ -185,6 +193,47 @@ def test_one_shot_episode(pool):
     assert pool.episode("broken-dockerfile", [exec_call("true")], check=False).failure.code == caught.value.code
 
 
+def test_pool_api_lease_episode(pool, docker_client):
+    request_id = uuid.uuid4().hex
+    with pool.allocate("hello-file", request_id=request_id) as lease:
+        assert lease.id.startswith("run-") and not lease.reused
+        again = pool.allocate("hello-file", request_id=request_id)  # the same request: the same lease
+        assert (again.id, again.reused) == (lease.id, True)
+        assert lease.reset("hello-file", instruction="write the file") is lease
+        assert "write the file" in lease.user_msg and len(lease.tool_schemas) == 4
+        assert run_containers(docker_client, lease.id)
+        assert lease.exec("echo hi").strip() == "hi"
+        assert lease.write_file("/app/hello.txt", "Hello, world!\n").startswith("Content successfully written")
+        assert lease.tool("no_such_tool") == "[TOOL_ERROR] unknown tool: no_such_tool"
+        lease.heartbeat()
+        assert lease.evaluate().score == 1.0
+        assert pool.run(lease.id).info()["state"] == "evaluated"  # a lease is a run of the runs API
+    assert lease.close() is False  # closed on leaving the block: a second close finds nothing
+    assert wait_for(lambda: not run_containers(docker_client, lease.id), 120), "the lease was not torn down"
+
+
+def test_pool_api_failures_raise_typed_errors(pool, docker_client):
+    with pytest.raises(UnknownLease) as caught:
+        pool.lease("run-0000000000000000").heartbeat()
+    assert (caught.value.status, caught.value.retryable) == (500, False)
+    assert caught.value.reply["error"] == "Unknown run_lease_id: run-0000000000000000"
+
+    with pool.allocate(f"broken-{uuid.uuid4().hex[:6]}") as lease, pytest.raises(TermpoolError) as caught:
+        lease.reset("broken-dockerfile")
+    error = caught.value
+    assert error.status == 500 and type(error) is tc.error_class(error.reply["code"]), repr(error)
+    assert isinstance(error, tc.TaskError) and error.job is None
+    assert not run_containers(docker_client, lease.id)
+
+
+def test_raw_request_gives_the_reply_whatever_its_status(pool):
+    reply = pool.request("POST", "/allocate", json={})
+    assert reply.status_code == 400 and reply.json()["code"] == "BAD_REQUEST"
+    reply = pool.request("GET", "/v1/jobs/nope", params={"wait": "x"})
+    assert reply.status_code in (400, 404) and reply.json()["ok"] is False
+    assert pool.request("GET", "/healthz").json() == {"ok": True}
+
+
 def test_capacity_exhausted_then_retried_until_a_slot_frees(stack, pool, router):
     """WORKER_MAX_RUNS_PER_TASK (8) leases of one task key, taken through /allocate."""
     key = f"cap-{uuid.uuid4().hex[:6]}"
@@ -216,16 +265,23 @@ def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
             await run.write_file("/app/hello.txt", "Hello, world!\n")
             return run.id, (await run.evaluate()).score
 
+    async def lease_episode(pool: AsyncPool) -> tuple[str, float]:
+        async with await pool.allocate("hello-file") as lease:
+            await lease.reset("hello-file")
+            assert (await lease.exec("echo lease")).strip() == "lease"
+            await lease.write_file("/app/hello.txt", "Hello, world!\n")
+            return lease.id, (await lease.evaluate()).score
+
     async def main():
         async with AsyncPool(stack.url) as pool:
-            scores = await asyncio.gather(*(episode(pool, i) for i in range(4)))
+            scores = await asyncio.gather(*(episode(pool, i) for i in range(4)), lease_episode(pool))
             with pytest.raises(UnknownRun):
                 await pool.run("run-0000000000000000")
             one_shot = await pool.episode("hello-file", [tc.write_file_call("/app/hello.txt", "Hello, world!\n")])
             return scores, one_shot
 
     results, one_shot = asyncio.run(main())
-    assert [score for _, score in results] == [1.0] * 4 and one_shot.score == 1.0
+    assert [score for _, score in results] == [1.0] * 5 and one_shot.score == 1.0
     for run_id, _ in results:
         assert wait_for(lambda: not run_containers(docker_client, run_id), 120)  # noqa: B023 (called in this iteration)
 

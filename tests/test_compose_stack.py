@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from devstack import FIXTURES, ROOT, WORKER_KINDS, free_port
 from environments.docker_client import compose_command
+from termpool.client import Pool, TermpoolError
 from tests.conftest import wait_for
-from tests.stack import FIXTURES, ROOT, WORKER_KINDS, free_port
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"), reason="TERMPOOL_SKIP_COMPOSE is set"
@@ -55,6 +56,7 @@ class ComposeStack:
         self.host_id = "c" + uuid.uuid4().hex[:10]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.client = Pool(self.url, timeout=10, job_timeout=600, retries=0)
         self.env = {
             **os.environ,
             "TERMPOOL_IMAGE": image,
@@ -94,16 +96,6 @@ class ComposeStack:
         proc = self.compose("logs", "--no-color", "--tail", "60", timeout=60)
         return (proc.stdout + proc.stderr)[-8000:]
 
-    def post(self, path: str, body: dict) -> dict:
-        reply = requests.post(self.url + path, json=body, timeout=600)
-        assert reply.status_code == 200, f"{path}: {reply.status_code} {reply.text}\n{self.logs()}"
-        return reply.json()
-
-    def tool(self, lease: str, name: str, **arguments) -> str:
-        return self.post("/exec_tool", {"lease_id": lease, "tool_call": {"name": name, "arguments": arguments}})[
-            "observation"
-        ]
-
 
 def _remove_rules(host_id: str) -> None:
     """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
@@ -121,13 +113,6 @@ def _names(docker_client, label: str) -> list[str]:
     return [c["Names"][0].lstrip("/") for c in docker_client.api.containers(all=True, filters={"label": label})]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/healthz", timeout=2).ok
-    except requests.RequestException:
-        return False
-
-
 def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
     stack = ComposeStack(termpool_image, tmp_path / "outputs")
     (tmp_path / "outputs").mkdir()
@@ -136,28 +121,23 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         started = time.monotonic()
         proc = stack.compose("up", "-d")
         assert proc.returncode == 0, f"compose up failed:\n{proc.stderr[-4000:]}"
-        assert wait_for(lambda: _healthy(stack.url), 180, 0.3), f"/healthz never answered:\n{stack.logs()}"
+        assert wait_for(stack.client.healthy, 180, 0.3), f"/healthz never answered:\n{stack.logs()}"
         timings["up"] = time.monotonic() - started
 
         # One full episode on hello-file, as a router drives it.
         started = time.monotonic()
-        lease = stack.post("/allocate", {"task_key": "hello-file", "request_id": uuid.uuid4().hex})["lease_id"]
-        reset = stack.post(
-            "/reset",
-            {
-                "lease_id": lease,
-                "task_meta": {"task_name": "hello-file", "task_path": "hello-file", "instruction": "solve hello-file"},
-            },
-        )
-        assert reset["ok"] is True and "hello-file" in reset["user_msg"]
-        script = (FIXTURES / "hello-file" / "solution.sh").read_text()
-        stack.tool(lease, "shell_write_content_to_file", content=script, file_path="/tmp/solution.sh")
-        stack.tool(lease, "shell_exec", id="main", command="bash /tmp/solution.sh", block=True, timeout=60)
-        result = stack.post("/evaluate", {"lease_id": lease})
-        assert result["score"] == 1.0, result
-        print(f"compose stack episode: run {lease} on hello-file scored {result['score']}")
-        assert stack.post("/close", {"lease_id": lease}) == {"ok": True, "found": True}
-        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease}"), 120), (
+        try:
+            lease = stack.client.allocate("hello-file")
+            assert "hello-file" in lease.reset("hello-file", instruction="solve hello-file").user_msg
+            lease.write_file("/tmp/solution.sh", (FIXTURES / "hello-file" / "solution.sh").read_text())
+            lease.exec("bash /tmp/solution.sh", timeout=60)
+            score = lease.evaluate().score
+            assert score == 1.0, score
+            print(f"compose stack episode: run {lease.id} on hello-file scored {score}")
+            assert lease.close() is True
+        except TermpoolError as exc:
+            raise AssertionError(f"{exc!r}\n{stack.logs()}") from exc
+        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease.id}"), 120), (
             "the run's containers outlived its close"
         )
         timings["episode"] = time.monotonic() - started

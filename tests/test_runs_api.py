@@ -89,7 +89,8 @@ def assert_times_ordered(jobs: list[dict]) -> None:
 
 
 def no_containers(docker_client, run_id: str) -> bool:
-    return not docker_client.containers.list(all=True, filters={"label": f"termpool.run={run_id}"})
+    # ignore_removed: a container the teardown removes while it is being listed is gone, not an error
+    return not docker_client.containers.list(all=True, filters={"label": f"termpool.run={run_id}"}, ignore_removed=True)
 
 
 def live_keys(stack) -> dict:

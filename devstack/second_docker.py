@@ -1,0 +1,126 @@
+"""A second Docker daemon on this machine, standing for a second worker host.
+
+Its own data root, exec root (so its own managed containerd), unix socket, pid file and
+bridge interface (created here, so the two daemons do not share docker0), and its own
+address pool, so the networks its compose projects get never overlap the first daemon's.
+iptables stays on, as on any Docker host. The test base image is copied into it with
+`docker save | docker load`. Used by tests/test_many_hosts.py (tests/second_docker.py's
+fixture) and bench/hosts.py.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+
+# Addresses for the bridge and the networks of the second daemon, away from Docker's defaults
+# (172.17-31.x, 192.168.x) the first one uses.
+BRIDGE_CIDR = "10.213.0.1/24"
+ADDRESS_POOL = "base=10.214.0.0/16,size=24"
+
+
+class SecondDocker:
+    def __init__(self, name: str | None = None):
+        self.name = name or "tpd" + secrets.token_hex(3)
+        self.bridge = "br-" + self.name  # within iptables' 15 characters; br-+ is a task interface
+        self.root = Path(tempfile.mkdtemp(prefix=f"termpool-{self.name}-"))
+        self.socket = f"/run/{self.name}.sock"
+        self.host = "unix://" + self.socket
+        self.pidfile = self.root / "dockerd.pid"
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            "dockerd",
+            "--data-root",
+            str(self.root / "data"),
+            "--exec-root",
+            str(self.root / "exec"),
+            "-H",
+            self.host,
+            "--pidfile",
+            str(self.pidfile),
+            "--bridge",
+            self.bridge,
+            "--default-address-pool",
+            ADDRESS_POOL,
+            "--default-runtime",
+            "runc",
+            "--containerd-namespace",
+            self.name,
+            "--containerd-plugins-namespace",
+            self.name + "-plugins",
+        ]
+
+    def start(self, timeout: float = 90) -> SecondDocker:
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", BRIDGE_CIDR, "dev", self.bridge], check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+        log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 (the daemon's output: it outlives this call)
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dockerd {self.name} exited; see {self.root / 'dockerd.log'}")
+            try:
+                if self.client().ping():
+                    return self
+            except docker.errors.DockerException:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"dockerd {self.name} did not answer within {timeout} s")
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.host, timeout=120)
+
+    def env(self) -> dict:
+        return {**os.environ, "DOCKER_HOST": self.host}
+
+    def load_image(self, image: str) -> None:
+        """Copy an image of the first daemon into this one."""
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "load", "-q"], stdin=save.stdout, env=self.env(), check=True, capture_output=True)
+        save.stdout.close()
+        if save.wait() != 0:
+            raise RuntimeError(f"docker save {image} failed")
+
+    def stop(self) -> None:
+        """Stop the daemon by its pid (its containers first), remove its files and bridge."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                client = self.client()
+                for container in client.containers.list(all=True):
+                    container.remove(force=True)
+                client.close()
+            except docker.errors.DockerException:
+                pass
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        _remove_tree(self.root)
+        Path(self.socket).unlink(missing_ok=True)
+
+
+def _remove_tree(root: Path) -> None:
+    """The data root holds overlay mounts until the daemon has unmounted them: unmount what is
+    left (deepest first), then remove."""
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(root))
+    ]
+    for mount in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
