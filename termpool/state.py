@@ -331,9 +331,6 @@ class Store:
         return bool(self._r.ping())
 
     # ---- worker hosts -------------------------------------------------------------------
-    def host_heartbeat(self, host: str) -> None:
-        self._r.zadd(HOSTS, {host: time.time()})
-
     def live_hosts(self) -> list[str]:
         return self._r.zrangebyscore(HOSTS, time.time() - HOST_ALIVE_SECONDS, "+inf")
 
