@@ -200,42 +200,6 @@ class UnknownRun(KeyError):
 
 
 # The scripts build run:<id> and host:<h>:{keys,live,closing} from the prefix they are given.
-_ALLOCATE = """
-local prefix, task_key, max_tasks, max_runs = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local run_id, now, request_id, req_key, req_ttl = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-if req_key ~= '' then
-  local existing = redis.call('GET', req_key)
-  if existing then
-    local run_key = prefix .. 'run:' .. existing
-    local state = redis.call('HGET', run_key, 'state')
-    if state and state ~= 'closing' and state ~= 'closed' then
-      redis.call('HSET', run_key, 'last_used_at', now)
-      local host = redis.call('HGET', run_key, 'host')
-      redis.call('ZADD', prefix .. 'host:' .. host .. ':live', now, existing)
-      return {'reused', existing, host}
-    end
-  end
-end
-local chosen, code = nil, 'TASK_SLOTS_EXHAUSTED'
-for i = 10, #ARGV do
-  local keys_key = prefix .. 'host:' .. ARGV[i] .. ':keys'
-  local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
-  if n > 0 then
-    if n < max_runs then chosen = ARGV[i] break end
-    code = 'RUN_SLOTS_EXHAUSTED'
-  elseif redis.call('HLEN', keys_key) < max_tasks then
-    chosen = ARGV[i] break
-  end
-end
-if not chosen then return {'full', code} end
-redis.call('HINCRBY', prefix .. 'host:' .. chosen .. ':keys', task_key, 1)
-redis.call('ZADD', prefix .. 'host:' .. chosen .. ':live', now, run_id)
-redis.call('HSET', prefix .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', chosen,
-  'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
-if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', req_ttl) end
-return {'new', run_id, chosen}
-"""
-
 _RELEASE = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
@@ -309,7 +273,6 @@ class Store:
 
     def __init__(self, client: redis.Redis):
         self._r = client
-        self._allocate = client.register_script(_ALLOCATE)
         self._release = client.register_script(_RELEASE)
         self._transition = client.register_script(_TRANSITION)
 
@@ -341,17 +304,6 @@ class Store:
         return bool(self._r.exists(node_key(node)))
 
     # ---- runs ---------------------------------------------------------------------------
-    def allocate(self, task_key: str, request_id: str, hosts: list[str], max_tasks: int, max_runs: int) -> Allocation:
-        req_key = request_key(task_key, request_id) if request_id else ""
-        now = str(time.time())
-        args = [PREFIX, task_key, max_tasks, max_runs, new_run_id(), now, request_id, req_key, IDEMPOTENCY_TTL]
-        reply = self._allocate(args=[*args, *hosts])
-        if reply[0] == "full":
-            raise CapacityError(reply[1])
-        if reply[0] == "new":
-            self._index_run(reply[1], float(now))
-        return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
-
     def get_run(self, run_id: str) -> dict | None:
         raw = self._r.hgetall(run_key(run_id)) if run_id else {}
         return _decode(raw) if raw else None

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.stack import Stack
+from devstack import Stack
 
 TOKEN = "s3cret-token"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from devstack import Stack
 from tests.conftest import Router, wait_for
-from tests.stack import Stack
 
 
 @pytest.fixture(scope="module")

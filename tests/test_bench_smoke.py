@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from bench.episodes import FLOOR_OPS, POOL_OPS, RUNS_OPS
-from tests.stack import ROOT
+from devstack import ROOT
 
 
 def _runs_api_has_routes() -> bool:

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devstack import FIXTURES
 from environments import compose_config, container_spec, lifecycle
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
 from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
 from termpool.state import Store
 from tests.conftest import wait_for
-from tests.stack import FIXTURES
 from tests.test_unsafe_tasks import CLIENT  # the template's client service, no volumes
 
 GIB = 1024**3

@@ -13,12 +13,12 @@ import uuid
 import docker.errors
 import pytest
 
+from devstack import free_port
 from environments import compose_config, containment
 from environments.containment import Guard
 from termpool.config import load_settings
 from termpool.failures import TaskUnsupported
 from tests.conftest import Router, private_stack, wait_for
-from tests.stack import free_port
 
 
 # ---- pure logic -------------------------------------------------------------------------------

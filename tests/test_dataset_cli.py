@@ -13,8 +13,8 @@ import pytest
 
 from app import create_app
 from cli import download as dl
+from devstack import FIXTURES
 from termpool.config import load_settings
-from tests.stack import FIXTURES
 
 
 def cli(tmp_path: Path, **env):

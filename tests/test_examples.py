@@ -13,10 +13,10 @@ import time
 import pytest
 
 from app import create_app
+from devstack import ROOT, Stack
 from termpool.client import Pool, exec_call, write_file_call
 from termpool.config import load_settings
 from tests.conftest import stop_checking_leaks, wait_for
-from tests.stack import ROOT, Stack
 
 EXAMPLES = ROOT / "examples" / "tasks"
 TASKS = ("count-errors", "inventory-total", "quiz", "text-stats")

@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from app import error_codes
+from devstack import ROOT, Stack
 from termpool import failures
 from tests.conftest import Router, leftovers, wait_for
 from tests.docker_fault_proxy import FaultProxy
-from tests.stack import ROOT, Stack
 from tests.test_metrics import scrape, value
 from tests.test_runs_api import finished, get_run, solution_script, submit
 

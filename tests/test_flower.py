@@ -12,11 +12,11 @@ import uuid
 import pytest
 import requests
 
+from devstack import ROOT, WORKER_KINDS, free_port
 from jobs.flower import flower_argv
 from termpool.config import FLOWER_TASK_COLUMNS, load_settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from tests.conftest import wait_for
-from tests.stack import ROOT, WORKER_KINDS, free_port
 
 
 # ---- the launcher's arguments (no stack) ------------------------------------------------------

@@ -19,9 +19,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import requests
 
+from devstack import ROOT, Stack
 from termpool.state import Store
 from tests.conftest import leftovers, wait_for
-from tests.stack import ROOT, Stack
 
 CONFIG = ROOT / "tests" / "fuzz" / "schemathesis.toml"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from devstack import FIXTURES, Stack
 from tests.conftest import Router, wait_for
-from tests.stack import FIXTURES, Stack
 
 PREFIX = "termpool-pulltest/"
 

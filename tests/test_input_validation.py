@@ -14,9 +14,9 @@ import pytest
 
 from app import create_app, models
 from app.http import BadRequest, check_json_tree
+from devstack import FIXTURES, free_port
 from termpool.config import load_settings
 from termpool.task_spec import image_name, name_prefix, valid_task_name
-from tests.stack import FIXTURES, free_port
 
 pytestmark = pytest.mark.unit
 

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+from devstack import FIXTURES, ROOT, Stack
 from termpool import processes
 from termpool.state import LOCK_TTL, OwnedLock, Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
-from tests.stack import FIXTURES, ROOT, Stack
 from tests.test_metrics import scrape, value
 
 # A process that takes a lock and then sleeps until it is killed.

@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from devstack import ROOT, Stack
 from termpool.state import Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
-from tests.stack import ROOT, Stack
 
 TASK = "hello-file"
 EPISODES = 16

@@ -11,9 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from app import create_app, error_codes, models
 from app.apidoc import document
+from devstack import FIXTURES
 from termpool import failures
 from termpool.config import load_settings
-from tests.stack import FIXTURES
 
 pytestmark = pytest.mark.unit
 

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
+from devstack import ROOT
 from environments import artifacts
 from environments.session_helper import HELPER_PATH, prepare_container, session_dir
 from environments.tools import OutputLimits, cap_text, run_tool
 from tests.conftest import Router, private_stack, wait_for
-from tests.stack import ROOT
 
 SESSION_LIMIT = 1 << 20
 OBSERVATION_LIMIT = 8192

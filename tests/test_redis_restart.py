@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from devstack import Stack
 from tests.conftest import Router, stop_checking_leaks, wait_for
-from tests.stack import Stack
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import uuid
 import pytest
 import requests
 
+from devstack import ROOT
 from tests.conftest import wait_for
-from tests.stack import ROOT
 
 ENDED = ("succeeded", "failed")
 

@@ -12,6 +12,7 @@ from termpool import state
 from termpool.config import load_settings
 from termpool.queues import make_celery, queue_name
 from termpool.state import LOCK_TTL, UNAVAILABLE, Store
+from tests.test_capacity import allocate
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +40,7 @@ def test_the_docstring_lists_every_key_family():
 
 # ---- the Lua scripts -------------------------------------------------------------------------
 def test_allocate_writes_the_keys_the_key_functions_name(store, redis_server):
-    run = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    run = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     assert set(redis_server.keys("*")) == {
         state.run_key(run.run_id),
         state.host_tasks_key("h1"),
@@ -55,15 +56,15 @@ def test_allocate_writes_the_keys_the_key_functions_name(store, redis_server):
 
 def test_allocate_takes_the_idempotency_ttl_as_an_argument(store, redis_server, monkeypatch):
     monkeypatch.setattr(state, "IDEMPOTENCY_TTL", 7)
-    store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     assert 0 < redis_server.ttl(state.request_key("task-a", "req-1")) <= 7
 
 
 def test_the_scripts_build_keys_under_the_prefix_they_are_given(store, redis_server, monkeypatch):
     monkeypatch.setattr(state, "PREFIX", "other:")
     monkeypatch.setattr(state, "RECENT_RUNS", "other:runs:recent")
-    run = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
-    again = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    run = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
+    again = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     assert again.reused and again.run_id == run.run_id  # the reuse path reads the run under the prefix
     assert store.release(run.run_id) is True
     keys = set(redis_server.keys("*"))
@@ -72,8 +73,8 @@ def test_the_scripts_build_keys_under_the_prefix_they_are_given(store, redis_ser
 
 
 def test_release_moves_the_run_from_live_to_closing(store, redis_server):
-    run = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=2)
-    other = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=2)
+    run = allocate(store, "task-a", "", max_tasks=1, max_runs=2)
+    other = allocate(store, "task-a", "", max_tasks=1, max_runs=2)
     assert store.release(run.run_id, reason="closed") is True
     assert redis_server.hget(state.host_tasks_key("h1"), "task-a") == "1"
     assert redis_server.zrange(state.host_live_key("h1"), 0, -1) == [other.run_id]
@@ -88,7 +89,7 @@ def test_releasing_an_unknown_run_writes_nothing(store, redis_server):
 
 
 def test_transition_only_from_the_given_states(store, redis_server):
-    run = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=1)
+    run = allocate(store, "task-a", "", max_tasks=1, max_runs=1)
     assert store.transition(run.run_id, ("allocated",), "starting") is True
     assert store.transition(run.run_id, ("allocated",), "starting") is False
     assert store.transition(run.run_id, ("running", "starting"), "running") is True

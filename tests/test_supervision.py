@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from deploy.supervisord_conf import render
+from devstack import ROOT, WORKER_KINDS, Stack, free_port
 from tests.conftest import Router, leftovers, wait_for
-from tests.stack import ROOT, WORKER_KINDS, Stack, free_port
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from devstack import FIXTURES, Stack
 from tests.conftest import Router
-from tests.stack import FIXTURES, Stack
 
 CLIENT = """services:
   client:

@@ -13,11 +13,12 @@ import markupsafe
 import pytest
 import requests
 
+from devstack import Stack
 from termpool import dispatch
 from termpool import state as state_module
 from termpool.state import Store
 from tests.conftest import wait_for
-from tests.stack import Stack
+from tests.test_capacity import allocate
 
 HOSTILE = "<script>alert('pwned')</script>"
 
@@ -196,7 +197,7 @@ def test_recent_runs_index(redis_server, monkeypatch):
     monkeypatch.setattr(state_module, "RECENT_RUNS_KEPT", 5)
     ids = []
     for i in range(7):
-        ids.append(store.allocate(f"task-{i % 2}", "", ["h"], 100, 100).run_id)
+        ids.append(allocate(store, f"task-{i % 2}", "", "h", max_tasks=100, max_runs=100).run_id)
         time.sleep(0.002)
     assert redis_server.zcard(state_module.RECENT_RUNS) == 5  # trimmed to the newest
     assert 0 < redis_server.ttl(state_module.RECENT_RUNS) <= state_module.RECORD_TTL
@@ -208,8 +209,8 @@ def test_recent_runs_index(redis_server, monkeypatch):
     redis_server.delete(state_module.run_key(ids[-1]))  # an expired record leaves the index when next read
     assert ids[-1] not in [r["run_id"] for r in store.recent_runs(("task_key",), 10)[0]]
     assert redis_server.zscore(state_module.RECENT_RUNS, ids[-1]) is None
-    first = store.allocate("task-0", "req", ["h"], 100, 100)
-    assert store.allocate("task-0", "req", ["h"], 100, 100).reused  # a repeat adds no entry
+    first = allocate(store, "task-0", "req", "h", max_tasks=100, max_runs=100)
+    assert allocate(store, "task-0", "req", "h", max_tasks=100, max_runs=100).reused  # a repeat adds no entry
     assert [r["run_id"] for r in store.recent_runs((), 10)[0]] == [first.run_id, *ids[5:1:-1]]
 
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.stack import ROOT
+from devstack import ROOT
 
 if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":
     pytest.skip("TERMPOOL_SKIP_BROWSER=1", allow_module_level=True)

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from devstack import Stack
 from termpool.state import Store, warm_key
 from tests.conftest import Router, leftovers, wait_for
-from tests.stack import Stack
 
 
 @pytest.fixture(scope="module")
