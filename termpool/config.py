@@ -40,6 +40,13 @@ def _containment(env) -> str:
     return value
 
 
+def _task_events(env) -> str:
+    value = _str(env, "TASK_EVENTS", "monitor").lower()
+    if value not in ("monitor", "always"):
+        raise ValueError(f"TASK_EVENTS must be monitor or always, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Per-operation time limits in seconds; a request may override any of them."""
@@ -87,6 +94,8 @@ class Settings:
     session_output_limit: int
     observation_limit: int
     flower_port: int
+    task_events: str  # monitor: workers send task events once a monitor (Flower) asks; always
+    task_sent_events: bool  # the facade publishes task-sent events (queued jobs and their queue)
     containment: str
     containment_interfaces: tuple
     containment_block: tuple
@@ -158,6 +167,8 @@ def load_settings(env=None) -> Settings:
         session_output_limit=_int(env, "SESSION_OUTPUT_LIMIT", 16 << 20),
         observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
         flower_port=_int(env, "FLOWER_PORT", 5555),
+        task_events=_task_events(env),
+        task_sent_events=_bool(env, "TASK_SENT_EVENTS", True),
         containment=_containment(env),
         containment_interfaces=_list(env, "CONTAINMENT_INTERFACES", "docker0,br-+"),
         containment_block=_list(env, "CONTAINMENT_BLOCK"),

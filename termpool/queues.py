@@ -81,9 +81,12 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # backend as well would cost two more Redis writes and publishes per tool call.
         task_ignore_result=True,
         task_track_started=False,
-        # Task events for Flower, "sent" included: queued jobs and their queue show there too.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Task events are for a monitor. Flower asks every worker to send them (Celery's
+        # enable_events broadcast, every few seconds), so with TASK_EVENTS=monitor workers
+        # start without and publish nothing while no monitor listens; `always` sends them
+        # from the start. Sent events (the facade's, per job) show queued jobs and their queue.
+        worker_send_task_events=cfg.task_events == "always",
+        task_send_sent_event=cfg.task_sent_events,
         # Redis away (restart, failover): every worker, its queue consumers and beat keep
         # reconnecting until it is back, however long that takes, instead of exiting.
         broker_connection_retry_on_startup=True,
