@@ -54,16 +54,18 @@ def route_job(name, args, kwargs, options, task=None, **kw):
 def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
     """The Celery app for `cfg`: broker, queues, routes and the delivery rules both sides share.
     The workers pass their job modules in `include`; the facade sends jobs by name."""
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=include or [])
+    # No result backend: job records in the state store are the results (see below). With a
+    # Redis backend the sender also subscribes to each task's result channel (a SUBSCRIBE and
+    # an UNSUBSCRIBE per job) and every worker thread builds its own backend client.
+    app = Celery("termpool", broker=cfg.redis_url, backend=None, include=include or [])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,
         task_default_queue=MAINTENANCE_QUEUE,
         task_routes=(route_job,),
         task_serializer="json",
-        result_serializer="json",
         accept_content=["json"],
-        result_expires=24 * 3600,
+        result_expires=None,  # no results kept, so no daily backend_cleanup task from beat
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
