@@ -3,9 +3,10 @@ py-spy samples every stack process (facade, each Celery worker kind, beat, Flowe
 
     python -m bench.profile [--seconds 20] [--concurrency 8] [--flower] [--out /tmp/termpool-profile]
 
-py-spy samples only threads that are running (not waiting on a socket or a lock), so a
-process's sample count over the window is roughly its CPU time. For each process it prints
-that count, where the on-CPU samples end (by package: celery, kombu, redis-py, termpool's own
+py-spy samples only the thread holding the GIL (`--gil`: a thread blocked on a socket, a lock
+or the event loop's poll has released it), so a process's sample count over the window is
+roughly the CPU time of its Python code (C work without the GIL, e.g. in the kernel, is not
+seen). For each process it prints that count, where the on-CPU samples end (by package: celery, kombu, redis-py, termpool's own
 modules, ...), the leaf functions that take the most samples, and the termpool frames under
 which the most samples fall (inclusive). Raw collapsed stacks are kept in `<out>-<name>.txt`.
 """
@@ -83,9 +84,10 @@ def consumers(stacks: list[tuple[list[str], int]], top: int) -> dict:
 
 
 def record(pid: int, out: Path, seconds: int, rate: int) -> subprocess.Popen:
+    out.parent.mkdir(parents=True, exist_ok=True)
     argv = ["py-spy", "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-d", str(seconds)]
-    argv += ["-r", str(rate), "--nonblocking", "--subprocesses"]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv += ["-r", str(rate), "--nonblocking", "--subprocesses", "--gil"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def load(url: str, concurrency: int, tool_calls: int, stop: threading.Event, rec: Recorder) -> list[threading.Thread]:
@@ -129,8 +131,10 @@ def main() -> None:
             name: record(stack.procs[name].pid, Path(f"{args.out}-{name}.txt"), args.seconds, args.rate)
             for name in names
         }
-        for proc in samplers.values():
-            proc.wait()
+        for name, proc in samplers.items():
+            _, err = proc.communicate()
+            if proc.returncode:
+                print(f"py-spy on {name} failed: {err.strip()[-500:]}")
         stop.set()
         for thread in threads:
             thread.join(timeout=600)
