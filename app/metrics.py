@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 import redis
-from flask import Flask, Response, current_app, g, request
+from flask import Flask, Response, current_app, g, request, request_started
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, multiprocess
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
@@ -143,12 +143,14 @@ def _error_code(response: Response) -> str:
     return "none"
 
 
-def _instrument(app: Flask, metrics: RequestMetrics) -> None:
-    def start_timer():
-        g._termpool_started = time.perf_counter()
+def _start_timer(sender: Flask, **_) -> None:
+    g._termpool_started = time.perf_counter()
 
-    # First of all before_request hooks, so requests the guard refuses are timed too.
-    app.before_request_funcs.setdefault(None, []).insert(0, start_timer)
+
+def _instrument(app: Flask, metrics: RequestMetrics) -> None:
+    # Flask sends request_started before any before_request hook runs, whatever the order they
+    # were registered in: requests the guard refuses are timed too.
+    request_started.connect(_start_timer, app)
 
     @app.after_request
     def record(response: Response):

@@ -9,15 +9,7 @@ from pathlib import Path
 
 from termpool.config import Settings
 from termpool.failures import TaskInvalid
-from termpool.task_spec import (
-    COMPOSE_FILE_NAMES,
-    TaskError,
-    compose_file,
-    image_name,
-    load_task,
-    load_weights,
-    name_prefix,
-)
+from termpool.task_spec import COMPOSE_FILE_NAMES, NoGrader, TaskError, compose_file, image_name, load_task, name_prefix
 
 MAX_DEPTH = 3  # dataset/collection/sub-collection/task at most
 CHECK_JOBS = 4  # tasks checked at once
@@ -141,18 +133,15 @@ def check_task(task_dir: Path, root: Path, cfg: Settings) -> TaskReport:
     else:
         try:
             load_task(task_dir)
+        except NoGrader:
+            pass  # reported below
         except TaskError as exc:
-            if has_grader or "run-tests.sh" not in str(exc):
-                problems.append(_strip(exc, task_dir))
+            problems.append(_strip(exc, task_dir))
     if not has_grader:
         problems.append("no run-tests.sh (the grader)")
     if not (task_dir / "tests").is_dir():
         problems.append("no tests/ folder")
     problems += _compose_problems(task_dir, cfg)
-    try:
-        load_weights(task_dir)
-    except TaskError as exc:
-        problems.append(_strip(exc, task_dir).replace(str(task_dir / "weights.json") + ": ", "weights.json: "))
     return report
 
 

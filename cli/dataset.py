@@ -80,7 +80,7 @@ DIR_ARGUMENT = click.argument("directory", required=False, type=click.Path(file_
 @click.option("--force", is_flag=True, help="Replace an existing download.")
 def download_command(name, dest, origin, ref, subdir, force):
     """Fetch dataset NAME's task folder with a shallow, sparse git clone."""
-    source = dl.resolve_source(name, origin=origin, ref=ref, subdir=subdir)
+    source = dl.resolve_source(name, origin=origin, ref=ref, subdir=subdir, overrides=_cfg().dataset_sources.get(name))
     job = dl.Download(source, Path(dest) if dest else _cfg().dataset_dir, force=force)
     if job.exists() and not force:
         click.echo(f"{job.target} already exists; nothing to do (--force replaces it).")

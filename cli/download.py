@@ -6,7 +6,7 @@ so the download is the folder's files and not the repository's history or other 
 The result goes to <dest>/<dataset name>/ (one directory per task, or per benchmark for
 collections), with a .termpool-source.json saying where and at which commit it came from.
 
-The origins below are defaults; each part can be changed per dataset by the environment
+The origins below are defaults; each part can be changed per dataset by the settings
 (TERMPOOL_DATASET_<NAME>_ORIGIN, _REF, _SUBDIR; e.g. TERMPOOL_DATASET_TBENCH_CORE_ORIGIN) or
 by the command's options, for mirrors and machines without internet access.
 """
@@ -76,15 +76,19 @@ class DownloadError(RuntimeError):
 
 
 def resolve_source(
-    name: str, origin: str | None = None, ref: str | None = None, subdir: str | None = None, env=None
+    name: str,
+    origin: str | None = None,
+    ref: str | None = None,
+    subdir: str | None = None,
+    overrides: dict | None = None,
 ) -> DatasetSource:
-    """The dataset's source after environment and option overrides (options win)."""
-    env = os.environ if env is None else env
+    """The dataset's source after the settings' overrides (Settings.dataset_sources[name]:
+    origin, ref, subdir) and the command's options (options win)."""
     source = DATASETS[name]
-    prefix = f"TERMPOOL_DATASET_{name.upper()}_"
-    origin = origin or env.get(prefix + "ORIGIN", "").strip() or source.origin
-    ref = ref if ref is not None else env.get(prefix + "REF", source.ref).strip()
-    subdir = subdir or env.get(prefix + "SUBDIR", "").strip()
+    overrides = overrides or {}
+    origin = origin or overrides.get("origin") or source.origin
+    ref = ref if ref is not None else overrides.get("ref", source.ref)
+    subdir = subdir or overrides.get("subdir", "")
     subdirs = tuple(s.strip().strip("/") for s in subdir.split(",") if s.strip()) if subdir else source.subdirs
     return replace(source, origin=_as_url(origin), ref=ref, subdirs=subdirs)
 
@@ -115,7 +119,7 @@ STEPS = ("clone", "checkout", "install")
 
 
 class Download:
-    """One dataset download: run() the STEPS in order (or step() them one at a time)."""
+    """One dataset download: step() through the STEPS in order, then cleanup()."""
 
     def __init__(self, source: DatasetSource, dest: Path, force: bool = False):
         self.source = source
@@ -132,14 +136,6 @@ class Download:
 
     def step(self, name: str) -> None:
         getattr(self, "_" + name)()
-
-    def run(self) -> Download:
-        try:
-            for name in STEPS:
-                self.step(name)
-        finally:
-            self.cleanup()
-        return self
 
     def cleanup(self) -> None:
         if self.work and self.work.exists():

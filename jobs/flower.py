@@ -6,7 +6,7 @@ Flower sees every worker pool and queue of every host through the broker (REDIS_
 each pool task by name with its arguments; the `kwargs` column carries the run id (the
 facade sends a short `kwargsrepr` with host, run_id and job_id first).
 
-Settings, from the environment:
+Settings (read by termpool/config.py; docs/settings.md):
     FLOWER_PORT          port to serve on (default 5555)
     FLOWER_BASIC_AUTH    `user:password` (several: comma-separated); Flower's HTTP API answers
                          only when it is set
@@ -15,6 +15,7 @@ Settings, from the environment:
     FLOWER_MAX_TASKS     finished tasks kept in memory (default 10000: about 20 MB)
     FLOWER_PURGE_OFFLINE_WORKERS  seconds after which an offline worker is dropped from the
                          dashboard (default 3600: restarted worker pools get new names)
+    FLOWER_TASKS_COLUMNS the task table's columns (default: config.FLOWER_TASK_COLUMNS, with kwargs)
 Any other FLOWER_<OPTION> variable reaches Flower as usual (e.g. FLOWER_URL_PREFIX).
 """
 
@@ -24,31 +25,19 @@ import logging
 import os
 import sys
 
+from termpool.config import Settings, settings
+
 log = logging.getLogger("termpool.flower")
 
-DEFAULT_PORT = 5555
-DEFAULT_MAX_TASKS = 10_000
-DEFAULT_PURGE_OFFLINE = 3600
-TASK_COLUMNS = "name,uuid,state,kwargs,received,started,runtime,worker"
-# The variables this launcher turns into arguments itself.
+# The variables this launcher turns into arguments itself (from Settings).
 OWN_VARIABLES = (
     "FLOWER_PORT",
     "FLOWER_ADDRESS",
     "FLOWER_BASIC_AUTH",
     "FLOWER_MAX_TASKS",
     "FLOWER_PURGE_OFFLINE_WORKERS",
+    "FLOWER_TASKS_COLUMNS",
 )
-
-
-def _int(env, name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"{name} must be an integer, not {raw!r}") from None
-    if value < 0:
-        raise SystemExit(f"{name} must not be negative")
-    return value
 
 
 def check_basic_auth(value: str) -> list[str]:
@@ -61,20 +50,17 @@ def check_basic_auth(value: str) -> list[str]:
     return pairs
 
 
-def flower_argv(basic_auth: str, env=None) -> list[str]:
+def flower_argv(cfg: Settings) -> list[str]:
     """The arguments of `celery flower` for these settings."""
-    env = os.environ if env is None else env
-    pairs = check_basic_auth(basic_auth) if basic_auth else []
-    address = env.get("FLOWER_ADDRESS", "").strip() or ("0.0.0.0" if pairs else "127.0.0.1")
+    pairs = check_basic_auth(cfg.flower_basic_auth) if cfg.flower_basic_auth else []
     argv = [
         "flower",
-        f"--port={_int(env, 'FLOWER_PORT', DEFAULT_PORT)}",
-        f"--address={address}",
-        f"--max_tasks={_int(env, 'FLOWER_MAX_TASKS', DEFAULT_MAX_TASKS)}",
-        f"--purge_offline_workers={_int(env, 'FLOWER_PURGE_OFFLINE_WORKERS', DEFAULT_PURGE_OFFLINE)}",
+        f"--port={cfg.flower_port}",
+        f"--address={cfg.flower_address or ('0.0.0.0' if pairs else '127.0.0.1')}",
+        f"--max_tasks={cfg.flower_max_tasks}",
+        f"--purge_offline_workers={cfg.flower_purge_offline_workers}",
+        f"--tasks_columns={cfg.flower_tasks_columns}",
     ]
-    if not env.get("FLOWER_TASKS_COLUMNS", "").strip():
-        argv.append(f"--tasks_columns={TASK_COLUMNS}")
     if pairs:
         argv.append(f"--basic_auth={','.join(pairs)}")
     return argv
@@ -82,10 +68,9 @@ def flower_argv(basic_auth: str, env=None) -> list[str]:
 
 def main() -> None:
     from jobs.celery_app import celery_app
-    from termpool.config import settings
 
     logging.basicConfig(level=settings().log_level, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
-    argv = flower_argv(settings().flower_basic_auth)
+    argv = flower_argv(settings())
     # Flower reads FLOWER_<OPTION> variables itself and fails on empty ones (docker-compose.yml
     # passes unset settings as empty): the arguments above stand for ours, drop empty others.
     for name in [n for n in os.environ if n.startswith("FLOWER_")]:

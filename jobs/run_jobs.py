@@ -18,7 +18,7 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from environments import artifacts, lifecycle
-from environments.docker_client import docker_client
+from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.shell_tools import run_tool, tool_schemas
@@ -157,12 +157,12 @@ def _live_run(run_id: str) -> dict:
     return run
 
 
-def _client_container(run: dict):
-    """The run's client container as a lightweight model: no inspect call per tool call."""
+def _client_container(run: dict) -> KnownContainer:
+    """The run's client container, from its record: no inspect call per tool call."""
     env = run.get("env")
     if not env or run["state"] in ("allocated", "starting"):
         raise RunNotStarted(f"run {run['run_id']} has not been reset")
-    return docker_client().containers.prepare_model({"Id": env["client"], "Config": {"User": env.get("user", "")}})
+    return KnownContainer(docker_client(), env["client"], env.get("user", ""))
 
 
 class _RunSessions:

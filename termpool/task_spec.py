@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -16,63 +15,26 @@ DEFAULT_TEST_TIMEOUT_SEC = 60.0
 COMPOSE_FILE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 TEST_TIMEOUT_FACTOR = 4  # the test script may run 4 x max_test_timeout_sec
 
-# Keys that configure the run; every other key of task.yaml is kept as metadata.
-_RUN_KEYS = (
-    "instruction",
-    "difficulty",
-    "parser_name",
-    "max_agent_timeout_sec",
-    "max_test_timeout_sec",
-    "run_tests_in_same_shell",
-)
-_METADATA_KEYS = (
-    "author_name",
-    "author_email",
-    "category",
-    "tags",
-    "disable_asciinema",
-    "estimated_duration_sec",
-    "expert_time_estimate_min",
-    "junior_time_estimate_min",
-)
-
 
 class TaskError(ValueError):
     """A task directory is missing something or its task.yaml is not usable."""
 
 
+class NoGrader(TaskError):
+    """The task directory has no run-tests.sh."""
+
+
 @dataclass(frozen=True)
 class TaskSpec:
+    """What termpool uses of task.yaml; other keys (difficulty, author, tags, ...) are metadata
+    it does not read."""
+
     path: Path
     name: str
     instruction: str
-    difficulty: str = "unknown"
     parser_name: str = DEFAULT_PARSER
     max_agent_timeout_sec: float = DEFAULT_AGENT_TIMEOUT_SEC
     max_test_timeout_sec: float = DEFAULT_TEST_TIMEOUT_SEC
-    run_tests_in_same_shell: bool = False
-    metadata: dict = field(default_factory=dict)
-
-    @property
-    def run_tests_path(self) -> Path:
-        return self.path / "run-tests.sh"
-
-    @property
-    def tests_dir(self) -> Path:
-        """Folder whose contents are copied into /tests (it may not exist)."""
-        return self.path / "tests"
-
-    @property
-    def compose_path(self) -> Path:
-        return compose_file(self.path)
-
-    @property
-    def image_name(self) -> str:
-        return image_name(self.name)
-
-    @property
-    def name_prefix(self) -> str:
-        return name_prefix(self.name)
 
     def test_time_limit(self, eval_timeout: float) -> float:
         """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec)."""
@@ -147,8 +109,6 @@ def load_task(task_dir: Path | str) -> TaskSpec:
         raise TaskError(f"{source}: must be a YAML mapping of keys, not {type(data).__name__}")
 
     instruction = _instruction(data, source)
-    difficulty = data.get("difficulty")
-    difficulty = "unknown" if difficulty is None else str(difficulty)
     parser_name = data.get("parser_name")
     if parser_name is None:
         parser_name = DEFAULT_PARSER
@@ -158,15 +118,14 @@ def load_task(task_dir: Path | str) -> TaskSpec:
         path=task_dir,
         name=task_dir.name,
         instruction=instruction,
-        difficulty=difficulty,
         parser_name=parser_name.strip(),
         max_agent_timeout_sec=_positive_number(data, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_SEC, source),
         max_test_timeout_sec=_positive_number(data, "max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_SEC, source),
-        run_tests_in_same_shell=_boolean(data, "run_tests_in_same_shell", False, source),
-        metadata={key: data[key] for key in _METADATA_KEYS if key in data},
     )
-    if not spec.run_tests_path.is_file():
-        raise TaskError(f"{task_dir}: no run-tests.sh (the grader the pool runs)")
+    # Checked as terminal-bench does, not used: the tests always run in an exec of their own.
+    _boolean(data, "run_tests_in_same_shell", False, source)
+    if not (task_dir / "run-tests.sh").is_file():
+        raise NoGrader(f"{task_dir}: no run-tests.sh (the grader the pool runs)")
     return spec
 
 
@@ -178,25 +137,6 @@ def compose_file(task_dir: Path | str) -> Path:
         if candidate.is_file():
             return candidate
     raise TaskError(f"{task_dir}: no docker-compose.yaml or docker-compose.yml")
-
-
-def load_weights(task_dir: Path | str) -> dict[str, float] | None:
-    """The optional weights.json (test name -> weight); None when the task has none."""
-    source = Path(task_dir) / "weights.json"
-    if not source.is_file():
-        return None
-    try:
-        data = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TaskError(f"{source}: cannot read it as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise TaskError(f"{source}: must be a JSON object of test name -> weight")
-    weights = {}
-    for name, weight in data.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-            raise TaskError(f"{source}: weight of {name!r} must be a number >= 0, not {weight!r}")
-        weights[str(name)] = float(weight)
-    return weights
 
 
 _NOT_IN_IMAGE_NAME = re.compile(r"[^a-z0-9_.-]")

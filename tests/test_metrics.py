@@ -118,4 +118,6 @@ def test_metrics_behind_the_token_and_without_redis():
     assert "termpool_redis_up 0.0" in text
     # Refused requests are counted under their endpoint; scrapes are not counted at all.
     assert 'termpool_http_requests_total{endpoint="pool.status",method="GET",status="401"}' in text
+    # ... and timed: the timer starts before the guard's before_request hook refuses them.
+    assert 'termpool_http_request_duration_seconds_count{endpoint="pool.status",method="GET"}' in text
     assert 'endpoint="metrics"' not in text

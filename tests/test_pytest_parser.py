@@ -9,7 +9,6 @@ from termpool.pytest_parser import (
     get_parser,
     parse_pytest,
     score,
-    weighted_score,
 )
 
 pytestmark = pytest.mark.unit
@@ -166,29 +165,6 @@ def test_score_fractions():
     assert score({"a": "failed"}) == 0.0
     assert score({"a": "passed", "b": "failed", "c": "failed", "d": "passed"}) == 0.5
     assert score({"a": "passed", "b": "passed", "c": "passed", "d": "failed"}) == 0.75
-
-
-def test_weighted_score():
-    tests = {"a": "passed", "b": "failed", "c": "passed"}
-    assert weighted_score(tests, {"a": 0.5, "b": 0.3, "c": 0.2}) == pytest.approx(0.7)
-    # a weighted test that did not run counts as failed
-    assert weighted_score({"a": "passed"}, {"a": 0.25, "b": 0.75}) == pytest.approx(0.25)
-    # weights need not sum to 1
-    assert weighted_score(tests, {"a": 2, "b": 2}) == pytest.approx(0.5)
-
-
-def test_weighted_score_falls_back_to_plain_score():
-    tests = {"a": "passed", "b": "failed"}
-    assert weighted_score(tests, None) == 0.5
-    assert weighted_score(tests, {}) == 0.5
-    assert weighted_score(tests, {"a": 0, "b": 0}) == 0.5
-    assert weighted_score({}, None) == 0.0
-
-
-@pytest.mark.parametrize("bad", [-1, "0.5", True, float("nan"), float("inf"), None])
-def test_weighted_score_rejects_bad_weights(bad):
-    with pytest.raises(ValueError):
-        weighted_score({"a": "passed"}, {"a": bad})
 
 
 def test_parser_registry():

@@ -23,6 +23,7 @@ import docker
 import pytest
 
 from environments import shell_tools
+from environments.docker_client import KnownContainer
 from environments.session_helper import CTL_DIR, CTL_SOCKET, HELPER_PATH, SESSIONS_ROOT, prepare_container, session_dir
 from environments.shell_tools import run_tool, tool_schemas
 
@@ -172,9 +173,7 @@ def make_container(client, image, **kwargs):
 
 def bare_model(client, container):
     """What the pool passes to the tools: a model built without an inspect, which must do."""
-    model = client.containers.prepare_model(
-        {"Id": container.name, "Config": {"User": container.attrs["Config"]["User"]}}
-    )
+    model = KnownContainer(client, container.name, container.attrs["Config"]["User"])
     model.reload = lambda: pytest.fail("the tools reloaded the container model")
     return model
 
@@ -859,8 +858,9 @@ def test_server_survives_client_killed_mid_call(served):
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 import docker
+from environments.docker_client import KnownContainer
 from environments.shell_tools import run_tool
-model = docker.from_env().containers.prepare_model({{"Id": {container.name!r}, "Config": {{"User": ""}}}})
+model = KnownContainer(docker.from_env(), {container.name!r})
 class Sessions:
     def get(self, sid): return {{}}
     def set(self, sid, **fields): pass

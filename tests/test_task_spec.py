@@ -5,15 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from termpool.task_spec import (
-    TaskError,
-    TaskSpec,
-    compose_file,
-    image_name,
-    load_task,
-    load_weights,
-    name_prefix,
-)
+from termpool.task_spec import NoGrader, TaskError, TaskSpec, compose_file, image_name, load_task, name_prefix
 
 pytestmark = pytest.mark.unit
 
@@ -47,14 +39,10 @@ def test_minimal_task_gets_defaults(tmp_path):
     assert isinstance(spec, TaskSpec)
     assert spec.name == "my-task"
     assert spec.instruction == "do it"
-    assert spec.difficulty == "unknown"
     assert spec.parser_name == "pytest"
     assert spec.max_agent_timeout_sec == 360
     assert spec.max_test_timeout_sec == 60
-    assert spec.run_tests_in_same_shell is False
-    assert spec.metadata == {}
-    assert spec.run_tests_path == tmp_path / "my-task" / "run-tests.sh"
-    assert spec.tests_dir == tmp_path / "my-task" / "tests"
+    assert spec.path == tmp_path / "my-task"
 
 
 def test_full_task(tmp_path):
@@ -79,33 +67,14 @@ some_future_key: {nested: 1}
 """
     spec = load_task(make_task(tmp_path, text))
     assert spec.instruction == "Line one.\nLine two."
-    assert spec.difficulty == "hard"
     assert spec.max_agent_timeout_sec == 900.0
     assert spec.max_test_timeout_sec == 120.5
-    assert spec.run_tests_in_same_shell is True
-    assert spec.metadata == {
-        "author_name": "Ada",
-        "author_email": "ada@example.com",
-        "category": "security",
-        "tags": ["a", "b"],
-        "disable_asciinema": True,
-        "estimated_duration_sec": 30,
-        "expert_time_estimate_min": 5,
-        "junior_time_estimate_min": 20,
-    }
-    assert "some_future_key" not in spec.metadata  # unknown keys are ignored
 
 
 def test_nulls_mean_defaults(tmp_path):
     text = "instruction: x\ndifficulty:\nparser_name:\nmax_agent_timeout_sec:\nmax_test_timeout_sec: null\nrun_tests_in_same_shell:\n"
     spec = load_task(make_task(tmp_path, text))
-    assert (spec.difficulty, spec.parser_name, spec.max_agent_timeout_sec, spec.max_test_timeout_sec) == (
-        "unknown",
-        "pytest",
-        360,
-        60,
-    )
-    assert spec.run_tests_in_same_shell is False
+    assert (spec.parser_name, spec.max_agent_timeout_sec, spec.max_test_timeout_sec) == ("pytest", 360, 60)
 
 
 def test_numeric_strings_are_accepted(tmp_path):
@@ -113,7 +82,6 @@ def test_numeric_strings_are_accepted(tmp_path):
         make_task(tmp_path, "instruction: x\nmax_test_timeout_sec: '30'\nrun_tests_in_same_shell: 'false'\n")
     )
     assert spec.max_test_timeout_sec == 30.0
-    assert spec.run_tests_in_same_shell is False
 
 
 def test_other_parser_name_is_kept_for_a_clear_error_at_evaluation(tmp_path):
@@ -185,7 +153,7 @@ def test_blank_instruction(tmp_path):
 
 
 def test_missing_run_tests(tmp_path):
-    with pytest.raises(TaskError, match="run-tests.sh"):
+    with pytest.raises(NoGrader, match="run-tests.sh"):
         load_task(make_task(tmp_path, "instruction: x\n", run_tests=False))
 
 
@@ -223,7 +191,7 @@ def test_task_error_is_value_error():
     assert issubclass(TaskError, ValueError)
 
 
-# --- compose file, names, weights -----------------------------------------------------
+# --- compose file, names -----------------------------------------------------
 
 
 def test_compose_file_yaml_preferred(tmp_path):
@@ -234,7 +202,6 @@ def test_compose_file_yaml_preferred(tmp_path):
     assert compose_file(task) == task / "docker-compose.yml"
     (task / "docker-compose.yaml").write_text("services: {}\n")
     assert compose_file(task) == task / "docker-compose.yaml"
-    assert load_task(task).compose_path == task / "docker-compose.yaml"
 
 
 @pytest.mark.parametrize(
@@ -257,28 +224,6 @@ def test_names_need_a_task_name(bad):
         image_name(bad)
 
 
-def test_spec_names(tmp_path):
-    spec = load_task(make_task(tmp_path, "instruction: x\n", name="a.b"))
-    assert spec.image_name == "tb__a-b__client"
-    assert spec.name_prefix == "tb__a-b"
-
-
-def test_weights(tmp_path):
-    task = make_task(tmp_path, "instruction: x\n")
-    assert load_weights(task) is None
-    (task / "weights.json").write_text('{"test_a": 0.25, "test_b": 0.75}')
-    assert load_weights(task) == {"test_a": 0.25, "test_b": 0.75}
-    (task / "weights.json").write_text('{"test_a": "heavy"}')
-    with pytest.raises(TaskError, match="test_a"):
-        load_weights(task)
-    (task / "weights.json").write_text("[1, 2]")
-    with pytest.raises(TaskError, match="object"):
-        load_weights(task)
-    (task / "weights.json").write_text("{not json")
-    with pytest.raises(TaskError, match="JSON"):
-        load_weights(task)
-
-
 # --- the fixture tasks ----------------------------------------------------------------
 
 
@@ -293,15 +238,14 @@ def test_fixture_loads(name):
     assert spec.name == name
     assert spec.instruction.strip()
     assert spec.parser_name == "pytest"
-    assert spec.run_tests_in_same_shell is False
-    assert spec.difficulty in ("easy", "medium", "hard", "unknown")
-    assert spec.metadata["author_name"]
-    assert spec.metadata["category"]
-    assert "fixture" in spec.metadata["tags"]
+    meta = yaml.safe_load((task / "task.yaml").read_text())
+    assert meta.get("run_tests_in_same_shell", False) is False
+    assert meta.get("difficulty", "unknown") in ("easy", "medium", "hard", "unknown")
+    assert meta["author_name"] and meta["category"] and "fixture" in meta["tags"]
     for needed in ("Dockerfile", "solution.sh", "tests/test_outputs.py"):
         assert (task / needed).is_file(), needed
-    assert "-rA" in spec.run_tests_path.read_text()
-    assert spec.run_tests_path.stat().st_mode & 0o111
+    assert "-rA" in (task / "run-tests.sh").read_text()
+    assert (task / "run-tests.sh").stat().st_mode & 0o111
     assert (task / "solution.sh").stat().st_mode & 0o111
 
 
