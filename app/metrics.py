@@ -26,7 +26,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import redis
 from flask import Flask, Response, current_app, g, request, request_started
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, multiprocess
 from prometheus_client.exposition import choose_encoder
@@ -34,7 +33,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from termpool.config import QUEUE_KINDS, Settings
-from termpool.state import Store
+from termpool.queues import MAINTENANCE_QUEUE, queue_name
+from termpool.state import UNAVAILABLE, Store
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,6 @@ LATENCY_BUCKETS = (
 )
 UNMATCHED = "unmatched"
 SKIPPED_ENDPOINTS = {"metrics"}  # scrapes would only measure themselves
-# Celery's Redis transport keeps a message with priority p (p > 0) in "<queue>\x06\x16<p>".
-KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (3, 6, 9)
-KEYS_PER_QUEUE = 1 + len(KOMBU_PRIORITY_STEPS)
-MAINTENANCE_QUEUE = "termpool.maintenance"  # termpool.queues.MAINTENANCE_QUEUE
 SCRAPE_REDIS_TIMEOUT = 2.0
 
 
@@ -175,29 +170,19 @@ _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
 
 
 # ---- pool gauges from Redis ---------------------------------------------------------------
-def queue_keys(queue: str) -> list[str]:
-    """The Redis lists that hold a Celery queue's messages (one per priority step)."""
-    return [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
-
-
 class PoolCollector(Collector):
     """Gauges read from the state store at scrape time (a few Redis round trips)."""
 
-    def __init__(self, cfg: Settings, client: redis.Redis | None = None):
+    def __init__(self, cfg: Settings):
         self.cfg = cfg
-        self._client = client
+        self._store: Store | None = None
 
     @property
-    def client(self) -> redis.Redis:
-        if self._client is None:
-            # A private client with short timeouts: a stuck Redis must not stall the scrape.
-            self._client = redis.Redis.from_url(
-                self.cfg.redis_url,
-                decode_responses=True,
-                socket_timeout=SCRAPE_REDIS_TIMEOUT,
-                socket_connect_timeout=SCRAPE_REDIS_TIMEOUT,
-            )
-        return self._client
+    def store(self) -> Store:
+        if self._store is None:
+            # A store of its own with short timeouts: a stuck Redis must not stall the scrape.
+            self._store = Store.from_url(self.cfg.redis_url, timeout=SCRAPE_REDIS_TIMEOUT)
+        return self._store
 
     def describe(self):
         return []  # never collect at registration time
@@ -206,7 +191,7 @@ class PoolCollector(Collector):
         up = GaugeMetricFamily("termpool_redis_up", "1 when this scrape could read the state store from Redis.")
         try:
             families = self._read()
-        except redis.exceptions.RedisError as exc:
+        except UNAVAILABLE as exc:
             log.warning("metrics: cannot read pool state from Redis: %s", exc)
             up.add_metric([], 0)
             yield up
@@ -216,19 +201,12 @@ class PoolCollector(Collector):
         yield from families
 
     def _read(self) -> list:
-        store = Store(self.client)
+        store = self.store
         live = store.live_hosts()
         hosts = sorted(set(live) | {self.cfg.host_id})
         status = {host: store.host_status(host) for host in hosts}
-        # Queue depths are the broker's lists, not run state: read them in one pipeline.
-        pipe = self.client.pipeline(transaction=False)
-        for host in hosts:
-            for kind in QUEUE_KINDS:
-                for key in queue_keys(f"termpool.{host}.{kind}"):
-                    pipe.llen(key)
-        for key in queue_keys(MAINTENANCE_QUEUE):
-            pipe.llen(key)
-        replies = iter(pipe.execute())
+        queues = {(host, kind): queue_name(host, kind) for host in hosts for kind in QUEUE_KINDS}
+        waiting = store.queue_depths([*queues.values(), MAINTENANCE_QUEUE])
 
         runs = GaugeMetricFamily(
             "termpool_live_runs",
@@ -256,9 +234,9 @@ class PoolCollector(Collector):
             total.add_metric([host], status[host]["total_active_runs"])
             closes.add_metric([host], status[host]["pending_closes"])
             for kind in QUEUE_KINDS:
-                waiting = sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE))
-                depth.add_metric([f"termpool.{host}.{kind}", host, kind], waiting)
-        depth.add_metric([MAINTENANCE_QUEUE, "", "maintenance"], sum(int(next(replies)) for _ in range(KEYS_PER_QUEUE)))
+                queue = queues[host, kind]
+                depth.add_metric([queue, host, kind], waiting[queue])
+        depth.add_metric([MAINTENANCE_QUEUE, "", "maintenance"], waiting[MAINTENANCE_QUEUE])
 
         hosts_up = GaugeMetricFamily("termpool_live_hosts", "Worker hosts whose heartbeat is recent.")
         hosts_up.add_metric([], len(live))

@@ -12,6 +12,7 @@ import redis
 import requests
 
 from chaos.service import Service
+from termpool.state import Store
 
 HOST_LABEL = "termpool.host"  # the label termpool puts on every container and network it makes
 SETTLE_TIMEOUT = 90.0
@@ -60,8 +61,9 @@ def settle(service: Service) -> float:
 
 
 def redis_locks(service: Service) -> list[str]:
+    """Build and warm locks still held (a dead holder's lock should be gone within LOCK_TTL)."""
     try:
-        return sorted(service.redis.scan_iter(match="*lock*", count=1000))
+        return sorted(Store(service.redis).held_locks())
     except redis.RedisError:
         return []
 

@@ -161,7 +161,7 @@ def prebuild_command(directory, jobs, timeout, as_json):
     root = _dataset_dir(directory)
     tasks = [(path, task_label(path, root)) for path in _tasks(root)]
     try:
-        locks = pb.lock_client(cfg)
+        locks = pb.lock_store(cfg)
     except Exception as exc:
         raise Fatal(f"Redis at {cfg.redis_url} is needed for the build locks: {exc}") from None
     limit = timeout or cfg.timeouts.ensure_image

@@ -6,14 +6,14 @@ same per-host Redis lock, so a prebuild and a worker never build one image twice
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from termpool.config import Settings
+from termpool.state import Store
 
 
 @dataclass
@@ -36,19 +36,19 @@ class BuildResult:
         }
 
 
-def lock_client(cfg: Settings) -> redis.Redis:
-    """The Redis client whose locks serialise builds of one image on this host; checked now."""
-    client = redis.Redis.from_url(cfg.redis_url, socket_connect_timeout=5, socket_timeout=30)
-    client.ping()
-    return client
+def lock_store(cfg: Settings) -> Store:
+    """The state store whose locks serialise builds of one image on this host; checked now."""
+    store = Store.from_url(cfg.redis_url)
+    store.ping()
+    return store
 
 
-def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: redis.Redis) -> BuildResult:
+def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: Store) -> BuildResult:
     from environments.lifecycle import ensure_image  # imports the docker SDK: only when building
 
     started = time.monotonic()
     try:
-        image = ensure_image(task_dir.name, task_dir, cfg, timeout, locks)
+        image = ensure_image(task_dir.name, task_dir, cfg, timeout, functools.partial(locks.build_lock, cfg.host_id))
     except Exception as exc:  # one task's failure is a row of the report, not the end of it
         text = str(exc).strip() or type(exc).__name__
         if not isinstance(exc, (RuntimeError, TimeoutError)):
@@ -58,7 +58,7 @@ def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: 
 
 
 def build_all(
-    tasks: list[tuple[Path, str]], cfg: Settings, timeout: float, jobs: int, locks: redis.Redis, on_done=None
+    tasks: list[tuple[Path, str]], cfg: Settings, timeout: float, jobs: int, locks: Store, on_done=None
 ) -> list[BuildResult]:
     """Build N at a time; results in the order of tasks."""
     results: dict[Path, BuildResult] = {}

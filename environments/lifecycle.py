@@ -16,11 +16,12 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker.errors
-import redis
 import yaml
 
 from environments import container_spec
@@ -47,8 +48,10 @@ from environments.docker_client import (
 from environments.session_helper import CTL_DIR, CTL_SOCKET
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
-from termpool.state import build_lock
 from termpool.task_spec import name_prefix
+
+if TYPE_CHECKING:
+    from termpool.state import OwnedLock
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
@@ -96,8 +99,11 @@ def engine_cpus() -> float:
 
 
 # ---- images ---------------------------------------------------------------------------------
-def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, locks: redis.Redis) -> str:
-    """Build (or pull) the task's images once per host; concurrent callers wait for that one."""
+def ensure_image(
+    task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
+) -> str:
+    """Build (or pull) the task's images once per host; concurrent callers wait for that one:
+    build_lock(image) is the host's lock on building that image (Store.build_lock)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     image = client_image(task_name, cfg)
     if cfg.image_source == "pull":
@@ -106,7 +112,7 @@ def ensure_image(task_name: str, task_dir: Path, cfg: Settings, timeout: float, 
     needed = [image] if is_template(compose, cfg, task_dir, task_name) else built_images(task_name, compose, cfg)
     if all(_image_exists(i) for i in needed):
         return image
-    lock = build_lock(locks, cfg.host_id, image)  # expires within seconds of its holder's death
+    lock = build_lock(image)  # expires within seconds of its holder's death
     if not lock.acquire(wait=timeout):
         raise TimeoutError(f"waited {timeout:g} s for another build of {image} (held by {lock.owner()})")
     with lock:

@@ -184,8 +184,13 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     timeouts = _timeouts(run)
+    cfg = settings()
     image = lifecycle.ensure_image(
-        run["task_meta"]["task_name"], _task_dir(run), settings(), timeouts.ensure_image, store().r
+        run["task_meta"]["task_name"],
+        _task_dir(run),
+        cfg,
+        timeouts.ensure_image,
+        functools.partial(store().build_lock, cfg.host_id),
     )
     store().mark_image_ready(host, run["task_meta"]["task_path"])
     return image

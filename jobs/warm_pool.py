@@ -2,7 +2,7 @@
 
 A reset takes one with LPOP, so no container ever serves two runs; the pool refills in the
 background on the lifecycle queue. Pooled containers carry their warm id as run label (labels
-cannot change later); tp:warmid:<id> keeps them safe from the reconcile sweep.
+cannot change later); their warmid key (termpool/state.py) keeps them safe from the reconcile sweep.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from environments.session_helper import prepare_container
 from jobs.runtime import remove_env, store
 from termpool.config import settings
 from termpool.paths import resolve_task_path
-from termpool.state import warm_lock
 
 
 def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
@@ -46,7 +45,7 @@ def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
 def refill_warm(self, *, host, task_path, task_name):
     """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
     cfg = settings()
-    lock = warm_lock(store().r, host, task_path)  # expires within seconds of its holder's death
+    lock = store().warm_lock(host, task_path)  # expires within seconds of its holder's death
     if not lock.acquire():
         return 0
     started = 0

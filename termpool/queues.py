@@ -95,7 +95,9 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         broker_connection_retry=True,
         broker_connection_max_retries=None,
         broker_channel_error_retry=True,
-        broker_transport_options={"visibility_timeout": 4 * 3600},
+        # One priority step (termpool sends no priorities): every message of a queue is in the
+        # Redis list named after it, whose LLEN is the queue's depth (Store.queue_depths).
+        broker_transport_options={"visibility_timeout": 4 * 3600, "priority_steps": [0]},
         worker_hijack_root_logger=False,
     )
     return app

@@ -1,30 +1,47 @@
 """Run, lease and job state in Redis: the one module both the facade and the workers use.
 
-Keys (all under ``tp:``):
-  run:<id>              hash: the run record (JSON for structured fields)
-  run:<id>:jobs         list: job ids of the run, oldest first
-  host:<h>:keys         hash: task_key -> live runs of that key on host h (capacity)
-  host:<h>:live         zset: live run ids on host h, scored by last use (reaper)
-  host:<h>:closing      set: runs released but not yet torn down
-  hosts                 zset: worker hosts, scored by their last heartbeat
-  req:<key>:<request>   string: run id of an idempotent allocate (300 s)
-  job:<id>              hash: a job record; job:<id>:done list, non-empty once it ended
-  node:<name>           string with TTL: a worker process is alive
-  sess:<run>:<sid>      hash: read offset and kind of a shell session
-  count:failures        hash: failure code -> failed jobs (for /metrics)
-  count:retries         hash: "<task>|<reason code>" -> automatic retries (for /metrics)
-  build-lock:<h>:<image>, warm-lock:<h>:<task path>
-                        string with a short TTL: a lock, its value names the owner process
-  worker:<token>        string with TTL: one worker process (incarnation) is alive
-  host:<h>:workers      hash: token -> JSON facts of the worker processes of host h
-  worker:<token>:jobs   set: jobs that worker process is running now (lost if it dies)
-  runs:recent           zset: run ids by creation time, newest RECENT_RUNS_KEPT (the run viewer)
+The only code that builds a Redis key or holds a Redis client: everything else asks a `Store`.
+Every key termpool writes starts with PREFIX and is built by one function below (the Lua
+scripts get the prefix and TTLs as arguments and build the same run and host keys):
+
+  run:<id>                   hash: the run record (JSON for structured fields)
+  run:<id>:jobs              list: job ids of the run, oldest first
+  runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
+  req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
+  host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
+  host:<h>:live              zset: live run ids on host h, scored by last use (reaper)
+  host:<h>:closing           set: runs released but not yet torn down
+  host:<h>:workers           hash: token -> JSON facts of the worker processes of host h
+  hosts                      zset: worker hosts, scored by their last heartbeat
+  images:<h>                 set: task paths whose images host h has built
+  job:<id>                   hash: a job record
+  job:<id>:done              list, non-empty once the job ended (wakes wait_job)
+  episode:<start job>        list: an episode's job ids in chain order
+  node:<name>                string, NODE_TTL: a worker process (by node name) is alive
+  worker:<token>             string, NODE_TTL: one worker process (incarnation) is alive
+  worker:<token>:jobs        set: jobs that worker process is running now (lost if it dies)
+  sess:<run>                 set: the run's shell session ids
+  sess:<run>:<sid>           hash: read offset and kind of a shell session
+  warm:<h>:<task path>       list: pre-started warm containers (JSON entries), LPOP claims one
+  warmid:<id>                string: a warm container is still wanted ("starting" with a
+                             TTL, "pooled", or the run that claimed it)
+  build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
+  warm-lock:<h>:<task path>  string, LOCK_TTL renewed: one refill of a warm pool per host
+  count:failures             hash: failure code -> failed jobs (for /metrics)
+  count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+
+Closed runs and ended jobs expire RECORD_TTL after they end. The same Redis is Celery's broker:
+its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
+termpool only reads a queue's depth: the LLEN of the list named after the queue, which Celery
+documents as its length, and which holds every message because termpool/queues.py gives the
+transport one priority step (Store.queue_depths).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -37,7 +54,7 @@ from termpool import failures, processes
 log = logging.getLogger(__name__)
 
 PREFIX = "tp:"
-IDEMPOTENCY_TTL = 300
+IDEMPOTENCY_TTL = 300  # seconds a request id keeps naming its run
 RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
 HOST_ALIVE_SECONDS = 30
 NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
@@ -58,10 +75,98 @@ JSON_FIELDS = (
 )
 INT_FIELDS = ("attempts",)
 NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
+RECENT_RUNS_KEPT = 5000
+UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
+
+
+# ---- keys (the families of the module docstring) -------------------------------------------
 FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
 RECENT_RUNS = PREFIX + "runs:recent"
-RECENT_RUNS_KEPT = 5000
+HOSTS = PREFIX + "hosts"
+
+
+def run_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}"  # the Lua scripts build this one too
+
+
+def run_jobs_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}:jobs"
+
+
+def request_key(task_key: str, request_id: str) -> str:
+    return f"{PREFIX}req:{task_key}:{request_id}"
+
+
+def host_tasks_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:keys"  # and in the Lua scripts
+
+
+def host_live_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:live"  # and in the Lua scripts
+
+
+def host_closing_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:closing"  # and in the Lua scripts
+
+
+def host_workers_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:workers"
+
+
+def images_key(host: str) -> str:
+    return f"{PREFIX}images:{host}"
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def job_done_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:done"
+
+
+def episode_key(start_job: str) -> str:
+    return f"{PREFIX}episode:{start_job}"
+
+
+def node_key(node: str) -> str:
+    return f"{PREFIX}node:{node}"
+
+
+def worker_key(token: str) -> str:
+    return f"{PREFIX}worker:{token}"
+
+
+def worker_jobs_key(token: str) -> str:
+    return f"{PREFIX}worker:{token}:jobs"
+
+
+def sessions_key(run_id: str) -> str:
+    return f"{PREFIX}sess:{run_id}"
+
+
+def session_key(run_id: str, sid: str) -> str:
+    return f"{PREFIX}sess:{run_id}:{sid}"
+
+
+def warm_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm:{host}:{task_path}"
+
+
+def warm_id_key(warm_id: str) -> str:
+    return f"{PREFIX}warmid:{warm_id}"
+
+
+def build_lock_key(host: str, image: str) -> str:
+    return f"{PREFIX}build-lock:{host}:{image}"
+
+
+def warm_lock_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-lock:{host}:{task_path}"
+
+
+LOCK_PATTERNS = (PREFIX + "build-lock:*", PREFIX + "warm-lock:*")
 
 
 class CapacityError(Exception):
@@ -74,24 +179,26 @@ class UnknownRun(KeyError):
     pass
 
 
+# The scripts build run:<id> and host:<h>:{keys,live,closing} from the prefix they are given.
 _ALLOCATE = """
-local task_key, max_tasks, max_runs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local run_id, now, req_key, request_id = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local prefix, task_key, max_tasks, max_runs = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local run_id, now, request_id, req_key, req_ttl = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 if req_key ~= '' then
   local existing = redis.call('GET', req_key)
   if existing then
-    local state = redis.call('HGET', 'tp:run:' .. existing, 'state')
+    local run_key = prefix .. 'run:' .. existing
+    local state = redis.call('HGET', run_key, 'state')
     if state and state ~= 'closing' and state ~= 'closed' then
-      redis.call('HSET', 'tp:run:' .. existing, 'last_used_at', now)
-      local host = redis.call('HGET', 'tp:run:' .. existing, 'host')
-      redis.call('ZADD', 'tp:host:' .. host .. ':live', now, existing)
+      redis.call('HSET', run_key, 'last_used_at', now)
+      local host = redis.call('HGET', run_key, 'host')
+      redis.call('ZADD', prefix .. 'host:' .. host .. ':live', now, existing)
       return {'reused', existing, host}
     end
   end
 end
 local chosen, code = nil, 'TASK_SLOTS_EXHAUSTED'
-for i = 8, #ARGV do
-  local keys_key = 'tp:host:' .. ARGV[i] .. ':keys'
+for i = 10, #ARGV do
+  local keys_key = prefix .. 'host:' .. ARGV[i] .. ':keys'
   local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
   if n > 0 then
     if n < max_runs then chosen = ARGV[i] break end
@@ -101,25 +208,26 @@ for i = 8, #ARGV do
   end
 end
 if not chosen then return {'full', code} end
-redis.call('HINCRBY', 'tp:host:' .. chosen .. ':keys', task_key, 1)
-redis.call('ZADD', 'tp:host:' .. chosen .. ':live', now, run_id)
-redis.call('HSET', 'tp:run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', chosen,
+redis.call('HINCRBY', prefix .. 'host:' .. chosen .. ':keys', task_key, 1)
+redis.call('ZADD', prefix .. 'host:' .. chosen .. ':live', now, run_id)
+redis.call('HSET', prefix .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', chosen,
   'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
-if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', 300) end
+if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', req_ttl) end
 return {'new', run_id, chosen}
 """
 
 _RELEASE = """
-local run_key = 'tp:run:' .. ARGV[1]
+local prefix, run_id = ARGV[1], ARGV[2]
+local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
 if not state or state == 'closing' or state == 'closed' then return 0 end
-if ARGV[4] ~= '' and state ~= ARGV[4] then return 0 end
+if ARGV[5] ~= '' and state ~= ARGV[5] then return 0 end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
-local keys_key = 'tp:host:' .. host .. ':keys'
+local keys_key = prefix .. 'host:' .. host .. ':keys'
 if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
-redis.call('ZREM', 'tp:host:' .. host .. ':live', ARGV[1])
-redis.call('SADD', 'tp:host:' .. host .. ':closing', ARGV[1])
-redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[2], 'last_used_at', ARGV[3])
+redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
+redis.call('SADD', prefix .. 'host:' .. host .. ':closing', run_id)
+redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[3], 'last_used_at', ARGV[4])
 return 1
 """
 
@@ -180,41 +288,47 @@ class Store:
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
     def __init__(self, client: redis.Redis):
-        self.r = client
+        self._r = client
         self._allocate = client.register_script(_ALLOCATE)
         self._release = client.register_script(_RELEASE)
         self._transition = client.register_script(_TRANSITION)
 
     @classmethod
-    def from_url(cls, url: str) -> Store:
-        # Blocking waits (wait_job) poll every few seconds: the socket timeout must exceed that.
+    def from_url(cls, url: str, timeout: float = 30) -> Store:
+        """A store on its own client. The socket timeout must exceed wait_job's polls of a few
+        seconds (readers that never block, like /metrics, pass a short one)."""
         return cls(
             redis.Redis.from_url(
-                url, decode_responses=True, health_check_interval=30, socket_timeout=30, socket_connect_timeout=5
+                url,
+                decode_responses=True,
+                health_check_interval=30,
+                socket_timeout=timeout,
+                socket_connect_timeout=min(5, timeout),
             )
         )
 
     def ping(self) -> bool:
-        return bool(self.r.ping())
+        return bool(self._r.ping())
 
     # ---- worker hosts -------------------------------------------------------------------
     def host_heartbeat(self, host: str) -> None:
-        self.r.zadd(PREFIX + "hosts", {host: time.time()})
+        self._r.zadd(HOSTS, {host: time.time()})
 
     def live_hosts(self) -> list[str]:
-        return self.r.zrangebyscore(PREFIX + "hosts", time.time() - HOST_ALIVE_SECONDS, "+inf")
+        return self._r.zrangebyscore(HOSTS, time.time() - HOST_ALIVE_SECONDS, "+inf")
 
     def node_heartbeat(self, node: str) -> None:
-        self.r.set(PREFIX + "node:" + node, "1", ex=NODE_TTL)
+        self._r.set(node_key(node), "1", ex=NODE_TTL)
 
     def node_alive(self, node: str) -> bool:
-        return bool(self.r.exists(PREFIX + "node:" + node))
+        return bool(self._r.exists(node_key(node)))
 
     # ---- runs ---------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, hosts: list[str], max_tasks: int, max_runs: int) -> Allocation:
-        req_key = f"{PREFIX}req:{task_key}:{request_id}" if request_id else ""
+        req_key = request_key(task_key, request_id) if request_id else ""
         now = str(time.time())
-        reply = self._allocate(args=[task_key, max_tasks, max_runs, new_run_id(), now, req_key, request_id, *hosts])
+        args = [PREFIX, task_key, max_tasks, max_runs, new_run_id(), now, request_id, req_key, IDEMPOTENCY_TTL]
+        reply = self._allocate(args=[*args, *hosts])
         if reply[0] == "full":
             raise CapacityError(reply[1])
         if reply[0] == "new":
@@ -222,7 +336,7 @@ class Store:
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
     def get_run(self, run_id: str) -> dict | None:
-        raw = self.r.hgetall(PREFIX + "run:" + run_id) if run_id else {}
+        raw = self._r.hgetall(run_key(run_id)) if run_id else {}
         return _decode(raw) if raw else None
 
     def require_run(self, run_id: str) -> dict:
@@ -233,24 +347,24 @@ class Store:
 
     def update_run(self, run_id: str, **fields) -> None:
         if fields:
-            self.r.hset(PREFIX + "run:" + run_id, mapping=_encode(fields))
+            self._r.hset(run_key(run_id), mapping=_encode(fields))
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
-        run_key = PREFIX + "run:" + run_id
-        state, host = self.r.hmget(run_key, "state", "host")
+        key = run_key(run_id)
+        state, host = self._r.hmget(key, "state", "host")
         if state is None or state in ("closing", "closed"):
             return False
         now = time.time()
-        pipe = self.r.pipeline()
-        pipe.hset(run_key, "last_used_at", now)
-        pipe.zadd(f"{PREFIX}host:{host}:live", {run_id: now}, xx=True)
+        pipe = self._r.pipeline()
+        pipe.hset(key, "last_used_at", now)
+        pipe.zadd(host_live_key(host), {run_id: now}, xx=True)
         pipe.execute()
         return True
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
         """Change a run's state unless it has been released meanwhile (close wins)."""
-        current = self.r.hget(PREFIX + "run:" + run_id, "state")
+        current = self._r.hget(run_key(run_id), "state")
         if current is None or current in ("closing", "closed"):
             return False
         self.update_run(run_id, state=state, **fields)
@@ -258,37 +372,37 @@ class Store:
 
     def transition(self, run_id: str, from_states: tuple, to_state: str) -> bool:
         """Atomically move a run to to_state only if it is in one of from_states."""
-        return bool(self._transition(keys=[PREFIX + "run:" + run_id], args=[to_state, *from_states]))
+        return bool(self._transition(keys=[run_key(run_id)], args=[to_state, *from_states]))
 
     def release(self, run_id: str, reason: str = "closed", only_state: str = "") -> bool:
         """Free the run's capacity slot and mark it closing; False if already released (or,
         with only_state, when the run is no longer in that state)."""
-        return bool(self._release(args=[run_id, reason, time.time(), only_state]))
+        return bool(self._release(args=[PREFIX, run_id, reason, time.time(), only_state]))
 
     def mark_closed(self, run_id: str, error: str = "") -> None:
-        host = self.r.hget(PREFIX + "run:" + run_id, "host")
-        pipe = self.r.pipeline()
-        pipe.hset(PREFIX + "run:" + run_id, mapping=_encode({"state": "closed", "closed_at": time.time()}))
+        host = self._r.hget(run_key(run_id), "host")
+        pipe = self._r.pipeline()
+        pipe.hset(run_key(run_id), mapping=_encode({"state": "closed", "closed_at": time.time()}))
         if error:
-            pipe.hset(PREFIX + "run:" + run_id, "teardown_error", error)
+            pipe.hset(run_key(run_id), "teardown_error", error)
         if host:
-            pipe.srem(f"{PREFIX}host:{host}:closing", run_id)
-        pipe.expire(PREFIX + "run:" + run_id, RECORD_TTL)
-        pipe.expire(PREFIX + "run:" + run_id + ":jobs", RECORD_TTL)
+            pipe.srem(host_closing_key(host), run_id)
+        pipe.expire(run_key(run_id), RECORD_TTL)
+        pipe.expire(run_jobs_key(run_id), RECORD_TTL)
         pipe.execute()
         self.drop_sessions(run_id)
 
     def idle_runs(self, host: str, idle_ttl: float) -> list[str]:
-        return self.r.zrangebyscore(f"{PREFIX}host:{host}:live", "-inf", time.time() - idle_ttl)
+        return self._r.zrangebyscore(host_live_key(host), "-inf", time.time() - idle_ttl)
 
     def never_reset_runs(self, host: str, older_than: float) -> list[str]:
         """Runs allocated more than older_than seconds ago that were never reset or started."""
         runs = self.live_runs(host)
         if not runs:
             return []
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         for run_id in runs:
-            pipe.hmget(PREFIX + "run:" + run_id, "state", "created_at", "start_job")
+            pipe.hmget(run_key(run_id), "state", "created_at", "start_job")
         cutoff = time.time() - older_than
         return [
             run_id
@@ -297,28 +411,28 @@ class Store:
         ]
 
     def live_runs(self, host: str) -> list[str]:
-        return self.r.zrange(f"{PREFIX}host:{host}:live", 0, -1)
+        return self._r.zrange(host_live_key(host), 0, -1)
 
     def closing_runs(self, host: str) -> list[str]:
-        return list(self.r.smembers(f"{PREFIX}host:{host}:closing"))
+        return list(self._r.smembers(host_closing_key(host)))
 
     def stale_closing_runs(self, host: str, older_than: float) -> list[str]:
         """Runs released more than older_than seconds ago whose teardown has not ended."""
         runs = self.closing_runs(host)
         if not runs:
             return []
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         for run_id in runs:
-            pipe.hget(PREFIX + "run:" + run_id, "last_used_at")
+            pipe.hget(run_key(run_id), "last_used_at")
         cutoff = time.time() - older_than
         return [run_id for run_id, at in zip(runs, pipe.execute()) if at is None or float(at) < cutoff]
 
     def host_status(self, host: str) -> dict:
-        keys = self.r.hgetall(f"{PREFIX}host:{host}:keys")
+        keys = self._r.hgetall(host_tasks_key(host))
         return {
             "active_tasks": len(keys),
             "total_active_runs": sum(int(v) for v in keys.values()),
-            "pending_closes": self.r.scard(f"{PREFIX}host:{host}:closing"),
+            "pending_closes": self._r.scard(host_closing_key(host)),
             "tasks": {key: {"active_runs": int(n)} for key, n in sorted(keys.items())},
         }
 
@@ -326,7 +440,7 @@ class Store:
     def _index_run(self, run_id: str, created_at: float) -> None:
         """Index a new run by creation time; the index keeps the newest RECENT_RUNS_KEPT and,
         like the records, expires RECORD_TTL after the last run was created."""
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         pipe.zadd(RECENT_RUNS, {run_id: created_at})
         pipe.zremrangebyrank(RECENT_RUNS, 0, -RECENT_RUNS_KEPT - 1)
         pipe.expire(RECENT_RUNS, RECORD_TTL)
@@ -337,10 +451,10 @@ class Store:
         with the given fields of their records; and where to continue (None at the end).
         Ids whose record has expired are dropped from the index."""
         upper = "+inf" if before is None else f"({before!r}"
-        page = self.r.zrevrangebyscore(RECENT_RUNS, upper, "-inf", start=0, num=count, withscores=True)
-        pipe = self.r.pipeline()
+        page = self._r.zrevrangebyscore(RECENT_RUNS, upper, "-inf", start=0, num=count, withscores=True)
+        pipe = self._r.pipeline()
         for run_id, _ in page:
-            pipe.hmget(PREFIX + "run:" + run_id, "state", *fields)
+            pipe.hmget(run_key(run_id), "state", *fields)
         runs, gone = [], []
         for (run_id, _), values in zip(page, pipe.execute()):
             if values[0] is None:
@@ -349,18 +463,18 @@ class Store:
             found = {field: value for field, value in zip(("state", *fields), values) if value is not None}
             runs.append(_decode({**found, "run_id": run_id}))
         if gone:
-            self.r.zrem(RECENT_RUNS, *gone)
+            self._r.zrem(RECENT_RUNS, *gone)
         return runs, (page[-1][1] if len(page) == count else None)
 
     def first_jobs(self, run_ids: list[str], fields: tuple) -> dict[str, dict]:
         """The first job of each run (its start job, if it was ever started), by run id."""
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         for run_id in run_ids:
-            pipe.lindex(PREFIX + "run:" + run_id + ":jobs", 0)
+            pipe.lindex(run_jobs_key(run_id), 0)
         job_ids = dict(zip(run_ids, pipe.execute()))
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         for job_id in filter(None, job_ids.values()):
-            pipe.hmget(PREFIX + "job:" + job_id, "kind", *fields)
+            pipe.hmget(job_key(job_id), "kind", *fields)
         values = iter(pipe.execute())
         jobs = {}
         for run_id, job_id in job_ids.items():
@@ -371,37 +485,37 @@ class Store:
 
     def get_jobs(self, job_ids: list[str]) -> list[dict]:
         """Several job records in one round trip, in order; expired ones are left out."""
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         for job_id in job_ids:
-            pipe.hgetall(PREFIX + "job:" + job_id)
+            pipe.hgetall(job_key(job_id))
         return [_decode(raw) for raw in pipe.execute() if raw]
 
     # ---- jobs ---------------------------------------------------------------------------
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
-        pipe = self.r.pipeline()
+        pipe = self._r.pipeline()
         pipe.hset(
-            PREFIX + "job:" + job_id,
+            job_key(job_id),
             mapping=_encode(
                 {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
             ),
         )
-        pipe.rpush(PREFIX + "run:" + run_id + ":jobs", job_id)
+        pipe.rpush(run_jobs_key(run_id), job_id)
         pipe.execute()
 
     def job_started(self, job_id: str, node: str) -> None:
         """The job's first attempt began (a retry only moves it to its new node: job_attempt)."""
-        self.r.hset(
-            PREFIX + "job:" + job_id,
+        self._r.hset(
+            job_key(job_id),
             mapping=_encode({"state": "running", "started_at": time.time(), "node": node, "attempts": 1}),
         )
 
     def job_attempt(self, job_id: str, node: str) -> None:
-        self.r.hset(PREFIX + "job:" + job_id, "node", node)
+        self._r.hset(job_key(job_id), "node", node)
 
     def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
         """A transient failure will be retried: the job stays running, one attempt more."""
-        key = PREFIX + "job:" + job_id
-        pipe = self.r.pipeline()
+        key = job_key(job_id)
+        pipe = self._r.pipeline()
         pipe.hincrby(key, "attempts", 1)
         pipe.hset(key, mapping={"retry_code": code, "retry_error": failures.cap(error)})
         pipe.hincrby(RETRY_COUNTS, f"{task}|{code}", 1)
@@ -417,20 +531,20 @@ class Store:
         if error:
             code = code or "INTERNAL"
             fields.update(failures.fields(code))
-        pipe = self.r.pipeline()
-        pipe.hset(PREFIX + "job:" + job_id, mapping=_encode(fields))
+        pipe = self._r.pipeline()
+        pipe.hset(job_key(job_id), mapping=_encode(fields))
         if error and counted:
             pipe.hincrby(FAILURE_COUNTS, code, 1)
-        pipe.rpush(PREFIX + "job:" + job_id + ":done", state)
-        pipe.expire(PREFIX + "job:" + job_id, RECORD_TTL)
-        pipe.expire(PREFIX + "job:" + job_id + ":done", RECORD_TTL)
+        pipe.rpush(job_done_key(job_id), state)
+        pipe.expire(job_key(job_id), RECORD_TTL)
+        pipe.expire(job_done_key(job_id), RECORD_TTL)
         pipe.execute()
 
     def job_state(self, job_id: str) -> str | None:
-        return self.r.hget(PREFIX + "job:" + job_id, "state")
+        return self._r.hget(job_key(job_id), "state")
 
     def get_job(self, job_id: str) -> dict | None:
-        raw = self.r.hgetall(PREFIX + "job:" + job_id) if job_id else {}
+        raw = self._r.hgetall(job_key(job_id)) if job_id else {}
         return _decode(raw) if raw else None
 
     def fail_queued_jobs(self, run_id: str, reason: str) -> int:
@@ -444,24 +558,24 @@ class Store:
 
     def claim_start(self, run_id: str, job_id: str) -> bool:
         """True for exactly one submission of a run (HSETNX is atomic)."""
-        return bool(self.r.hsetnx(PREFIX + "run:" + run_id, "start_job", job_id))
+        return bool(self._r.hsetnx(run_key(run_id), "start_job", job_id))
 
     def start_job(self, run_id: str) -> str | None:
-        return self.r.hget(PREFIX + "run:" + run_id, "start_job")
+        return self._r.hget(run_key(run_id), "start_job")
 
     def set_episode_jobs(self, start_job: str, job_ids: list[str]) -> None:
         """An episode's job ids in chain order, for its error callback."""
-        key = PREFIX + "episode:" + start_job
-        pipe = self.r.pipeline()
+        key = episode_key(start_job)
+        pipe = self._r.pipeline()
         pipe.rpush(key, *job_ids)
         pipe.expire(key, RECORD_TTL)
         pipe.execute()
 
     def episode_jobs(self, start_job: str) -> list[str]:
-        return self.r.lrange(PREFIX + "episode:" + start_job, 0, -1)
+        return self._r.lrange(episode_key(start_job), 0, -1)
 
     def run_jobs(self, run_id: str) -> list[str]:
-        return self.r.lrange(PREFIX + "run:" + run_id + ":jobs", 0, -1)
+        return self._r.lrange(run_jobs_key(run_id), 0, -1)
 
     def wait_job(self, job_id: str, timeout: float | None, poll: float = 5.0) -> dict | None:
         """Block until the job has ended (or timeout seconds pass); return its record.
@@ -470,13 +584,13 @@ class Store:
         signal. Between wake-ups it checks that the worker running the job is alive, so a
         killed worker fails the job instead of hanging the client forever.
         """
-        done_key = PREFIX + "job:" + job_id + ":done"
+        done_key = job_done_key(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
             if left <= 0:
                 return self.get_job(job_id)
-            if self.r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
+            if self._r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
                 return self.get_job(job_id)
             job = self.get_job(job_id)
             if job and job.get("state") == "running" and self._abandoned(job):
@@ -494,22 +608,22 @@ class Store:
 
     # ---- failure and retry counters (read by /metrics) -----------------------------------
     def failure_counts(self) -> dict[str, int]:
-        return {code: int(n) for code, n in self.r.hgetall(FAILURE_COUNTS).items()}
+        return {code: int(n) for code, n in self._r.hgetall(FAILURE_COUNTS).items()}
 
     def retry_counts(self) -> dict[tuple[str, str], int]:
         """(task name, reason code) -> retries."""
-        return {tuple(key.split("|", 1)): int(n) for key, n in self.r.hgetall(RETRY_COUNTS).items() if "|" in key}
+        return {tuple(key.split("|", 1)): int(n) for key, n in self._r.hgetall(RETRY_COUNTS).items() if "|" in key}
 
     # ---- task images --------------------------------------------------------------------
     def mark_image_ready(self, host: str, task_path: str, ready: bool = True) -> None:
-        key = f"{PREFIX}images:{host}"
+        key = images_key(host)
         if ready:
-            self.r.sadd(key, task_path)
+            self._r.sadd(key, task_path)
         else:
-            self.r.srem(key, task_path)
+            self._r.srem(key, task_path)
 
     def image_ready(self, host: str, task_path: str) -> bool:
-        return bool(self.r.sismember(f"{PREFIX}images:{host}", task_path))
+        return bool(self._r.sismember(images_key(host), task_path))
 
     # ---- warm pool ----------------------------------------------------------------------
     # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries); LPOP hands each
@@ -518,75 +632,75 @@ class Store:
     def warm_reserve(self, warm_id: str, ttl: float) -> None:
         """Claim a warm id before its container exists, so a sweep during the start spares
         it; warm_push makes the claim permanent, a start that dies lets it expire."""
-        self.r.set(PREFIX + "warmid:" + warm_id, "starting", ex=max(1, int(ttl)))
+        self._r.set(warm_id_key(warm_id), "starting", ex=max(1, int(ttl)))
 
     def warm_push(self, host: str, pool: str, entry: dict) -> None:
-        pipe = self.r.pipeline()
-        pipe.set(PREFIX + "warmid:" + entry["warm_id"], "pooled")
-        pipe.rpush(f"{PREFIX}warm:{host}:{pool}", json.dumps(entry))
+        pipe = self._r.pipeline()
+        pipe.set(warm_id_key(entry["warm_id"]), "pooled")
+        pipe.rpush(warm_key(host, pool), json.dumps(entry))
         pipe.execute()
 
     def warm_claim(self, host: str, pool: str, run_id: str) -> dict | None:
-        raw = self.r.lpop(f"{PREFIX}warm:{host}:{pool}")
+        raw = self._r.lpop(warm_key(host, pool))
         if raw is None:
             return None
         entry = json.loads(raw)
-        self.r.set(PREFIX + "warmid:" + entry["warm_id"], run_id)
+        self._r.set(warm_id_key(entry["warm_id"]), run_id)
         return entry
 
     def warm_count(self, host: str, pool: str) -> int:
-        return self.r.llen(f"{PREFIX}warm:{host}:{pool}")
+        return self._r.llen(warm_key(host, pool))
 
     def warm_known(self, warm_id: str) -> bool:
         """Still wanted: pooled, or claimed by a run not yet closed (a start whose worker died
         after claiming leaves a claim that no teardown removes: it goes once the run closes)."""
-        owner = self.r.get(PREFIX + "warmid:" + warm_id)
+        owner = self._r.get(warm_id_key(warm_id))
         if owner is None or not owner.startswith("run-"):
             return owner is not None
-        return self.r.hget(PREFIX + "run:" + owner, "state") not in (None, "closed")
+        return self._r.hget(run_key(owner), "state") not in (None, "closed")
 
     def warm_forget(self, warm_id: str) -> None:
-        self.r.delete(PREFIX + "warmid:" + warm_id)
+        self._r.delete(warm_id_key(warm_id))
 
     # ---- shell sessions -----------------------------------------------------------------
     def session(self, run_id: str, sid: str) -> dict:
-        return self.r.hgetall(f"{PREFIX}sess:{run_id}:{sid}")
+        return self._r.hgetall(session_key(run_id, sid))
 
     def update_session(self, run_id: str, sid: str, **fields) -> None:
-        key = f"{PREFIX}sess:{run_id}:{sid}"
-        self.r.hset(key, mapping={k: str(v) for k, v in fields.items()})
-        self.r.sadd(f"{PREFIX}sess:{run_id}", sid)
+        key = session_key(run_id, sid)
+        self._r.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        self._r.sadd(sessions_key(run_id), sid)
 
     def drop_sessions(self, run_id: str) -> None:
-        sids = self.r.smembers(f"{PREFIX}sess:{run_id}")
+        sids = self._r.smembers(sessions_key(run_id))
         if sids:
-            self.r.delete(*[f"{PREFIX}sess:{run_id}:{sid}" for sid in sids])
-        self.r.delete(f"{PREFIX}sess:{run_id}")
+            self._r.delete(*[session_key(run_id, sid) for sid in sids])
+        self._r.delete(sessions_key(run_id))
 
     # ---- worker processes and the jobs they run (jobs/lost_jobs.py) ----------------------
     # A worker process is known by a random token, new for every process, so a restarted
     # worker that gets its predecessor's node name is still told apart from it.
     def worker_beat(self, host: str, token: str, facts: dict) -> None:
         """A worker process is alive (for NODE_TTL seconds); facts say how to check its pid."""
-        pipe = self.r.pipeline()
-        pipe.set(PREFIX + "worker:" + token, facts.get("node", ""), ex=NODE_TTL)
-        pipe.hset(f"{PREFIX}host:{host}:workers", token, json.dumps(facts))
+        pipe = self._r.pipeline()
+        pipe.set(worker_key(token), facts.get("node", ""), ex=NODE_TTL)
+        pipe.hset(host_workers_key(host), token, json.dumps(facts))
         pipe.execute()
 
     def worker_alive(self, token: str) -> bool:
-        return bool(self.r.exists(PREFIX + "worker:" + token))
+        return bool(self._r.exists(worker_key(token)))
 
     def worker_stopped(self, token: str) -> None:
         """A worker process that shuts down cleanly is dead at once, not NODE_TTL later."""
-        self.r.delete(PREFIX + "worker:" + token)
+        self._r.delete(worker_key(token))
 
     def host_workers(self, host: str) -> dict[str, dict]:
-        return {token: json.loads(facts) for token, facts in self.r.hgetall(f"{PREFIX}host:{host}:workers").items()}
+        return {token: json.loads(facts) for token, facts in self._r.hgetall(host_workers_key(host)).items()}
 
     def forget_worker(self, host: str, token: str) -> None:
-        pipe = self.r.pipeline()
-        pipe.hdel(f"{PREFIX}host:{host}:workers", token)
-        pipe.delete(PREFIX + "worker:" + token, f"{PREFIX}worker:{token}:jobs")
+        pipe = self._r.pipeline()
+        pipe.hdel(host_workers_key(host), token)
+        pipe.delete(worker_key(token), worker_jobs_key(token))
         pipe.execute()
 
     def job_running_on(self, job_id: str, token: str, node: str, retry_with: dict | None = None) -> None:
@@ -594,27 +708,27 @@ class Store:
         fields = {"node": node, "worker": token}
         if retry_with is not None:
             fields["retry_with"] = json.dumps(retry_with)
-        pipe = self.r.pipeline()
-        pipe.hset(PREFIX + "job:" + job_id, mapping=fields)
-        pipe.sadd(f"{PREFIX}worker:{token}:jobs", job_id)
+        pipe = self._r.pipeline()
+        pipe.hset(job_key(job_id), mapping=fields)
+        pipe.sadd(worker_jobs_key(token), job_id)
         pipe.execute()
 
     def job_left(self, job_id: str, token: str) -> None:
         """The step has returned (whatever its outcome): its process no longer holds the job."""
-        self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id)
+        self._r.srem(worker_jobs_key(token), job_id)
 
     def worker_jobs(self, token: str) -> list[str]:
-        return list(self.r.smembers(f"{PREFIX}worker:{token}:jobs"))
+        return list(self._r.smembers(worker_jobs_key(token)))
 
     def take_lost_job(self, token: str, job_id: str) -> bool:
         """True for exactly one caller: whoever removes the job from its dead process's set."""
-        return bool(self.r.srem(f"{PREFIX}worker:{token}:jobs", job_id))
+        return bool(self._r.srem(worker_jobs_key(token), job_id))
 
     def job_lost_retry(self, job_id: str, task: str, error: str) -> int:
         """A lost step is sent again: one attempt more (the first counts as 1), counted for
         /metrics as a retry of `task` for WORKER_LOST; returns the attempt."""
-        key = PREFIX + "job:" + job_id
-        pipe = self.r.pipeline()
+        key = job_key(job_id)
+        pipe = self._r.pipeline()
         pipe.hsetnx(key, "attempts", 1)
         pipe.hincrby(key, "attempts", 1)
         pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
@@ -630,8 +744,38 @@ class Store:
 
     def host_watched(self, host: str) -> bool:
         """Some worker process of the host beat within NODE_TTL: its lost-job scan is running."""
-        score = self.r.zscore(PREFIX + "hosts", host)
+        score = self._r.zscore(HOSTS, host)
         return score is not None and score > time.time() - NODE_TTL
+
+    # ---- locks (OwnedLock below) --------------------------------------------------------
+    def build_lock(self, host: str, image: str) -> OwnedLock:
+        """One build of an image per host at a time."""
+        return OwnedLock(self._r, build_lock_key(host, image))
+
+    def warm_lock(self, host: str, task_path: str) -> OwnedLock:
+        """One refill of a task's warm pool per host at a time."""
+        return OwnedLock(self._r, warm_lock_key(host, task_path))
+
+    def held_locks(self) -> dict[str, float]:
+        """Every build and warm lock held now -> seconds until it expires unless renewed
+        (inf for one without a TTL, which no OwnedLock leaves)."""
+        names = [name for pattern in LOCK_PATTERNS for name in self._r.scan_iter(match=pattern, count=1000)]
+        pipe = self._r.pipeline(transaction=False)
+        for name in names:
+            pipe.pttl(name)
+        left = {}
+        for name, ms in zip(names, pipe.execute()):
+            if ms != -2:  # -2: released since the scan
+                left[name] = math.inf if ms == -1 else ms / 1000
+        return left
+
+    # ---- Celery's queues (kombu's lists in the same Redis) ---------------------------------
+    def queue_depths(self, queues: list[str]) -> dict[str, int]:
+        """Messages waiting in each queue (module docstring: one list per queue), one round trip."""
+        pipe = self._r.pipeline(transaction=False)
+        for queue in queues:
+            pipe.llen(queue)
+        return dict(zip(queues, pipe.execute()))
 
 
 # ---- locks ----------------------------------------------------------------------------------
@@ -704,13 +848,3 @@ class OwnedLock:
                 return
             except redis.exceptions.RedisError:
                 log.warning("renewing lock %s failed; retrying", self.name, exc_info=True)
-
-
-def build_lock(client: redis.Redis, host: str, image: str) -> OwnedLock:
-    """One build of an image per host at a time."""
-    return OwnedLock(client, f"{PREFIX}build-lock:{host}:{image}")
-
-
-def warm_lock(client: redis.Redis, host: str, task_path: str) -> OwnedLock:
-    """One refill of a task's warm pool per host at a time."""
-    return OwnedLock(client, f"{PREFIX}warm-lock:{host}:{task_path}")

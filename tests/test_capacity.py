@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from termpool.state import IDEMPOTENCY_TTL, CapacityError, Store
+from termpool.state import IDEMPOTENCY_TTL, CapacityError, Store, request_key
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
@@ -56,7 +56,7 @@ def test_idempotent_allocate(store):
 
 def test_idempotency_lasts_the_ttl_then_a_request_id_is_new(store, redis_server):
     first = store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=2)
-    [key] = redis_server.keys("tp:req:*")  # the request's key (state.py's key layout: req:<task>:<id>)
+    key = request_key("a", "req-1")
     assert 0 < redis_server.ttl(key) <= IDEMPOTENCY_TTL
     assert store.allocate("a", "req-1", ["h1"], max_tasks=2, max_runs=2).run_id == first.run_id
     redis_server.pexpire(key, 1)  # the TTL runs out

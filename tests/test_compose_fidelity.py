@@ -10,6 +10,7 @@ working_dir, entrypoint, user; on the SDK fast path).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import uuid
@@ -23,6 +24,7 @@ from environments import compose_config, container_spec, lifecycle
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
 from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
+from termpool.state import Store
 from tests.conftest import wait_for
 from tests.stack import FIXTURES
 from tests.test_unsafe_tasks import CLIENT  # the template's client service, no volumes
@@ -162,16 +164,23 @@ def test_refused_files_are_task_unsupported(tmp_path, docker_client):
         start(task_copy(tmp_path, CLIENT + "    volumes: [ '/var/run:/hostrun' ]\n", "t2"), cfg, tmp_path)
 
 
+def build_locks(redis_server, cfg):
+    """The workers' per-host build locks, on the test's Redis."""
+    return functools.partial(Store(redis_server).build_lock, cfg.host_id)
+
+
 def test_build_failure_names_the_task_and_log(tmp_path, redis_server):
     cfg = settings(tmp_path)
     with pytest.raises(TaskBuildFailed) as err:  # the SDK build of a one-service task
-        lifecycle.ensure_image("broken-dockerfile", FIXTURES / "broken-dockerfile", cfg, 240, redis_server)
+        lifecycle.ensure_image(
+            "broken-dockerfile", FIXTURES / "broken-dockerfile", cfg, 240, build_locks(redis_server, cfg)
+        )
     assert str(FIXTURES / "broken-dockerfile" / "Dockerfile") in str(err.value)
     task_dir = task_copy(tmp_path, CLIENT + "  side:\n    build: ./side\n", "t-broken-side")
     (task_dir / "side").mkdir()
     (task_dir / "side" / "Dockerfile").write_text("FROM termpool-test-base:bookworm\nRUN echo side-marker && exit 7\n")
     with pytest.raises(TaskBuildFailed) as err:  # a compose build
-        lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+        lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     text = str(err.value)
     assert str(task_dir / "docker-compose.yaml") in text and "side-marker" in text and len(text) < 2600
 
@@ -198,7 +207,7 @@ def test_failing_service_is_task_start_failed(tmp_path, docker_client, redis_ser
         "  side:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n" + sidecar
     )
     task_dir = task_copy(tmp_path, compose, "t-start-" + word)
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
     with pytest.raises(TaskStartFailed) as err:
         lifecycle.start(run, task_dir, tmp_path, cfg, 240)
@@ -248,7 +257,7 @@ def test_fast_path_applies_exactly_where_expected(tmp_path):
 @pytest.mark.parametrize("task", sorted(FAST_PATH - {"broken-dockerfile"}))
 def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
+    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
     seen = {}
     for force in (False, True):
         run, (env, container) = start(FIXTURES / task, cfg, tmp_path, force_compose=force)
@@ -269,7 +278,7 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
 @pytest.mark.parametrize("task", ["sidecar-kv", "compose-limits", "compose-healthy-sidecar"])
 def test_other_files_fall_back_to_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, redis_server)
+    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
     run, (env, container) = start(FIXTURES / task, cfg, tmp_path)
     try:
         assert env.mode == "compose"
@@ -283,7 +292,7 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
     would collide unless termpool makes them per run (the fixed name stays an alias)."""
     cfg = settings(tmp_path)
     task_dir = FIXTURES / "compose-healthy-sidecar"
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, redis_server)
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     runs = []
     try:
         for _ in range(2):

@@ -61,10 +61,10 @@ def hold_lock(redis_server, name: str, ttl: float) -> subprocess.Popen:
 
 @pytest.mark.unit
 def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
-    holder = hold_lock(redis_server, "tp:test-lock:renewed", 1.5)
+    holder = hold_lock(redis_server, "test-lock:renewed", 1.5)
     try:
         time.sleep(4)  # well past the TTL: renewed meanwhile
-        lock = OwnedLock(redis_server, "tp:test-lock:renewed", ttl=1.5)
+        lock = OwnedLock(redis_server, "test-lock:renewed", ttl=1.5)
         assert not lock.acquire(wait=1)
         assert lock.owner().split(":")[1] == str(holder.pid)
     finally:
@@ -74,21 +74,21 @@ def test_a_lock_lives_while_its_owner_renews_it_and_names_it(redis_server):
 
 @pytest.mark.unit
 def test_a_dead_owners_lock_is_taken_at_once(redis_server):
-    holder = hold_lock(redis_server, "tp:test-lock:dead", 60)
+    holder = hold_lock(redis_server, "test-lock:dead", 60)
     holder.kill()
     holder.wait()
-    lock = OwnedLock(redis_server, "tp:test-lock:dead")
+    lock = OwnedLock(redis_server, "test-lock:dead")
     started = time.monotonic()
     assert lock.acquire(wait=30)
     assert time.monotonic() - started < 5  # not the 60 s TTL: the owner's pid is gone
     lock.release()
-    assert not redis_server.exists("tp:test-lock:dead")
+    assert not redis_server.exists("test-lock:dead")
 
 
 @pytest.mark.unit
 def test_a_lock_of_an_owner_we_cannot_see_expires_with_its_ttl(redis_server):
-    redis_server.set("tp:test-lock:remote", "elsewhere:1:1.0:otherns:abcd", px=1500)  # another machine's owner
-    lock = OwnedLock(redis_server, "tp:test-lock:remote")
+    redis_server.set("test-lock:remote", "elsewhere:1:1.0:otherns:abcd", px=1500)  # another machine's owner
+    lock = OwnedLock(redis_server, "test-lock:remote")
     assert not lock.acquire()
     assert lock.acquire(wait=10)
     lock.release()
@@ -99,10 +99,10 @@ def test_a_warm_container_claimed_by_a_lost_start_goes_when_its_run_closes(redis
     state = Store(redis_server)
     state.warm_push("h", "task", {"warm_id": "warm-1"})
     assert state.warm_known("warm-1")
-    redis_server.hset("tp:run:run-1", "state", "starting")
+    state.update_run("run-1", state="starting")
     assert state.warm_claim("h", "task", "run-1")["warm_id"] == "warm-1"
     assert state.warm_known("warm-1")  # the start may still hand it to its run
-    redis_server.hset("tp:run:run-1", "state", "closed")
+    state.update_run("run-1", state="closed")
     assert not state.warm_known("warm-1")  # closed without naming it: the reconcile sweep removes it
 
 
@@ -248,8 +248,8 @@ def test_build_worker_killed_mid_build_is_retried_after_restart(lost_stack, pool
     time.sleep(3)
     lost_stack.kill("build")
     killed = time.monotonic()
-    lock_key = next(iter(lost_stack.redis.scan_iter("tp:build-lock:*")), None)
-    assert lock_key and 0 < lost_stack.redis.ttl(lock_key) <= LOCK_TTL, "the dead build's lock outlives it"
+    locks = store(lost_stack).held_locks()
+    assert locks and all(0 < left <= LOCK_TTL for left in locks.values()), "the dead build's lock outlives it"
     lost_stack.start_worker("build")
 
     reply = pending.result(timeout=600)

@@ -12,6 +12,7 @@ import pytest
 
 from termpool.config import load_settings
 from termpool.queues import make_celery
+from termpool.state import Store, run_key, warm_key
 from tests.conftest import Router, leftovers, wait_for
 from tests.stack import Stack
 
@@ -27,7 +28,7 @@ def swept(base_image, docker_client):
 
 
 def run_env(stack, lease) -> dict:
-    return json.loads(stack.redis.hget(f"tp:run:{lease}", "env"))
+    return Store(stack.redis).get_run(lease)["env"]
 
 
 def networks_of(docker_client, lease) -> list:
@@ -44,7 +45,7 @@ def assert_lost_run_is_swept(stack, docker_client) -> None:
     assert len(router.run_containers(docker_client, orphan)) == 2 and networks_of(docker_client, orphan)
     assert not ctl_dir or Path(ctl_dir).is_dir()
 
-    stack.redis.delete(f"tp:run:{orphan}")  # a Redis that lost the run
+    stack.redis.delete(run_key(orphan))  # a Redis that lost the run
 
     assert wait_for(lambda: not router.run_containers(docker_client, orphan), 90), "containers were not swept"
     assert wait_for(lambda: not networks_of(docker_client, orphan), 30), "networks were not swept"
@@ -67,7 +68,7 @@ def test_sweeps_spare_starting_runs_and_warm_containers(swept, docker_client):
     """Sweeps fired back to back while a run starts and its task's warm pool fills."""
     router = Router(swept)
     celery = make_celery(load_settings(swept.env))
-    pool_key = f"tp:warm:{swept.host_id}:partial-pass"
+    pool_key = warm_key(swept.host_id, "partial-pass")
     stop = threading.Event()
 
     def sweep():
@@ -80,7 +81,9 @@ def test_sweeps_spare_starting_runs_and_warm_containers(swept, docker_client):
         lease = router.allocate("partial-pass")
         reply = router.reset(lease, "partial-pass")  # cold: image build, then the start
         assert reply.status_code == 200, reply.text
-        assert wait_for(lambda: swept.redis.llen(pool_key) == 1, 120), "the warm pool did not fill"
+        assert wait_for(lambda: Store(swept.redis).warm_count(swept.host_id, "partial-pass") == 1, 120), (
+            "the warm pool did not fill"
+        )
     finally:
         stop.set()
         sweeper.join()

@@ -6,14 +6,11 @@ read the first step's message off its queue, with the rest of the chain embedded
 
 from __future__ import annotations
 
-import base64
-import json
-
 import pytest
 
 from termpool import dispatch
 from termpool.config import QUEUE_KINDS, load_settings
-from termpool.queues import JOB_KINDS, MAINTENANCE_QUEUE, make_celery, route_job
+from termpool.queues import JOB_KINDS, MAINTENANCE_QUEUE, make_celery, queue_name, route_job
 from termpool.state import Store
 
 pytestmark = pytest.mark.unit
@@ -70,25 +67,25 @@ def celery(redis_server):
     app.close()
 
 
-def sent(redis_server) -> list[dict]:
-    """Every message waiting in a Celery queue: its queue, task name, id, kwargs and the rest of
-    its chain (name, id, kwargs of each later step, in order)."""
+def sent(celery) -> list[dict]:
+    """Every message waiting in the host's and the maintenance queue, taken off through kombu:
+    its queue, task name, id, kwargs and the rest of its chain (name, id, kwargs of each later
+    step, in order)."""
     messages = []
-    for queue in sorted(redis_server.keys("termpool.*")):
-        if redis_server.type(queue) != "list":
-            continue
-        for raw in redis_server.lrange(queue, 0, -1):
-            message = json.loads(raw)
-            _, kwargs, embed = json.loads(base64.b64decode(message["body"]))
-            rest = [(s["task"], s["options"]["task_id"], s["kwargs"]) for s in reversed(embed.get("chain") or [])]
-            headers = message["headers"]
-            messages.append(
-                {"queue": queue, "task": headers["task"], "id": headers["id"], "kwargs": kwargs, "rest": rest}
-            )
+    with celery.connection_for_read() as connection:
+        channel = connection.default_channel
+        for queue in [queue_name(HOST, kind) for kind in QUEUE_KINDS] + [MAINTENANCE_QUEUE]:
+            while (message := channel.basic_get(queue, no_ack=True)) is not None:
+                _, kwargs, embed = message.decode()  # Celery's message protocol 2
+                rest = [(s["task"], s["options"]["task_id"], s["kwargs"]) for s in reversed(embed.get("chain") or [])]
+                headers = message.headers
+                messages.append(
+                    {"queue": queue, "task": headers["task"], "id": headers["id"], "kwargs": kwargs, "rest": rest}
+                )
     return messages
 
 
-def test_start_builds_the_image_until_the_host_has_it(celery, store, redis_server):
+def test_start_builds_the_image_until_the_host_has_it(celery, store):
     ids = {"host": HOST, "run_id": "run-1", "job_id": "job-1"}
     steps = dispatch._start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
     assert [(s.task, s.id, s.kwargs) for s in steps] == [
@@ -102,9 +99,9 @@ def test_start_builds_the_image_until_the_host_has_it(celery, store, redis_serve
     assert len(dispatch._start_steps(celery, store, "run-1", HOST, "job-1", "other")) == 2
 
 
-def test_reset_is_sent_to_the_build_queue_then_to_the_lifecycle_queue(celery, store, redis_server):
+def test_reset_is_sent_to_the_build_queue_then_to_the_lifecycle_queue(celery, store):
     job = dispatch.enqueue_start(celery, store, "run-1", HOST, TASK_PATH)
-    [message] = sent(redis_server)
+    [message] = sent(celery)
     assert (message["queue"], message["task"], message["id"]) == (
         f"termpool.{HOST}.build",
         "pool.ensure_image",
@@ -114,10 +111,10 @@ def test_reset_is_sent_to_the_build_queue_then_to_the_lifecycle_queue(celery, st
     assert store.get_job(job)["kind"] == "start"
 
 
-def test_reset_of_a_built_task_goes_straight_to_the_lifecycle_queue(celery, store, redis_server):
+def test_reset_of_a_built_task_goes_straight_to_the_lifecycle_queue(celery, store):
     store.mark_image_ready(HOST, TASK_PATH)
     job = dispatch.enqueue_start(celery, store, "run-1", HOST, TASK_PATH)
-    [message] = sent(redis_server)
+    [message] = sent(celery)
     assert (message["queue"], message["task"], message["id"], message["rest"]) == (
         f"termpool.{HOST}.lifecycle",
         "pool.start_run",
@@ -126,7 +123,7 @@ def test_reset_of_a_built_task_goes_straight_to_the_lifecycle_queue(celery, stor
     )
 
 
-def test_episode_steps_in_order_with_their_job_ids(celery, store, redis_server):
+def test_episode_steps_in_order_with_their_job_ids(celery, store):
     store.mark_image_ready(HOST, TASK_PATH)
     script = [
         {"name": "shell_exec", "arguments": {"id": "main", "command": "ls"}},
@@ -136,7 +133,7 @@ def test_episode_steps_in_order_with_their_job_ids(celery, store, redis_server):
         celery, store, "run-1", HOST, "start-1", TASK_PATH, script, evaluate=True, close=True
     )
     assert jobs["start"] == "start-1" and len(jobs["tool_calls"]) == 2 and jobs["evaluation"] and jobs["close"]
-    [message] = sent(redis_server)
+    [message] = sent(celery)
     assert (message["queue"], message["task"], message["id"]) == (
         f"termpool.{HOST}.lifecycle",
         "pool.start_run",
@@ -163,11 +160,11 @@ def test_episode_steps_in_order_with_their_job_ids(celery, store, redis_server):
     assert [store.get_job(j)["kind"] for j in order] == ["start", "tool_call", "tool_call", "evaluation", "close"]
 
 
-def test_episode_without_evaluation_or_close_stops_after_the_script(celery, store, redis_server):
+def test_episode_without_evaluation_or_close_stops_after_the_script(celery, store):
     script = [{"name": "shell_exec", "arguments": {"id": "main", "command": "true"}}]
     jobs = dispatch.enqueue_episode(celery, store, "run-1", HOST, "start-1", TASK_PATH, script)
     assert jobs["evaluation"] is None and jobs["close"] is None
-    [message] = sent(redis_server)
+    [message] = sent(celery)
     assert message["task"] == "pool.ensure_image" and message["queue"] == f"termpool.{HOST}.build"
     assert [name for name, _, _ in message["rest"]] == ["pool.start_run", "pool.exec_tool"]
     assert store.episode_jobs("start-1") == ["start-1", *jobs["tool_calls"]]

@@ -33,7 +33,7 @@ def episode(stack, router, docker_client):
     assert router.evaluate(lease).json()["score"] == 1.0
     live_page = stack.get(f"/ui/runs/{lease}").text
     router.close(lease)
-    assert wait_for(lambda: stack.redis.hget(f"tp:run:{lease}", "state") == "closed", 90)
+    assert wait_for(lambda: Store(stack.redis).get_run(lease)["state"] == "closed", 90)
     return {"run_id": lease, "live_page": live_page}
 
 
@@ -103,8 +103,7 @@ def test_observations_are_escaped(stack, episode):
 
 def test_files_stay_inside_the_run_folder(stack, episode):
     run_id = episode["run_id"]
-    run_dir = stack.redis.hget(f"tp:run:{run_id}", "env")
-    folder = re.search(r'"run_dir": "([^"]+)"', run_dir).group(1)
+    folder = Store(stack.redis).get_run(run_id)["env"]["run_dir"]
     os.symlink("/etc/passwd", os.path.join(folder, "escape"))
     assert "/files/escape" not in stack.get(f"/ui/runs/{run_id}").text
     for name in (
@@ -206,7 +205,7 @@ def test_recent_runs_index(redis_server, monkeypatch):
     rest, end = store.recent_runs(("task_key",), 3, cursor)
     assert [r["run_id"] for r in rest] == ids[3:1:-1] and end is None
     assert runs[0]["task_key"] == "task-0" and runs[0]["state"] == "allocated"
-    redis_server.delete(f"tp:run:{ids[-1]}")  # an expired record leaves the index when next read
+    redis_server.delete(state_module.run_key(ids[-1]))  # an expired record leaves the index when next read
     assert ids[-1] not in [r["run_id"] for r in store.recent_runs(("task_key",), 10)[0]]
     assert redis_server.zscore(state_module.RECENT_RUNS, ids[-1]) is None
     first = store.allocate("task-0", "req", ["h"], 100, 100)

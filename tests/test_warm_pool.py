@@ -8,10 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from termpool.state import Store, warm_key
 from tests.conftest import Router, leftovers, wait_for
 from tests.stack import Stack
-
-POOL = "tp:warm:{host}:hello-file"
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +24,11 @@ def warm_stack(base_image, docker_client):
 
 
 def pooled(stack) -> list[dict]:
-    return [json.loads(e) for e in stack.redis.lrange(POOL.format(host=stack.host_id), 0, -1)]
+    return [json.loads(e) for e in stack.redis.lrange(warm_key(stack.host_id, "hello-file"), 0, -1)]
 
 
 def client_of(stack, lease) -> str:
-    return json.loads(stack.redis.hget(f"tp:run:{lease}", "env"))["client"]
+    return Store(stack.redis).get_run(lease)["env"]["client"]
 
 
 def test_pool_fills_after_first_reset_and_serves_next_runs(warm_stack, docker_client):

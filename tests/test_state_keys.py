@@ -1,0 +1,135 @@
+"""The state store's keys, Lua scripts, locks and queue depths, against a bare redis-server."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+
+import pytest
+
+from termpool import state
+from termpool.config import load_settings
+from termpool.queues import make_celery, queue_name
+from termpool.state import LOCK_TTL, UNAVAILABLE, Store
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def store(redis_server):
+    redis_server.flushdb()
+    return Store(redis_server)
+
+
+# ---- the key families ------------------------------------------------------------------------
+def test_the_docstring_lists_every_key_family():
+    def family(key: str) -> str:
+        assert key.startswith(state.PREFIX)
+        return re.sub(r"<[^>]*>", "<>", key.removeprefix(state.PREFIX))
+
+    lines = [re.sub(r"<[^>]*>", "<>", line) for line in state.__doc__.splitlines() if line.startswith("  ")]
+    listed = {family(state.PREFIX + line.split()[0]) for line in lines}
+    builders = [f for name, f in inspect.getmembers(state, inspect.isfunction) if name.endswith("_key")]
+    built = {family(f(*["<>"] * len(inspect.signature(f).parameters))) for f in builders}
+    constants = {family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS)}
+    assert built | constants <= listed, "a key family missing from state.py's docstring"
+    assert len(builders) >= 19
+
+
+# ---- the Lua scripts -------------------------------------------------------------------------
+def test_allocate_writes_the_keys_the_key_functions_name(store, redis_server):
+    run = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    assert set(redis_server.keys("*")) == {
+        state.run_key(run.run_id),
+        state.host_tasks_key("h1"),
+        state.host_live_key("h1"),
+        state.request_key("task-a", "req-1"),
+        state.RECENT_RUNS,
+    }
+    assert redis_server.hget(state.host_tasks_key("h1"), "task-a") == "1"
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) is not None
+    assert redis_server.get(state.request_key("task-a", "req-1")) == run.run_id
+    assert state.IDEMPOTENCY_TTL - 5 < redis_server.ttl(state.request_key("task-a", "req-1")) <= state.IDEMPOTENCY_TTL
+
+
+def test_allocate_takes_the_idempotency_ttl_as_an_argument(store, redis_server, monkeypatch):
+    monkeypatch.setattr(state, "IDEMPOTENCY_TTL", 7)
+    store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    assert 0 < redis_server.ttl(state.request_key("task-a", "req-1")) <= 7
+
+
+def test_the_scripts_build_keys_under_the_prefix_they_are_given(store, redis_server, monkeypatch):
+    monkeypatch.setattr(state, "PREFIX", "other:")
+    monkeypatch.setattr(state, "RECENT_RUNS", "other:runs:recent")
+    run = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    again = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    assert again.reused and again.run_id == run.run_id  # the reuse path reads the run under the prefix
+    assert store.release(run.run_id) is True
+    keys = set(redis_server.keys("*"))
+    assert keys and all(key.startswith("other:") for key in keys), keys
+    assert state.host_closing_key("h1") in keys and state.host_tasks_key("h1") not in keys  # its last run left
+
+
+def test_release_moves_the_run_from_live_to_closing(store, redis_server):
+    run = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=2)
+    other = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=2)
+    assert store.release(run.run_id, reason="closed") is True
+    assert redis_server.hget(state.host_tasks_key("h1"), "task-a") == "1"
+    assert redis_server.zrange(state.host_live_key("h1"), 0, -1) == [other.run_id]
+    assert redis_server.smembers(state.host_closing_key("h1")) == {run.run_id}
+    record = store.get_run(run.run_id)
+    assert record["state"] == "closing" and record["closing_reason"] == "closed"
+
+
+def test_releasing_an_unknown_run_writes_nothing(store, redis_server):
+    assert store.release("run-0000000000000000") is False
+    assert redis_server.keys("*") == []
+
+
+def test_transition_only_from_the_given_states(store, redis_server):
+    run = store.allocate("task-a", "", ["h1"], max_tasks=1, max_runs=1)
+    assert store.transition(run.run_id, ("allocated",), "starting") is True
+    assert store.transition(run.run_id, ("allocated",), "starting") is False
+    assert store.transition(run.run_id, ("running", "starting"), "running") is True
+    assert store.get_run(run.run_id)["state"] == "running"
+    assert store.transition("run-0000000000000000", ("allocated",), "starting") is False
+    assert not redis_server.exists(state.run_key("run-0000000000000000"))
+
+
+# ---- locks -----------------------------------------------------------------------------------
+def test_held_locks_name_build_and_warm_locks_with_their_ttl(store):
+    with store.build_lock("h1", "img:latest") as build, store.warm_lock("h1", "tasks/a") as warm:
+        assert build.acquire() and warm.acquire()
+        held = store.held_locks()
+        assert set(held) == {state.build_lock_key("h1", "img:latest"), state.warm_lock_key("h1", "tasks/a")}
+        assert all(0 < left <= LOCK_TTL for left in held.values())
+        assert not store.build_lock("h1", "img:latest").acquire()  # one build of an image per host
+        assert store.build_lock("h2", "img:latest").acquire()  # another host builds its own
+    assert set(store.held_locks()) == {state.build_lock_key("h2", "img:latest")}
+
+
+# ---- queue depths ----------------------------------------------------------------------------
+def test_queue_depths_count_messages_of_every_priority(redis_server):
+    """termpool's Celery app keeps every message of a queue in the one list Store.queue_depths
+    reads, whatever priority a sender gives it."""
+    redis_server.flushdb()
+    url = f"redis://127.0.0.1:{redis_server.connection_pool.connection_kwargs['port']}/0"
+    celery = make_celery(load_settings({"REDIS_URL": url, "POOL_HOST_ID": "h1"}))
+    exec_queue, build_queue, eval_queue = (queue_name("h1", kind) for kind in ("exec", "build", "eval"))
+    try:
+        for priority in (None, 0, 5, 9):
+            celery.send_task("pool.exec_tool", kwargs={"host": "h1"}, priority=priority)
+        celery.send_task("pool.ensure_image", kwargs={"host": "h1"})
+    finally:
+        celery.close()
+    depths = Store(redis_server).queue_depths([exec_queue, build_queue, eval_queue])
+    assert depths == {exec_queue: 4, build_queue: 1, eval_queue: 0}
+
+
+def test_a_reader_without_redis_fails_fast():
+    store = Store.from_url("redis://127.0.0.1:1/0", timeout=2)
+    started = time.monotonic()
+    with pytest.raises(UNAVAILABLE):
+        store.queue_depths(["termpool.h1.exec"])
+    assert time.monotonic() - started < 10
