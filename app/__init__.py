@@ -10,6 +10,7 @@ from flask import Flask, request
 from app import errors, validation, viewer
 from app.engine import Engine
 from termpool.config import Settings, settings
+from termpool.queues import follow_monitor
 from termpool.state import Store
 
 
@@ -57,7 +58,9 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     app.config["MAX_CONTENT_LENGTH"] = validation.MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
-    app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
+    store = Store.from_url(cfg.redis_url)
+    app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
+    follow_monitor(celery, cfg, store)
     _guard(app, cfg)
     errors.register(app)
 

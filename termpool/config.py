@@ -122,8 +122,7 @@ class Settings:
     session_output_limit: int
     observation_limit: int
     flower_port: int
-    task_events: str  # monitor: workers send task events once a monitor (Flower) asks; always
-    task_sent_events: bool  # the facade publishes task-sent events (queued jobs and their queue)
+    task_events: str  # monitor: task events only while a monitor (Flower) listens; always
     containment: str
     containment_interfaces: tuple
     containment_block: tuple
@@ -202,7 +201,6 @@ def load_settings(env=None) -> Settings:
         observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
         flower_port=_int(env, "FLOWER_PORT", 5555, minimum=0),
         task_events=_task_events(env),
-        task_sent_events=_bool(env, "TASK_SENT_EVENTS", True),
         containment=_containment(env),
         containment_interfaces=_list(env, "CONTAINMENT_INTERFACES", "docker0,br-+"),
         containment_block=_list(env, "CONTAINMENT_BLOCK"),

@@ -11,12 +11,19 @@ keyword every pool job carries. Reaping goes to the shared ``termpool.maintenanc
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 from celery import Celery
 from kombu import Queue
 
 from termpool.config import QUEUE_KINDS, Settings
 
+log = logging.getLogger(__name__)
+
 MAINTENANCE_QUEUE = "termpool.maintenance"
+MONITOR_POLL = 5.0  # seconds between two looks for a listening monitor (Flower asks as often)
 
 # Which kind of queue each job (Celery task name) is consumed from.
 JOB_KINDS = {
@@ -86,9 +93,10 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # Task events are for a monitor. Flower asks every worker to send them (Celery's
         # enable_events broadcast, every few seconds), so with TASK_EVENTS=monitor workers
         # start without and publish nothing while no monitor listens; `always` sends them
-        # from the start. Sent events (the facade's, per job) show queued jobs and their queue.
+        # from the start. Sent events (per job, from whoever sends it) show queued jobs and
+        # their queue: with `monitor` only while a monitor announces itself (follow_monitor).
         worker_send_task_events=cfg.task_events == "always",
-        task_send_sent_event=cfg.task_sent_events,
+        task_send_sent_event=cfg.task_events == "always",
         # Redis away (restart, failover): every worker, its queue consumers and beat keep
         # reconnecting until it is back, however long that takes, instead of exiting.
         broker_connection_retry_on_startup=True,
@@ -101,3 +109,21 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def follow_monitor(app: Celery, cfg: Settings, store) -> None:
+    """With TASK_EVENTS=monitor, publish task-sent events only while a monitor announces
+    itself in the state store (jobs/flower.py does): a daemon thread looks every
+    MONITOR_POLL seconds. A process calls this once, after any fork."""
+    if cfg.task_events != "monitor":
+        return
+
+    def follow() -> None:
+        while True:
+            try:
+                app.conf.task_send_sent_event = store.monitor_listening()
+            except Exception as exc:  # Redis away: keep the last answer, look again later
+                log.debug("could not look for a monitor: %s", exc)
+            time.sleep(MONITOR_POLL)
+
+    threading.Thread(target=follow, daemon=True, name="termpool-monitor-follower").start()

@@ -29,6 +29,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   warm-lock:<h>:<task path>  string, LOCK_TTL renewed: one refill of a warm pool per host
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
+                             events (jobs/flower.py; termpool/queues.py follow_monitor)
 
 Closed runs and ended jobs expire RECORD_TTL after they end. The same Redis is Celery's broker:
 its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
@@ -84,6 +86,7 @@ FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
 RECENT_RUNS = PREFIX + "runs:recent"
 HOSTS = PREFIX + "hosts"
+MONITOR = PREFIX + "monitor"
 
 
 def run_key(run_id: str) -> str:
@@ -686,6 +689,13 @@ class Store:
         pipe.set(worker_key(token), facts.get("node", ""), ex=NODE_TTL)
         pipe.hset(host_workers_key(host), token, json.dumps(facts))
         pipe.execute()
+
+    def announce_monitor(self, ttl: float) -> None:
+        """A monitor listens for task events for the next `ttl` seconds."""
+        self._r.set(MONITOR, "1", ex=max(1, math.ceil(ttl)))
+
+    def monitor_listening(self) -> bool:
+        return bool(self._r.exists(MONITOR))
 
     def worker_alive(self, token: str) -> bool:
         return bool(self._r.exists(worker_key(token)))

@@ -115,7 +115,7 @@ def _tasks_of_run(url, auth, run_id: str) -> dict:
 
 
 def _finished(tasks: dict) -> bool:
-    return any(t.get("state") == "SUCCESS" for t in tasks.values())
+    return any(t.get("state") == "SUCCESS" and t.get("routing_key") for t in tasks.values())
 
 
 def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker_client):
@@ -127,10 +127,10 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
     assert requests.get(url + "/api/workers", auth=(auth[0], "wrong"), timeout=10).status_code == 401
     assert requests.get(url + "/api/tasks", timeout=10).status_code == 401
 
-    # Flower's HTTP server answers before its event receiver listens, and workers send task
-    # events only once Flower has asked them to (TASK_EVENTS=monitor): send probe jobs (the
-    # teardown of a lease never reset) until one shows up finished, reported by its worker, so
-    # the episode's events are all seen.
+    # Flower's HTTP server answers before its event receiver listens, and with TASK_EVENTS=monitor
+    # events flow only once Flower has asked the workers and announced itself to the senders:
+    # send probe jobs (the teardown of a lease never reset) until one shows up finished (its
+    # worker's events) with its queue (the sender's), so the episode's events are all seen.
     def events_flow():
         probe = router.allocate("hello-file")
         router.close(probe)
@@ -205,9 +205,9 @@ def test_task_events_settings():
 
     assert "-E" not in worker_argv("exec")  # the flag would turn them on whatever the setting
     quiet = make_celery(load_settings({})).conf
-    assert quiet.worker_send_task_events is False and quiet.task_send_sent_event is True
-    loud = make_celery(load_settings({"TASK_EVENTS": "always", "TASK_SENT_EVENTS": "0"})).conf
-    assert loud.worker_send_task_events is True and loud.task_send_sent_event is False
+    assert quiet.worker_send_task_events is False and quiet.task_send_sent_event is False
+    loud = make_celery(load_settings({"TASK_EVENTS": "always"})).conf
+    assert loud.worker_send_task_events is True and loud.task_send_sent_event is True
     with pytest.raises(ValueError, match="TASK_EVENTS"):
         load_settings({"TASK_EVENTS": "sometimes"})
 

@@ -12,6 +12,7 @@ from termpool import state
 from termpool.config import load_settings
 from termpool.queues import make_celery, queue_name
 from termpool.state import LOCK_TTL, UNAVAILABLE, Store
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,9 @@ def test_the_docstring_lists_every_key_family():
     listed = {family(state.PREFIX + line.split()[0]) for line in lines}
     builders = [f for name, f in inspect.getmembers(state, inspect.isfunction) if name.endswith("_key")]
     built = {family(f(*["<>"] * len(inspect.signature(f).parameters))) for f in builders}
-    constants = {family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS)}
+    constants = {
+        family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS, state.MONITOR)
+    }
     assert built | constants <= listed, "a key family missing from state.py's docstring"
     assert len(builders) >= 19
 
@@ -133,3 +136,24 @@ def test_a_reader_without_redis_fails_fast():
     with pytest.raises(UNAVAILABLE):
         store.queue_depths(["termpool.h1.exec"])
     assert time.monotonic() - started < 10
+
+
+# ---- the monitor's announcement --------------------------------------------------------------
+def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):
+    from termpool import queues
+
+    monkeypatch.setattr(queues, "MONITOR_POLL", 0.05)
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    cfg = load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": "h1"})
+    app = make_celery(cfg)
+    queues.follow_monitor(app, cfg, store)
+    assert store.monitor_listening() is False and app.conf.task_send_sent_event is False
+    store.announce_monitor(ttl=1)
+    assert store.monitor_listening() is True
+    assert wait_for(lambda: app.conf.task_send_sent_event is True, 5, 0.02)
+    assert wait_for(lambda: app.conf.task_send_sent_event is False, 5, 0.02)  # the announcement expired
+    always = load_settings({"REDIS_URL": cfg.redis_url, "TASK_EVENTS": "always"})
+    loud = make_celery(always)
+    queues.follow_monitor(loud, always, store)  # nothing to follow: always on
+    time.sleep(0.2)
+    assert loud.conf.task_send_sent_event is True
