@@ -66,9 +66,10 @@ class Engine:
 
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases."""
-        if not self.store.touch(run_id):
+        run = self.store.use_run(run_id)
+        if run is None:
             raise UnknownLease(run_id)
-        return self.store.require_run(run_id)
+        return run
 
     def status(self) -> dict:
         hosts = sorted(set(self.hosts()) | {self.cfg.host_id})

@@ -235,6 +235,24 @@ return 1
 """
 
 
+_USE_RUN = """
+local run_key, now = KEYS[1], ARGV[2]
+local state = redis.call('HGET', run_key, 'state')
+if not state or state == 'closing' or state == 'closed' then return false end
+redis.call('HSET', run_key, 'last_used_at', now)
+local host = redis.call('HGET', run_key, 'host')
+if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
+return redis.call('HGETALL', run_key)
+"""
+
+_BEGIN_JOB = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'node', ARGV[2], 'attempts', 1)
+end
+return state
+"""
+
 _TRANSITION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 2, #ARGV do
@@ -295,6 +313,8 @@ class Store:
         self._allocate = client.register_script(_ALLOCATE)
         self._release = client.register_script(_RELEASE)
         self._transition = client.register_script(_TRANSITION)
+        self._use_run = client.register_script(_USE_RUN)
+        self._begin_job = client.register_script(_BEGIN_JOB)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
@@ -364,6 +384,14 @@ class Store:
         pipe.zadd(host_live_key(host), {run_id: now}, xx=True)
         pipe.execute()
         return True
+
+    def use_run(self, run_id: str) -> dict | None:
+        """A live run's record, marked as used (touch) in the same round trip; None when the
+        lease is unknown or released."""
+        if not run_id:
+            return None
+        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id])
+        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
         """Change a run's state unless it has been released meanwhile (close wins)."""
@@ -505,12 +533,11 @@ class Store:
         pipe.rpush(run_jobs_key(run_id), job_id)
         pipe.execute()
 
-    def job_started(self, job_id: str, node: str) -> None:
-        """The job's first attempt began (a retry only moves it to its new node: job_attempt)."""
-        self._r.hset(
-            job_key(job_id),
-            mapping=_encode({"state": "running", "started_at": time.time(), "node": node, "attempts": 1}),
-        )
+    def begin_job(self, job_id: str, node: str) -> str | None:
+        """A job's message is being run: returns the job's state before. A queued job is now
+        running, its first attempt on `node` (a retry only moves it to its new node:
+        job_attempt). One round trip."""
+        return self._begin_job(keys=[job_key(job_id)], args=[time.time(), node])
 
     def job_attempt(self, job_id: str, node: str) -> None:
         self._r.hset(job_key(job_id), "node", node)

@@ -138,7 +138,35 @@ def test_a_reader_without_redis_fails_fast():
     assert time.monotonic() - started < 10
 
 
-# ---- the monitor's announcement --------------------------------------------------------------
+# ---- one round trip per use of a run and per job start; the monitor's announcement -----------
+def test_use_run_marks_a_live_run_used_and_returns_its_record(store, redis_server):
+    run = store.allocate("task-a", "req-1", ["h1"], max_tasks=1, max_runs=1)
+    before = redis_server.zscore(state.host_live_key("h1"), run.run_id)
+    time.sleep(0.01)
+    record = store.use_run(run.run_id)
+    assert (record["run_id"], record["host"], record["state"]) == (run.run_id, "h1", "allocated")
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) > before
+    assert store.get_run(run.run_id)["last_used_at"] > before
+    assert store.use_run("run-unknown") is None and store.use_run("") is None
+    assert store.release(run.run_id)
+    assert store.use_run(run.run_id) is None
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) is None  # never put back
+
+
+def test_begin_job_starts_a_queued_job_once(store):
+    store.create_job("j1", "run-1", "tool_call")
+    assert store.begin_job("j1", "exec-a@h1") == "queued"
+    job = store.get_job("j1")
+    assert (job["state"], job["node"], job["attempts"]) == ("running", "exec-a@h1", 1) and job["started_at"] > 0
+    assert store.begin_job("j1", "exec-b@h1") == "running"
+    assert store.get_job("j1")["node"] == "exec-a@h1"
+    store.job_finished("j1", result="hi")
+    assert store.begin_job("j1", "exec-b@h1") == "succeeded"
+    assert store.get_job("j1")["state"] == "succeeded"
+    assert store.begin_job("j-unknown", "exec-a@h1") is None
+    assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
+
+
 def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):
     from termpool import queues
 
