@@ -12,6 +12,7 @@ from app.engine import Engine
 from app.http import fail
 from app.models import MAX_BODY_BYTES
 from termpool.config import Settings, settings
+from termpool.queues import follow_monitor
 from termpool.state import Store
 
 
@@ -59,7 +60,9 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
-    app.extensions["termpool"] = Engine(cfg=cfg, store=Store.from_url(cfg.redis_url), celery=celery)
+    store = Store.from_url(cfg.redis_url)
+    app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
+    follow_monitor(celery, cfg, store)
     _guard(app, cfg)
     errors.register(app)
 

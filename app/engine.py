@@ -77,9 +77,9 @@ class Engine:
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases,
         HostUnavailable for a run whose host is lost."""
-        if not self.store.touch(run_id):
+        run = self.store.use_run(run_id)
+        if run is None:
             raise UnknownLease(run_id)
-        run = self.store.require_run(run_id)
         if run["state"] == LOST_STATE:
             raise HostUnavailable("HOST_LOST", run.get("error") or f"the worker host of run {run_id} is lost")
         return run

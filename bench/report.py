@@ -26,6 +26,20 @@ PAIRS = {
     ],
 }
 MEMORY_LIMIT_MB = 1536.0  # issue 4: termpool's processes under 1.5 GiB together
+# CPU groups (bench/monitor.py): termpool's own processes, Docker's, and the rest.
+TERMPOOL_KINDS = ("facade", "build", "lifecycle", "exec", "eval", "teardown", "beat", "flower")
+DOCKER_KINDS = ("dockerd", "containerd", "containerd-shim", "runc")
+CPU_COLUMNS = (
+    "termpool",
+    *TERMPOOL_KINDS,
+    "redis",
+    "docker",
+    *DOCKER_KINDS,
+    "containers",
+    "bench",
+    "other",
+    "machine",
+)
 
 
 def _compare(a, b, how: str):
@@ -34,6 +48,31 @@ def _compare(a, b, how: str):
     if how == "diff_ms":
         return round(a - b, 1)
     return round(a / b, 3) if b > 0 else None
+
+
+def cpu_per_episode(cpu: dict | None, episodes: int) -> dict:
+    """CPU-seconds per finished episode by group, with the totals: `termpool` (its own
+    processes, Redis apart), `docker` (daemons, shims, runc) and `other` (the machine minus
+    every group named: runc processes too short to sample, other users of the machine)."""
+    if not cpu or not episodes:
+        return {}
+    seconds = dict(cpu["cpu_s"])
+    seconds["termpool"] = sum(seconds.get(k, 0.0) for k in TERMPOOL_KINDS)
+    seconds["docker"] = sum(seconds.get(k, 0.0) for k in DOCKER_KINDS)
+    named = sum(seconds.get(k, 0.0) for k in ("termpool", "docker", "redis", "containers", "bench"))
+    seconds["other"] = seconds.get("machine", 0.0) - named
+    return {k: round(v / episodes, 4) for k, v in seconds.items()}
+
+
+def _cpu_medians(reps: list[dict]) -> dict:
+    per_repeat = [cpu_per_episode(r.get("cpu"), r["episodes"]) for r in reps]
+    per_repeat = [r for r in per_repeat if r]
+    keys = sorted({k for r in per_repeat for k in r})
+    return {
+        "median": {k: median_value([r.get(k, 0.0) for r in per_repeat]) for k in keys},
+        "repeats": per_repeat,
+        "window_s": [(r.get("cpu") or {}).get("wall_s") for r in reps],
+    }
 
 
 def summarize_run(raw: dict, monitor, levels: list[int]) -> dict:
@@ -63,6 +102,7 @@ def summarize_run(raw: dict, monitor, levels: list[int]) -> dict:
                 "drain_s": [r["drain_s"] for r in reps],
                 "peak_live_runs": max((r["memory"]["live_runs"] for r in reps), default=0),
                 "peak_rss_mb": max((r["memory"]["total_mb"] for r in reps), default=0.0),
+                "cpu_per_episode": _cpu_medians(reps),
             }
             bucket = floor_errors if face == "floor" else errors
             bucket["count"] += count
@@ -291,6 +331,7 @@ def table(result: dict) -> str:
             f"peak RSS of termpool's processes at this level: {mem.get('total_mb', 0):.0f} MB ({kinds}); "
             f"peak live runs (/status, sampled): {mem.get('live_runs')}"
         )
+    lines += cpu_table(result)
     lines += ["", "### targets (issue 4)", "", "| target | face | value | limit | met |", "|---|---|---|---|---|"]
     for t in result.get("targets", []):
         met = {True: "yes", False: "NO", None: "n/a"}[t["met"]]
@@ -306,6 +347,31 @@ def table(result: dict) -> str:
         f"(first: {floor_errors.get('first', [])[:3]}); runs API: {result.get('runs_api')}",
     ]
     return "\n".join(lines)
+
+
+def cpu_table(result: dict) -> list[str]:
+    """CPU-seconds per episode by process group, per level and face (medians over repeats)."""
+    lines = [
+        "",
+        "### CPU-seconds per episode",
+        "",
+        "Medians over repeats, from /proc over each measurement (termpool faces: until every "
+        "teardown finished). termpool = its own processes (Redis apart); docker = dockerd, "
+        "containerd, containerd-shim*, runc (shims and runc sampled: a lower bound); containers = "
+        "every container's cgroup on the machine (other users' too); other = the machine minus "
+        "the named groups (other users' processes, runc too short-lived to sample).",
+        "",
+        "| c | face | " + " | ".join(CPU_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(CPU_COLUMNS),
+    ]
+    for level, entry in sorted(result.get("levels", {}).items(), key=lambda kv: int(kv[0])):
+        for face in ("pool", "runs", "floor"):
+            median = (entry.get(face) or {}).get("cpu_per_episode", {}).get("median")
+            if not median:
+                continue
+            cells = ["-" if median.get(k) is None else f"{median[k]:.3f}" for k in CPU_COLUMNS]
+            lines.append(f"| {level} | {face} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---- chart ----------------------------------------------------------------------------------

@@ -28,12 +28,13 @@ from pathlib import Path
 
 import docker
 import psutil
+import requests
 
 from bench import report
 from bench.episodes import TASK, BenchClient, Floor, pool_episode, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
-from devstack import FIXTURES, ROOT, Stack
+from devstack import FIXTURES, ROOT, Stack, free_port
 from termpool.task_spec import image_name
 
 FACES = ("floor", "pool", "runs")
@@ -73,6 +74,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="extra environment for the stack (repeatable), e.g. --env WARM_POOL_SIZE=8",
     )
     p.add_argument("--skip-runs-api", action="store_true", help="measure the pool API and the floor only")
+    p.add_argument("--flower", action="store_true", help="run Flower against the stack, as a deployment does")
+    p.add_argument("--no-beat", action="store_true", help="do not run Celery beat (the reaper's schedule)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.tool_calls = args.tool_calls if args.tool_calls is not None else (3 if args.quick else 10)
@@ -157,6 +160,23 @@ def phase_record(rec: Recorder, wall: float, **extra) -> dict:
         "error_messages": rec.error_messages,
         **extra,
     }
+
+
+def start_flower(stack: Stack) -> None:
+    """Flower on a free loopback port, as the Procfile runs it (python -m jobs.flower), kept in
+    stack.procs so that the monitor counts it and stack.stop() ends it."""
+    port = free_port()
+    stack.env.update(FLOWER_PORT=str(port), FLOWER_ADDRESS="127.0.0.1")  # read by Flower only
+    stack._spawn("flower", [sys.executable, "-m", "jobs.flower"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=2).ok:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"flower did not come up; log in {stack.workdir}/flower.log")
 
 
 # ---- termpool's leftovers -------------------------------------------------------------------
@@ -279,11 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             "env_overrides": args.extra_env,
             "runs_per_task_key": runs_per_key,
             "monitor_interval_s": 0.5,
+            "flower": args.flower,
+            "beat": not args.no_beat,
         },
         "machine": machine_info(dclient),
     }
     log(f"starting the stack (logs in {workdir}/stack); stack env {env}")
-    stack = Stack(env=env, workdir=workdir / "stack")
+    stack = Stack(env=env, beat=not args.no_beat, workdir=workdir / "stack")
     monitor = None
     raw: dict = {}  # level -> face -> [phase record per repeat]
     termpool_leaks: set[str] = set()
@@ -296,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             stack.start()
+            if args.flower:
+                start_flower(stack)
         except Exception as exc:
             log(f"the stack did not start: {exc}")
             result["setup_error"] = str(exc)
@@ -366,17 +390,20 @@ def main(argv: list[str] | None = None) -> int:
                     phase = f"{face}@{level}#{repeat}"
                     monitor.set_phase(phase)
                     make_ctx, episode, close_ctx = episode_fns[face]
+                    monitor.cpu_begin()
                     rec, wall = run_phase(level, per_worker, make_ctx, episode, close_ctx)
                     monitor.set_phase("drain")
                     leaked: list[str] = []
                     drained_in = None
                     if face == "floor":
+                        cpu = monitor.cpu_end()
                         leaked = leftovers(dclient, floor_label)
                         floor_leaks.update(leaked)
                         remove_all(dclient, floor_label)
                     else:
                         t0 = time.monotonic()
                         pool = drain(stack)
+                        cpu = monitor.cpu_end()  # teardowns included: they are part of an episode
                         drained_in = round(time.monotonic() - t0, 2)
                         closed_runs |= rec.run_ids
                         leaked, spares = termpool_leftovers(dclient, host_label, closed_runs, warm)
@@ -391,13 +418,23 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"  {len(spares)} containers left as warm spares (WARM_POOL_SIZE={warm})")
                     raw[level][face].append(
                         phase_record(
-                            rec, wall, leaked=leaked, drain_s=drained_in, memory=peak, repeat=repeat, phase=phase
+                            rec,
+                            wall,
+                            leaked=leaked,
+                            drain_s=drained_in,
+                            memory=peak,
+                            cpu=cpu,
+                            repeat=repeat,
+                            phase=phase,
                         )
                     )
+                    per_episode = report.cpu_per_episode(cpu, rec.episodes_ok)
                     log(
                         f"{face:5s} c={level:<3d} repeat {repeat}/{args.repeats}: {rec.episodes_ok} episodes "
                         f"in {wall:.1f} s ({rec.episodes_ok / wall if wall else 0:.2f}/s), {rec.error_count} errors, "
-                        f"{len(leaked)} leaked, peak RSS {peak['total_mb']:.0f} MB, live runs {peak['live_runs']}"
+                        f"{len(leaked)} leaked, peak RSS {peak['total_mb']:.0f} MB, live runs {peak['live_runs']}; "
+                        f"CPU-s/episode termpool {per_episode.get('termpool')}, docker {per_episode.get('docker')}, "
+                        f"machine {per_episode.get('machine')}"
                     )
         # Anything termpool left behind once every run is closed and torn down.
         monitor.set_phase("final")

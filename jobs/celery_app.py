@@ -3,8 +3,10 @@ beat schedule (reaping idle runs, sweeping each host for leftovers)."""
 
 from __future__ import annotations
 
+from celery.signals import worker_process_init, worker_ready
+
 from termpool.config import settings
-from termpool.queues import make_celery
+from termpool.queues import follow_monitor, make_celery
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
@@ -19,3 +21,17 @@ BEAT_SCHEDULE = {
 
 celery_app = make_celery(settings(), include=JOB_MODULES)
 celery_app.conf.beat_schedule = BEAT_SCHEDULE
+
+
+@worker_ready.connect
+def _follow_monitor(**_):
+    """Jobs send their chain's next step, and thread pools send from this process."""
+    from jobs.runtime import store
+
+    follow_monitor(celery_app, settings(), store())
+
+
+@worker_process_init.connect
+def _follow_monitor_in_child(**_):
+    """A prefork child (the build pool) sends its chain's next step itself."""
+    _follow_monitor()

@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
 
 from termpool.config import Settings, settings
 
@@ -66,6 +68,25 @@ def flower_argv(cfg: Settings) -> list[str]:
     return argv
 
 
+def announce_monitor() -> None:
+    """Say in the state store, while Flower runs, that a monitor listens: with TASK_EVENTS=monitor
+    task-sent events are published only then (termpool/queues.py follow_monitor)."""
+    from termpool.queues import MONITOR_POLL
+    from termpool.state import Store
+
+    store = Store.from_url(settings().redis_url)
+
+    def announce() -> None:
+        while True:
+            try:
+                store.announce_monitor(ttl=3 * MONITOR_POLL)
+            except Exception as exc:  # Redis away: Flower itself reconnects; so do we
+                log.warning("could not announce the monitor: %s", exc)
+            time.sleep(MONITOR_POLL)
+
+    threading.Thread(target=announce, daemon=True, name="termpool-monitor-announce").start()
+
+
 def main() -> None:
     from jobs.celery_app import celery_app
 
@@ -81,6 +102,7 @@ def main() -> None:
             "FLOWER_BASIC_AUTH is not set: Flower's pages are open to anyone who reaches %s, and its HTTP API is off",
             next(a for a in argv if a.startswith("--address=")).split("=", 1)[1],
         )
+    announce_monitor()
     sys.exit(celery_app.start(argv) or 0)
 
 

@@ -89,14 +89,11 @@ def _job(fn=None, *, on_failure=None, retry=False):
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
-        state = store().job_state(job_id)
+        state = store().begin_job(job_id, self.request.hostname or "")  # running now if it was queued
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
-        if state == "queued":
-            store().job_started(job_id, self.request.hostname or "")
-        elif state == "running" and self.request.retries:
+        if state == "running" and self.request.retries:
             store().job_attempt(job_id, self.request.hostname or "")
-        store().touch(run_id)  # a run whose job is working is in use, whoever polls it
         try:
             result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
         except HandedOver:
@@ -151,7 +148,8 @@ def _timeouts(run: dict):
 
 
 def _live_run(run_id: str) -> dict:
-    run = store().require_run(run_id)
+    """The run's record, marked as used: a run whose job is working is in use, whoever polls it."""
+    run = store().use_run(run_id) or store().require_run(run_id)  # the second: unknown, or closed
     if run["state"] in ("closing", "closed"):
         raise RunClosed(f"run {run_id} is closed")
     return run

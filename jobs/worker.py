@@ -48,7 +48,6 @@ def worker_argv(kind: str) -> list[str]:
         node_name(kind, cfg.host_id),
         "--without-gossip",
         "--without-mingle",
-        "-E",
         "-l",
         cfg.log_level,
     ]

@@ -64,6 +64,13 @@ def _containment(env) -> str:
     return value
 
 
+def _task_events(env) -> str:
+    value = _str(env, "TASK_EVENTS", "monitor").lower()
+    if value not in ("monitor", "always"):
+        raise ValueError(f"TASK_EVENTS must be monitor or always, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Per-operation time limits in seconds; a request may override any of them."""
@@ -115,6 +122,7 @@ class Settings:
     session_output_limit: int
     observation_limit: int
     flower_port: int
+    task_events: str  # monitor: task events only while a monitor (Flower) listens; always
     containment: str
     containment_interfaces: tuple
     containment_block: tuple
@@ -193,6 +201,7 @@ def load_settings(env=None) -> Settings:
         session_output_limit=_int(env, "SESSION_OUTPUT_LIMIT", 16 << 20),
         observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
         flower_port=_int(env, "FLOWER_PORT", 5555, minimum=0),
+        task_events=_task_events(env),
         containment=_containment(env),
         containment_interfaces=_list(env, "CONTAINMENT_INTERFACES", "docker0,br-+"),
         containment_block=_list(env, "CONTAINMENT_BLOCK"),

@@ -11,12 +11,19 @@ keyword every pool job carries. Reaping goes to the shared ``termpool.maintenanc
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 from celery import Celery
 from kombu import Queue
 
 from termpool.config import QUEUE_KINDS, Settings
 
+log = logging.getLogger(__name__)
+
 MAINTENANCE_QUEUE = "termpool.maintenance"
+MONITOR_POLL = 5.0  # seconds between two looks for a listening monitor (Flower asks as often)
 
 # Which kind of queue each job (Celery task name) is consumed from.
 JOB_KINDS = {
@@ -60,16 +67,18 @@ def route_job(name, args, kwargs, options, task=None, **kw):
 def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
     """The Celery app for `cfg`: broker, queues, routes and the delivery rules both sides share.
     The workers pass their job modules in `include`; the facade sends jobs by name."""
-    app = Celery("termpool", broker=cfg.redis_url, backend=cfg.redis_url, include=include or [])
+    # No result backend: job records in the state store are the results (see below). With a
+    # Redis backend the sender also subscribes to each task's result channel (a SUBSCRIBE and
+    # an UNSUBSCRIBE per job) and every worker thread builds its own backend client.
+    app = Celery("termpool", broker=cfg.redis_url, backend=None, include=include or [])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
         task_create_missing_queues=False,
         task_default_queue=MAINTENANCE_QUEUE,
         task_routes=(route_job,),
         task_serializer="json",
-        result_serializer="json",
         accept_content=["json"],
-        result_expires=24 * 3600,
+        result_expires=None,  # no results kept, so no daily backend_cleanup task from beat
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
@@ -87,9 +96,13 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # backend as well would cost two more Redis writes and publishes per tool call.
         task_ignore_result=True,
         task_track_started=False,
-        # Task events for Flower, "sent" included: queued jobs and their queue show there too.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Task events are for a monitor. Flower asks every worker to send them (Celery's
+        # enable_events broadcast, every few seconds), so with TASK_EVENTS=monitor workers
+        # start without and publish nothing while no monitor listens; `always` sends them
+        # from the start. Sent events (per job, from whoever sends it) show queued jobs and
+        # their queue: with `monitor` only while a monitor announces itself (follow_monitor).
+        worker_send_task_events=cfg.task_events == "always",
+        task_send_sent_event=cfg.task_events == "always",
         # Redis away (restart, failover): every worker, its queue consumers and beat keep
         # reconnecting until it is back, however long that takes, instead of exiting.
         broker_connection_retry_on_startup=True,
@@ -102,3 +115,21 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def follow_monitor(app: Celery, cfg: Settings, store) -> None:
+    """With TASK_EVENTS=monitor, publish task-sent events only while a monitor announces
+    itself in the state store (jobs/flower.py does): a daemon thread looks every
+    MONITOR_POLL seconds. A process calls this once, after any fork."""
+    if cfg.task_events != "monitor":
+        return
+
+    def follow() -> None:
+        while True:
+            try:
+                app.conf.task_send_sent_event = store.monitor_listening()
+            except Exception as exc:  # Redis away: keep the last answer, look again later
+                log.debug("could not look for a monitor: %s", exc)
+            time.sleep(MONITOR_POLL)
+
+    threading.Thread(target=follow, daemon=True, name="termpool-monitor-follower").start()

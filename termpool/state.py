@@ -34,6 +34,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
+                             events (jobs/flower.py; termpool/queues.py follow_monitor)
 
 Closed runs and ended jobs expire RECORD_TTL after they end. The same Redis is Celery's broker:
 its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
@@ -90,6 +92,7 @@ FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
 RECENT_RUNS = PREFIX + "runs:recent"
 HOSTS = PREFIX + "hosts"
+MONITOR = PREFIX + "monitor"
 
 
 def run_key(run_id: str) -> str:
@@ -216,6 +219,24 @@ return 1
 """
 
 
+_USE_RUN = """
+local run_key, now = KEYS[1], ARGV[2]
+local state = redis.call('HGET', run_key, 'state')
+if not state or state == 'closing' or state == 'closed' then return false end
+redis.call('HSET', run_key, 'last_used_at', now)
+local host = redis.call('HGET', run_key, 'host')
+if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
+return redis.call('HGETALL', run_key)
+"""
+
+_BEGIN_JOB = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'node', ARGV[2], 'attempts', 1)
+end
+return state
+"""
+
 _TRANSITION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 2, #ARGV do
@@ -275,6 +296,8 @@ class Store:
         self._r = client
         self._release = client.register_script(_RELEASE)
         self._transition = client.register_script(_TRANSITION)
+        self._use_run = client.register_script(_USE_RUN)
+        self._begin_job = client.register_script(_BEGIN_JOB)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
@@ -330,6 +353,14 @@ class Store:
         pipe.zadd(host_live_key(host), {run_id: now}, xx=True)
         pipe.execute()
         return True
+
+    def use_run(self, run_id: str) -> dict | None:
+        """A live run's record, marked as used (touch) in the same round trip; None when the
+        lease is unknown or released."""
+        if not run_id:
+            return None
+        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id])
+        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
         """Change a run's state unless it has been released meanwhile (close wins)."""
@@ -471,12 +502,11 @@ class Store:
         pipe.rpush(run_jobs_key(run_id), job_id)
         pipe.execute()
 
-    def job_started(self, job_id: str, node: str) -> None:
-        """The job's first attempt began (a retry only moves it to its new node: job_attempt)."""
-        self._r.hset(
-            job_key(job_id),
-            mapping=_encode({"state": "running", "started_at": time.time(), "node": node, "attempts": 1}),
-        )
+    def begin_job(self, job_id: str, node: str) -> str | None:
+        """A job's message is being run: returns the job's state before. A queued job is now
+        running, its first attempt on `node` (a retry only moves it to its new node:
+        job_attempt). One round trip."""
+        return self._begin_job(keys=[job_key(job_id)], args=[time.time(), node])
 
     def job_attempt(self, job_id: str, node: str) -> None:
         self._r.hset(job_key(job_id), "node", node)
@@ -657,6 +687,13 @@ class Store:
         pipe.set(worker_key(token), facts.get("node", ""), ex=NODE_TTL)
         pipe.hset(host_workers_key(host), token, json.dumps(facts))
         pipe.execute()
+
+    def announce_monitor(self, ttl: float) -> None:
+        """A monitor listens for task events for the next `ttl` seconds."""
+        self._r.set(MONITOR, "1", ex=max(1, math.ceil(ttl)))
+
+    def monitor_listening(self) -> bool:
+        return bool(self._r.exists(MONITOR))
 
     def worker_alive(self, token: str) -> bool:
         return bool(self._r.exists(worker_key(token)))

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
@@ -112,6 +114,10 @@ def _tasks_of_run(url, auth, run_id: str) -> dict:
     return {tid: t for tid, t in reply.json().items() if run_id in (t.get("kwargs") or "")}
 
 
+def _finished(tasks: dict) -> bool:
+    return any(t.get("state") == "SUCCESS" and t.get("routing_key") for t in tasks.values())
+
+
 def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker_client):
     url, auth = flower
     host = stack.host_id
@@ -121,12 +127,14 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
     assert requests.get(url + "/api/workers", auth=(auth[0], "wrong"), timeout=10).status_code == 401
     assert requests.get(url + "/api/tasks", timeout=10).status_code == 401
 
-    # Flower's HTTP server answers before its event receiver listens: send probe jobs (the
-    # teardown of a lease never reset) until one shows up, so the episode's events are all seen.
+    # Flower's HTTP server answers before its event receiver listens, and with TASK_EVENTS=monitor
+    # events flow only once Flower has asked the workers and announced itself to the senders:
+    # send probe jobs (the teardown of a lease never reset) until one shows up finished (its
+    # worker's events) with its queue (the sender's), so the episode's events are all seen.
     def events_flow():
         probe = router.allocate("hello-file")
         router.close(probe)
-        return wait_for(lambda: _tasks_of_run(url, auth, probe), 5, 0.5)
+        return wait_for(lambda: _finished(_tasks_of_run(url, auth, probe)), 5, 0.5)
 
     assert wait_for(events_flow, 120, 0), "Flower receives no task events"
 
@@ -186,3 +194,65 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
 
     # The close finished (above), so the run's containers are gone.
     assert wait_for(lambda: not router.run_containers(docker_client, lease), 60)
+
+
+# ---- task events only while a monitor asks for them (TASK_EVENTS=monitor) ----------------------
+@pytest.mark.unit
+def test_task_events_settings():
+    from jobs.worker import worker_argv
+    from termpool.config import load_settings
+    from termpool.queues import make_celery
+
+    assert "-E" not in worker_argv("exec")  # the flag would turn them on whatever the setting
+    quiet = make_celery(load_settings({})).conf
+    assert quiet.worker_send_task_events is False and quiet.task_send_sent_event is False
+    loud = make_celery(load_settings({"TASK_EVENTS": "always"})).conf
+    assert loud.worker_send_task_events is True and loud.task_send_sent_event is True
+    with pytest.raises(ValueError, match="TASK_EVENTS"):
+        load_settings({"TASK_EVENTS": "sometimes"})
+
+
+class EventLog:
+    """Every event of the stack's broker, captured by Celery's event receiver in a thread."""
+
+    def __init__(self, celery):
+        self.events: list[dict] = []
+        self._conn = celery.connection()
+        self._receiver = celery.events.Receiver(self._conn, handlers={"*": self.events.append})
+        self._thread = threading.Thread(target=self._receiver.capture, kwargs={"limit": None}, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._receiver.should_stop = True
+        self._thread.join(timeout=30)
+        self._conn.release()
+
+    def of(self, kind: str, host: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind and e.get("hostname", "").endswith(f"@{host}")]
+
+
+def test_workers_send_task_events_only_once_asked(stack, router):
+    from termpool.config import load_settings
+    from termpool.queues import make_celery
+
+    celery = make_celery(load_settings(stack.env))
+    lease = router.allocate("hello-file")
+    try:
+        assert router.reset(lease, "hello-file").status_code == 200
+        # Whatever an earlier Flower asked, this host's workers stop (as after a restart).
+        celery.control.disable_events()
+        with EventLog(celery) as log:
+            assert wait_for(lambda: log.of("worker-heartbeat", stack.host_id), 30, 0.2), "no event arrives"
+            assert router.sh(lease, "echo quiet").strip() == "quiet"
+            time.sleep(2)
+            assert not log.of("task-succeeded", stack.host_id), "task events sent while no monitor asked"
+            # What Flower does every few seconds: ask every worker for task events.
+            celery.control.enable_events()
+            assert router.sh(lease, "echo heard").strip() == "heard"
+            assert wait_for(lambda: log.of("task-succeeded", stack.host_id), 30, 0.2), "no task event once asked"
+    finally:
+        router.close(lease)
+        celery.close()

@@ -12,6 +12,7 @@ from termpool import state
 from termpool.config import load_settings
 from termpool.queues import make_celery, queue_name
 from termpool.state import LOCK_TTL, UNAVAILABLE, Store
+from tests.conftest import wait_for
 from tests.test_capacity import allocate
 
 pytestmark = pytest.mark.unit
@@ -33,7 +34,9 @@ def test_the_docstring_lists_every_key_family():
     listed = {family(state.PREFIX + line.split()[0]) for line in lines}
     builders = [f for name, f in inspect.getmembers(state, inspect.isfunction) if name.endswith("_key")]
     built = {family(f(*["<>"] * len(inspect.signature(f).parameters))) for f in builders}
-    constants = {family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS)}
+    constants = {
+        family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS, state.MONITOR)
+    }
     assert built | constants <= listed, "a key family missing from state.py's docstring"
     assert len(builders) >= 19
 
@@ -134,3 +137,52 @@ def test_a_reader_without_redis_fails_fast():
     with pytest.raises(UNAVAILABLE):
         store.queue_depths(["termpool.h1.exec"])
     assert time.monotonic() - started < 10
+
+
+# ---- one round trip per use of a run and per job start; the monitor's announcement -----------
+def test_use_run_marks_a_live_run_used_and_returns_its_record(store, redis_server):
+    run = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
+    before = redis_server.zscore(state.host_live_key("h1"), run.run_id)
+    time.sleep(0.01)
+    record = store.use_run(run.run_id)
+    assert (record["run_id"], record["host"], record["state"]) == (run.run_id, "h1", "allocated")
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) > before
+    assert store.get_run(run.run_id)["last_used_at"] > before
+    assert store.use_run("run-unknown") is None and store.use_run("") is None
+    assert store.release(run.run_id)
+    assert store.use_run(run.run_id) is None
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) is None  # never put back
+
+
+def test_begin_job_starts_a_queued_job_once(store):
+    store.create_job("j1", "run-1", "tool_call")
+    assert store.begin_job("j1", "exec-a@h1") == "queued"
+    job = store.get_job("j1")
+    assert (job["state"], job["node"], job["attempts"]) == ("running", "exec-a@h1", 1) and job["started_at"] > 0
+    assert store.begin_job("j1", "exec-b@h1") == "running"
+    assert store.get_job("j1")["node"] == "exec-a@h1"
+    store.job_finished("j1", result="hi")
+    assert store.begin_job("j1", "exec-b@h1") == "succeeded"
+    assert store.get_job("j1")["state"] == "succeeded"
+    assert store.begin_job("j-unknown", "exec-a@h1") is None
+    assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
+
+
+def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):
+    from termpool import queues
+
+    monkeypatch.setattr(queues, "MONITOR_POLL", 0.05)
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    cfg = load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": "h1"})
+    app = make_celery(cfg)
+    queues.follow_monitor(app, cfg, store)
+    assert store.monitor_listening() is False and app.conf.task_send_sent_event is False
+    store.announce_monitor(ttl=1)
+    assert store.monitor_listening() is True
+    assert wait_for(lambda: app.conf.task_send_sent_event is True, 5, 0.02)
+    assert wait_for(lambda: app.conf.task_send_sent_event is False, 5, 0.02)  # the announcement expired
+    always = load_settings({"REDIS_URL": cfg.redis_url, "TASK_EVENTS": "always"})
+    loud = make_celery(always)
+    queues.follow_monitor(loud, always, store)  # nothing to follow: always on
+    time.sleep(0.2)
+    assert loud.conf.task_send_sent_event is True
