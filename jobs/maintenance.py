@@ -17,7 +17,6 @@ from termpool.config import settings
 from termpool.queues import queue_kind
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 3.0  # well under HOST_SILENCE_SECONDS (10 s by default)
 
 
 def _run_is_live(run_id: str) -> bool:
@@ -89,7 +88,7 @@ def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
             store().host_beat(host, node, kind, capacity)
         except Exception:  # Redis away: keep trying, the facade reports 503 meanwhile
             log.exception("heartbeat failed")
-        stop.wait(HEARTBEAT_SECONDS)
+        stop.wait(hosts.HEARTBEAT_SECONDS)
 
 
 _stop_heartbeat = threading.Event()

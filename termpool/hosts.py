@@ -22,6 +22,8 @@ import time
 from termpool.config import QUEUE_KINDS, Settings
 from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 
+HEARTBEAT_SECONDS = 3.0  # how often every worker process beats; well under HOST_SILENCE_SECONDS
+
 # Image affinity: a host that already has the task's images wins over the least loaded one
 # when its load (live runs over capacity) is at most this much higher; one cold start (a
 # build) costs far more than running a few more runs on a host.
@@ -58,9 +60,14 @@ def unavailable(store: Store, host: str, kinds: tuple, silence: float) -> str:
     nodes = store.host_nodes(host)
     if not nodes:
         return ""  # nothing on record: not judged (see the module docstring)
-    cutoff = time.time() - silence
-    alive = {kind for kind, at in nodes.values() if at >= cutoff}
-    code = "HOST_LOST" if not alive else "WORKERS_DOWN" if set(kinds) - alive else ""
+    now = time.time()
+    alive = {kind for kind, at in nodes.values() if at >= now - silence}
+    # A whole host that stopped is silent kind by kind, up to a heartbeat apart: a kind crossing
+    # the limit while no worker of the host has beaten for two heartbeats is that host lost.
+    recent = any(at >= now - 2 * HEARTBEAT_SECONDS for _, at in nodes.values())
+    missing = set(kinds) - alive
+    lost = not alive or (missing and not recent)
+    code = "HOST_LOST" if lost else "WORKERS_DOWN" if missing else ""
     if code and store.redis_uptime() < silence:
         return ""  # Redis itself was away (a restart): every worker was silent, none is lost
     return code

@@ -160,3 +160,19 @@ def test_no_host_is_judged_while_redis_is_younger_than_the_limit(store, cfg):
     assert hosts.unavailable(store, "a", ("exec",), cfg.host_silence) == "HOST_LOST"
     long_limit = store.redis_uptime() + 3600  # as if Redis had restarted within the limit
     assert hosts.unavailable(store, "a", ("exec",), long_limit) == ""
+
+
+def test_a_whole_host_going_silent_kind_by_kind_is_lost_not_workers_down(store):
+    """Workers beat up to a heartbeat apart, so a host that stopped crosses the limit one kind
+    at a time: while none of its workers beat for two heartbeats, that is the host lost."""
+    silence = 7.0
+    assert wait_for(lambda: store.redis_uptime() >= silence, 10)
+    now = time.time()
+    others = [kind for kind in QUEUE_KINDS if kind != "exec"]
+    beat(store, "stopped", ["exec"], at=now - 8)
+    beat(store, "stopped", others, at=now - 6.5)  # still within the limit, but not recent
+    assert hosts.unavailable(store, "stopped", ("exec",), silence) == "HOST_LOST"
+    beat(store, "serving", ["exec"], at=now - 8)
+    beat(store, "serving", others, at=now - 1)
+    assert hosts.unavailable(store, "serving", ("exec",), silence) == "WORKERS_DOWN"
+    assert hosts.unavailable(store, "serving", ("eval",), silence) == ""
