@@ -97,6 +97,13 @@ class ComposeStack:
         return (proc.stdout + proc.stderr)[-8000:]
 
 
+def _host_state(stack: ComposeStack) -> str:
+    try:
+        return stack.client.status()["hosts"].get(stack.host_id, {}).get("state", "")
+    except Exception:
+        return ""
+
+
 def _remove_rules(host_id: str) -> None:
     """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
     their bridge is gone); removed here so no other test ever meets them."""
@@ -122,6 +129,9 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         proc = stack.compose("up", "-d")
         assert proc.returncode == 0, f"compose up failed:\n{proc.stderr[-4000:]}"
         assert wait_for(stack.client.healthy, 180, 0.3), f"/healthz never answered:\n{stack.logs()}"
+        # Ready once the host serves: every queue kind's workers beat (each installs its
+        # containment rules first). Until then allocate answers 503 WORKERS_DOWN, retryable.
+        assert wait_for(lambda: _host_state(stack) == "serving", 180, 0.5), f"never serving:\n{stack.logs()}"
         timings["up"] = time.monotonic() - started
 
         # One full episode on hello-file, as a router drives it.
