@@ -72,7 +72,7 @@ class Engine:
     def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
         """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
         preferring one that has the task's images (known by task_path, else the task key)."""
-        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg))
+        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg, self.store))
 
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases,

@@ -38,9 +38,13 @@ JOB_QUEUE_KINDS = {
 }
 
 
-def placement(cfg: Settings, now: float | None = None) -> Placement:
+def placement(cfg: Settings, store: Store, now: float | None = None) -> Placement:
+    """How allocate weighs hosts now. While Redis is younger than the silence limit (it
+    restarted: no worker could beat meanwhile) a host's last beats count however old, as
+    `unavailable` judges no host then: allocations go on through a Redis restart."""
+    settled = store.redis_uptime() >= cfg.host_silence
     return Placement(
-        cutoff=(now or time.time()) - cfg.host_silence,
+        cutoff=(now or time.time()) - cfg.host_silence if settled else 0.0,
         kinds=len(QUEUE_KINDS),
         default_tasks=cfg.max_tasks,
         default_runs=cfg.max_runs_per_task,

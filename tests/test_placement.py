@@ -36,7 +36,7 @@ def beat(store: Store, host: str, kinds=QUEUE_KINDS, at: float | None = None, ma
 
 
 def place(store, cfg, key="task-a", request_id=""):
-    return store.place(key, request_id, key, hosts.placement(cfg))
+    return store.place(key, request_id, key, hosts.placement(cfg, store))
 
 
 def test_least_loaded_host_gets_the_run(store, cfg):
@@ -176,3 +176,12 @@ def test_a_whole_host_going_silent_kind_by_kind_is_lost_not_workers_down(store):
     beat(store, "serving", others, at=now - 1)
     assert hosts.unavailable(store, "serving", ("exec",), silence) == "WORKERS_DOWN"
     assert hosts.unavailable(store, "serving", ("eval",), silence) == ""
+
+
+def test_after_a_redis_restart_last_beats_still_place_runs(store, cfg):
+    """While Redis is younger than the silence limit no worker could have beaten: a host's
+    last beats count however old, so allocations go on through a Redis restart."""
+    beat(store, "old", at=time.time() - 500)
+    assert place(store, cfg).host == "facade-host"  # settled Redis: a host silent this long is not live
+    young = load_settings({"POOL_HOST_ID": "facade-host", "HOST_SILENCE_SECONDS": str(store.redis_uptime() + 3600)})
+    assert place(store, young).host == "old"
