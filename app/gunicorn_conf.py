@@ -15,6 +15,10 @@ threads = _cfg.web_threads  # each blocking /reset or /evaluate holds one thread
 loglevel = _cfg.log_level.lower()
 accesslog = "-"
 graceful_timeout = 30
+# Idle keep-alive connections stay open longer than clients keep them (httpx: 5 s, requests:
+# until reused): gunicorn's default of 2 s closes them under a client that is about to send
+# on one, and that request fails ("server disconnected") though nothing was wrong.
+keepalive = 75
 
 
 # ---- this instance's runtime folder -----------------------------------------------------------

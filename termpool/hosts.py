@@ -58,19 +58,23 @@ def capacity(cfg: Settings) -> dict:
     return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task}
 
 
+def judge(nodes: dict, now: float, silence: float) -> tuple[set, bool]:
+    """The queue kinds of a host heard from within `silence`, and whether the host is lost:
+    none heard from, or some kind silent while no worker of it beat for two heartbeats (a
+    whole host that stopped goes silent kind by kind, up to a heartbeat apart)."""
+    alive = {kind for kind, at in nodes.values() if at >= now - silence}
+    recent = any(at >= now - 2 * HEARTBEAT_SECONDS for _, at in nodes.values())
+    return alive, not alive or (len(alive) < len(QUEUE_KINDS) and not recent)
+
+
 def unavailable(store: Store, host: str, kinds: tuple, silence: float) -> str:
     """'' when the host's workers of these queue kinds beat within `silence` seconds, else the
     failure code: HOST_LOST when none of its workers did, WORKERS_DOWN when some kind is silent."""
     nodes = store.host_nodes(host)
     if not nodes:
         return ""  # nothing on record: not judged (see the module docstring)
-    now = time.time()
-    alive = {kind for kind, at in nodes.values() if at >= now - silence}
-    # A whole host that stopped is silent kind by kind, up to a heartbeat apart: a kind crossing
-    # the limit while no worker of the host has beaten for two heartbeats is that host lost.
-    recent = any(at >= now - 2 * HEARTBEAT_SECONDS for _, at in nodes.values())
+    alive, lost = judge(nodes, time.time(), silence)
     missing = set(kinds) - alive
-    lost = not alive or (missing and not recent)
     code = "HOST_LOST" if lost else "WORKERS_DOWN" if missing else ""
     if code and store.redis_uptime() < silence:
         return ""  # Redis itself was away (a restart): every worker was silent, none is lost
@@ -122,9 +126,8 @@ def overview(store: Store, cfg: Settings) -> dict[str, dict]:
     known = store.known_hosts()
     out = {}
     for host in sorted(set(known) | draining):
-        nodes = store.host_nodes(host)
-        alive = sorted({kind for kind, at in nodes.values() if at >= now - cfg.host_silence})
-        if not alive:
+        alive, lost = judge(store.host_nodes(host), now, cfg.host_silence)
+        if lost:
             state = "lost"
         elif host in draining:
             state = "draining"
@@ -142,6 +145,6 @@ def overview(store: Store, cfg: Settings) -> dict[str, dict]:
             },
             **store.host_load(host),
             "last_heartbeat": known.get(host),
-            "live_queue_kinds": alive,
+            "live_queue_kinds": sorted(alive),
         }
     return out
