@@ -59,7 +59,7 @@ def settle(service: Service) -> float:
 
 
 def redis_locks(service: Service) -> list[str]:
-    """Build and warm locks still held (a dead holder's lock should be gone within LOCK_TTL)."""
+    """Build locks still held (a dead holder's lock should be gone within LOCK_TTL)."""
     try:
         return sorted(Store(service.redis).held_locks())
     except redis.RedisError:

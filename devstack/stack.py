@@ -178,15 +178,22 @@ class Stack:
         proc.wait(timeout=60)
 
     def stop(self) -> None:
-        for name in [n for n in self.procs if n != "redis"] + ["redis"]:
-            proc = self.procs.get(name)
-            if proc and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        """SIGTERM to every process, Redis last: a worker's clean stop still reaches Redis (the
+        lifecycle worker removes its host's warm spares)."""
+        for group in ([n for n in self.procs if n != "redis"], ["redis"]):
+            for name in group:
+                proc = self.procs.get(name)
+                if proc and proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for name in group:
+                proc = self.procs.get(name)
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=30)
         self.procs.clear()
         if "client" in vars(self):
             self.client.close()

@@ -113,3 +113,17 @@ def run_compose(args: list[str], env: dict, timeout: float, cwd: Path) -> str:
 
 def termpool_labels(run_id: str, host: str, task_key: str) -> dict:
     return {MANAGED_LABEL: "1", RUN_LABEL: run_id, HOST_LABEL: host, TASK_LABEL: task_key}
+
+
+def memory_in_use(name: str) -> int | None:
+    """Bytes a container uses now, as `docker stats` counts them (usage less inactive file
+    cache); None once it is gone. One one-shot stats call: no waiting for a second sample."""
+    try:
+        stats = docker_client().api.stats(name, stream=False, one_shot=True)
+    except docker.errors.NotFound:
+        return None
+    memory = stats.get("memory_stats") or {}
+    details = memory.get("stats") or {}
+    cache = details.get("total_inactive_file", details.get("inactive_file", 0))  # cgroup v1, v2
+    usage = memory.get("usage")
+    return None if usage is None else max(0, usage - cache)

@@ -1,10 +1,11 @@
 """The workers' Celery application: termpool/queues.py's app, with the job modules and the
-beat schedule (reaping idle runs, sweeping each host for leftovers)."""
+beat schedule (reaping idle runs, sweeping each host for leftovers, sizing warm pools)."""
 
 from __future__ import annotations
 
 from celery.signals import worker_process_init, worker_ready
 
+from jobs.warm_pool import SIZE_SECONDS
 from termpool.config import settings
 from termpool.queues import follow_monitor, make_celery
 
@@ -17,6 +18,8 @@ BEAT_SCHEDULE = {
     # Leftovers of runs Redis no longer knows go within a minute, not at the next
     # worker start: the fan-out sends pool.reconcile to each live host's teardown queue.
     "reconcile-hosts": {"task": "pool.reconcile_hosts", "schedule": RECONCILE_SECONDS},
+    # Warm pools shrink when demand stops and never keep a spare past WARM_IDLE_TTL.
+    "size-warm-pools": {"task": "pool.size_warm_hosts", "schedule": SIZE_SECONDS},
 }
 
 celery_app = make_celery(settings(), include=JOB_MODULES)

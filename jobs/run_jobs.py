@@ -206,6 +206,8 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     spec = _spec(task_dir)
     warm = lifecycle.warm_capable(task_dir, settings())
     env = warm_pool.claim(run, host, _run_path) if warm else None
+    if warm:  # at once: on a miss, spares start beside this run's own cold start
+        self.app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
     if env is None:
         try:
             env = _start_cold(run, task_dir)
@@ -227,10 +229,6 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
                 ),
             ).apply_async()
             raise HandedOver() from None
-    if warm:
-        self.app.send_task(
-            "pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"], "task_name": meta["task_name"]}
-        )
     instruction = meta.get("instruction") or spec.instruction
     reply = {
         "user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",

@@ -1,86 +1,243 @@
-"""The opt-in warm pool (WARM_POOL_SIZE): started containers per one-service task and host.
+"""The warm pool: started, prepared spares per one-service task and host, sized from demand.
 
-A reset takes one with LPOP, so no container ever serves two runs; the pool refills in the
-background on the lifecycle queue. Pooled containers carry their warm id as run label (labels
-cannot change later); their warmid key (termpool/state.py) keeps them safe from the reconcile sweep.
+A reset takes one with LPOP, so no container ever serves two runs. Every reset of a pooled
+task (served or missed) is noted as demand and asks for a refill; the pool aims at the size
+termpool/warm_sizing.py gives (demand in the last WARM_DEMAND_WINDOW seconds, within
+WARM_POOL_SIZE, the host's free run slots and WARM_POOL_MEMORY). Spares start as separate jobs
+on the host's lifecycle queue, a few at a time per task, each starting the next while the pool
+is short. Beat's periodic pass (pool.size_warm, on each host's lifecycle queue) removes spares
+beyond the target and any pooled longer than WARM_IDLE_TTL, and measures a spare's idle memory;
+a lifecycle worker that stops cleanly removes its host's spares.
+
+Pooled containers carry their warm id as run label (labels cannot change later); their warmid
+key (termpool/state.py) keeps them safe from the reconcile sweep while they are wanted.
 """
 
 from __future__ import annotations
 
-import secrets
+import logging
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from celery import shared_task
+from celery.signals import worker_shutdown
 
 from environments import artifacts, lifecycle
+from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
 from jobs.runtime import remove_env, store
+from termpool import warm_sizing
 from termpool.config import settings
 from termpool.paths import resolve_task_path
+from termpool.queues import queue_kind
+
+log = logging.getLogger(__name__)
+
+SIZE_SECONDS = 10.0  # beat's period for pool.size_warm: how soon surplus and idle spares go
 
 
 def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
-    """A pre-started container of this task, handed to this run alone (LPOP), if one is alive."""
-    while True:
-        entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
+    """A pre-started container of this task, handed to this run alone (LPOP), if one is alive.
+    Either way the reset counts as the task's demand."""
+    task_path = run["task_meta"]["task_path"]
+    env = None
+    while env is None:
+        entry = store().warm_claim(host, task_path, run["run_id"])
         if entry is None:
-            return None
-        if lifecycle.client_if_running(entry["client"]) is not None:
-            run_path = run_path(run, mounts_from=Path(entry["run_dir"]))
-            return lifecycle.RunEnv(
-                "direct",
-                entry["project"],
-                entry["client"],
-                str(run_path),
-                warm_id=entry["warm_id"],
-                ctl_dir=entry.get("ctl_dir", ""),
-                user=entry.get("user", ""),
-            )
-        lifecycle.remove_run_resources(entry["warm_id"])  # died while pooled
-        lifecycle.remove_ctl_dir(entry.get("ctl_dir", ""))
-        store().warm_forget(entry["warm_id"])
+            break
+        if lifecycle.client_if_running(entry["client"]) is None:
+            _remove_spare(entry)  # died while pooled
+            continue
+        env = lifecycle.RunEnv(
+            "direct",
+            entry["project"],
+            entry["client"],
+            str(run_path(run, mounts_from=Path(entry["run_dir"]))),
+            warm_id=entry["warm_id"],
+            ctl_dir=entry.get("ctl_dir", ""),
+            user=entry.get("user", ""),
+        )
+    store().warm_note_reset(
+        host, task_path, run["run_id"], run["task_meta"]["task_name"], env is not None, settings().warm_demand_window
+    )
+    return env
+
+
+def target_size(host: str, task_path: str) -> int:
+    """The size the task's pool on this host should have now (termpool/warm_sizing.py)."""
+    cfg = settings()
+    facts = store().warm_facts(host, task_path)
+    others = {path: len(entries) for path, entries in store().warm_pools(host).items() if path != task_path and entries}
+    limits = warm_sizing.Limits(
+        max_size=cfg.warm_pool_size,
+        free_slots=cfg.max_tasks * cfg.max_runs_per_task - len(store().live_runs(host)) - sum(others.values()),
+        memory_left=cfg.warm_pool_memory - sum(n * _idle_bytes(store().warm_facts(host, p)) for p, n in others.items()),
+        idle_bytes=_idle_bytes(facts),
+    )
+    start_s = facts.get("start_s") or warm_sizing.DEFAULT_START_SECONDS
+    resets = store().warm_resets(host, task_path, cfg.warm_demand_window)
+    return warm_sizing.target(resets, time.time(), cfg.warm_demand_window, start_s, limits)
+
+
+def _idle_bytes(facts: dict) -> int:
+    return int(facts.get("idle_bytes") or warm_sizing.DEFAULT_IDLE_BYTES)
+
+
+def _starts_at_once() -> int:
+    """Spares of one task starting at once: at most a quarter of the lifecycle threads, so the
+    pool never keeps a run's own start waiting for a thread."""
+    return max(1, settings().concurrency["lifecycle"] // 4)
 
 
 @shared_task(name="pool.refill_warm", bind=True)
-def refill_warm(self, *, host, task_path, task_name):
-    """Top the task's warm pool up to WARM_POOL_SIZE; one refill per task and host at a time."""
+def refill_warm(self, *, host, task_path):
+    """Start the spares the task's pool lacks (each as its own pool.start_warm job)."""
+    return _refill(self.app, host, task_path)
+
+
+def _refill(app, host: str, task_path: str) -> int:
     cfg = settings()
-    lock = store().warm_lock(host, task_path)  # expires within seconds of its holder's death
-    if not lock.acquire():
-        return 0
-    started = 0
-    with lock:
+    wanted = target_size(host, task_path)
+    ids = store().warm_reserve(host, task_path, wanted, _starts_at_once(), cfg.timeouts.reset_session + 60)
+    task_name = store().warm_facts(host, task_path).get("task_name", "")
+    for warm_id in ids:
+        app.send_task(
+            "pool.start_warm", kwargs={"host": host, "task_path": task_path, "task_name": task_name, "warm_id": warm_id}
+        )
+    return len(ids)
+
+
+@shared_task(name="pool.start_warm", bind=True)
+def start_warm(self, *, host, task_path, task_name, warm_id):
+    """Start one spare under its reserved warm id, pool it, and go on refilling."""
+    cfg = settings()
+    began, cpu = time.monotonic(), time.thread_time()
+    pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
+    run_dir = _warm_dir(cfg, warm_id)
+    try:
         task_dir = resolve_task_path(cfg.dataset_dir, task_path)
-        while store().warm_count(host, task_path) < cfg.warm_pool_size:
-            warm_id = "warm-" + secrets.token_hex(8)
-            pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
-            store().warm_reserve(warm_id, cfg.timeouts.reset_session + 60)
-            env, container = lifecycle.start(
-                pseudo_run, task_dir, _warm_dir(cfg, warm_id), cfg, cfg.timeouts.reset_session
-            )
-            try:
-                prepare_container(container, serve=bool(env.ctl_dir))
-            except BaseException:
-                remove_env(warm_id, env.to_dict())
-                raise
-            store().warm_push(
-                host,
-                task_path,
-                {
-                    "warm_id": warm_id,
-                    "client": env.client,
-                    "project": env.project,
-                    "run_dir": str(_warm_dir(cfg, warm_id)),
-                    "ctl_dir": env.ctl_dir,
-                    "user": env.user,
-                },
-            )
-            started += 1
-    return started
+        env, container = lifecycle.start(pseudo_run, task_dir, run_dir, cfg, cfg.timeouts.reset_session)
+        try:
+            prepare_container(container, serve=bool(env.ctl_dir))
+        except BaseException:
+            remove_env(warm_id, env.to_dict())
+            raise
+    except BaseException:
+        store().warm_unreserve(host, task_path, warm_id)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    store().warm_push(
+        host,
+        task_path,
+        {
+            "warm_id": warm_id,
+            "task_path": task_path,
+            "client": env.client,
+            "project": env.project,
+            "run_dir": str(run_dir),
+            "ctl_dir": env.ctl_dir,
+            "user": env.user,
+        },
+    )
+    seconds = time.monotonic() - began
+    previous = store().warm_facts(host, task_path).get("start_s")
+    store().warm_set_facts(host, task_path, start_s=round(warm_sizing.rolling(previous, seconds), 3))
+    store().warm_count_event(host, started=1, start_s=seconds, cpu_s=time.thread_time() - cpu)
+    return _refill(self.app, host, task_path) + 1
+
+
+@shared_task(name="pool.size_warm_hosts", bind=True)
+def size_warm_hosts(self):
+    """Beat's fan-out: each live host sizes its own pools; a message expires after one period,
+    so a host whose lifecycle queue is stalled gets one pending pass, not a backlog."""
+    hosts = store().live_hosts()
+    for host in hosts:
+        self.app.send_task("pool.size_warm", kwargs={"host": host}, expires=SIZE_SECONDS)
+    return hosts
+
+
+@shared_task(name="pool.size_warm", bind=True)
+def size_warm(self, *, host):
+    """Beat's periodic pass on one host: trim every pool to its target and the idle TTL,
+    measure a spare's idle memory per task, refill pools below target, forget idle tasks."""
+    cfg = settings()
+    began, cpu = time.monotonic(), time.thread_time()
+    trimmed = expired = 0
+    sizes = {}
+    for task_path in sorted(store().warm_tasks(host)):
+        keep = target_size(host, task_path)
+        cutoff = time.time() - cfg.warm_idle_ttl
+        for entry in store().warm_trim(host, task_path, keep, cutoff):
+            _remove_spare(entry)
+            if entry.get("pushed_at", 0) < cutoff:
+                expired += 1
+            else:
+                trimmed += 1
+        if keep > store().warm_count(host, task_path) + store().warm_starting(host, task_path):
+            _refill(self.app, host, task_path)
+        elif keep == 0:
+            store().warm_forget_task(host, task_path, cfg.warm_demand_window)
+        sizes[task_path] = keep
+    _measure_idle_memory(host)
+    store().warm_count_event(
+        host, trimmed=trimmed, expired=expired, upkeep_s=time.monotonic() - began, cpu_s=time.thread_time() - cpu
+    )
+    return sizes
+
+
+def _measure_idle_memory(host: str) -> None:
+    """One spare per task (the longest pooled: the most settled) is measured; in parallel, as a
+    one-shot stats call waits for the daemon's next sample (up to a second)."""
+    oldest = {path: entries[0] for path, entries in store().warm_pools(host).items() if entries}
+    if not oldest:
+        return
+    with ThreadPoolExecutor(min(8, len(oldest))) as pool:
+        measured = dict(zip(oldest, pool.map(lambda e: memory_in_use(e["client"]), oldest.values())))
+    for task_path, used in measured.items():
+        if used is not None:
+            previous = store().warm_facts(host, task_path).get("idle_bytes")
+            store().warm_set_facts(host, task_path, idle_bytes=int(warm_sizing.rolling(previous, used)))
+
+
+def drain(host: str) -> int:
+    """Remove every spare of the host (a clean stop: nothing is left for a sweep to find)."""
+    removed = 0
+    for task_path in store().warm_tasks(host):
+        for entry in store().warm_trim(host, task_path, 0, float("inf")):
+            _remove_spare(entry)
+            removed += 1
+    if removed:
+        store().warm_count_event(host, drained=removed)
+    return removed
+
+
+@worker_shutdown.connect
+def _drain_on_stop(sender=None, **_):
+    """The lifecycle worker (which starts the spares) stops cleanly: its host's spares go."""
+    cfg = settings()
+    if sender is None or cfg.warm_pool_size <= 0:
+        return
+    kinds = {queue_kind(name, cfg.host_id) for name in sender.app.amqp.queues.consume_from}
+    if "lifecycle" not in kinds:
+        return
+    try:
+        removed = drain(cfg.host_id)
+    except Exception:  # Redis or Docker away: the reconcile sweep removes them when back
+        log.warning("could not remove the warm pool's spares", exc_info=True)
+        return
+    if removed:
+        log.info("removed %d warm spares on shutdown", removed)
+
+
+def _remove_spare(entry: dict) -> None:
+    """A spare taken out of the pool: its container, socket folder, warm folder and claim."""
+    remove_env(entry["warm_id"], {"ctl_dir": entry.get("ctl_dir", "")})
+    store().warm_forget(entry["warm_id"])
+    if entry.get("run_dir"):
+        shutil.rmtree(entry["run_dir"], ignore_errors=True)
 
 
 def _warm_dir(cfg, warm_id: str) -> Path:
     return artifacts.run_dir(str(cfg.output_root / ".warm"), "pool", "0", warm_id)
-
-
-# ---- tool calls -----------------------------------------------------------------------------

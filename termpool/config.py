@@ -29,6 +29,18 @@ def _float(env, name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, not {raw!r}") from None
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _bytes(env, name: str, default: str) -> int:
+    """A size as docker writes one: a number with an optional b, k, m, g or t (powers of 1024)."""
+    raw = env.get(name, "").strip().lower() or default
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?", raw)
+    if not match:
+        raise ValueError(f"{name} must be a size such as 512m or 2g, not {raw!r}")
+    return int(float(match[1]) * _BYTE_UNITS[match[2]])
+
+
 def _str(env, name: str, default: str = "") -> str:
     return env.get(name, "").strip() or default
 
@@ -118,7 +130,10 @@ class Settings:
     flower_purge_offline_workers: int
     flower_tasks_columns: str
     expose_kill_tool: bool
-    warm_pool_size: int
+    warm_pool_size: int  # spares per one-service task and host at most; 0: no warm pool
+    warm_pool_memory: int  # bytes of idle spares a host keeps at most (by measured footprint)
+    warm_idle_ttl: float  # a spare unclaimed this long is removed (at most run_idle_ttl)
+    warm_demand_window: float  # seconds of recent resets that size a task's pool
     session_output_limit: int
     observation_limit: int
     flower_port: int
@@ -161,6 +176,7 @@ def load_settings(env=None) -> Settings:
     max_tasks = _int(env, "WORKER_MAX_TASKS", 16)
     max_runs = _int(env, "WORKER_MAX_RUNS_PER_TASK", 8)
     max_closes = _int(env, "WORKER_MAX_CONCURRENT_CLOSES", 10)
+    run_idle_ttl = _float(env, "WORKER_RUN_IDLE_TTL", 600.0)
     source = _str(env, "TBENCH_DOCKER_IMAGE_SOURCE", "build").lower()
     if source not in ("build", "pull"):
         raise ValueError(f"TBENCH_DOCKER_IMAGE_SOURCE must be 'build' or 'pull', not {source!r}")
@@ -170,7 +186,7 @@ def load_settings(env=None) -> Settings:
         port=_int(env, "ENV_SERVER_PORT", 18081),
         max_tasks=max_tasks,
         max_runs_per_task=max_runs,
-        run_idle_ttl=_float(env, "WORKER_RUN_IDLE_TTL", 600.0),
+        run_idle_ttl=run_idle_ttl,
         allocated_ttl=_float(env, "WORKER_ALLOCATED_TTL", 120.0),
         max_concurrent_closes=max_closes,
         image_source=source,
@@ -197,7 +213,10 @@ def load_settings(env=None) -> Settings:
         flower_purge_offline_workers=_int(env, "FLOWER_PURGE_OFFLINE_WORKERS", 3600, minimum=0),
         flower_tasks_columns=_str(env, "FLOWER_TASKS_COLUMNS", FLOWER_TASK_COLUMNS),
         expose_kill_tool=_bool(env, "POOL_EXPOSE_KILL_TOOL"),
-        warm_pool_size=_int(env, "WARM_POOL_SIZE", 0),
+        warm_pool_size=_int(env, "WARM_POOL_SIZE", 8, minimum=0),
+        warm_pool_memory=_bytes(env, "WARM_POOL_MEMORY", "2g"),
+        warm_idle_ttl=min(_float(env, "WARM_IDLE_TTL", 180.0), run_idle_ttl),
+        warm_demand_window=_float(env, "WARM_DEMAND_WINDOW", 60.0),
         session_output_limit=_int(env, "SESSION_OUTPUT_LIMIT", 16 << 20),
         observation_limit=_int(env, "OBSERVATION_LIMIT", 64 << 10),
         flower_port=_int(env, "FLOWER_PORT", 5555, minimum=0),

@@ -30,6 +30,8 @@ JOB_KINDS = {
     "pool.ensure_image": "build",
     "pool.start_run": "lifecycle",
     "pool.refill_warm": "lifecycle",
+    "pool.start_warm": "lifecycle",
+    "pool.size_warm": "lifecycle",
     "pool.exec_tool": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",

@@ -29,8 +29,14 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   warm:<h>:<task path>       list: pre-started warm containers (JSON entries), LPOP claims one
   warmid:<id>                string: a warm container is still wanted ("starting" with a
                              TTL, "pooled", or the run that claimed it)
+  warm-starting:<h>:<task>   zset: warm ids being started, scored by when their claim lapses
+  warm-demand:<h>:<task>     zset: recent resets of the task on h (run ids by time), trimmed
+                             to WARM_DEMAND_WINDOW: what sizes the pool
+  warm-facts:<h>:<task>      hash: task name, measured spare start seconds and idle bytes
+  warm-tasks:<h>             set: task paths with a pool, starts or recent demand on h
+  warm-counts:<h>            hash: warm pool counters (claimed, missed, started, start and CPU
+                             seconds, trimmed, expired, drained) for the benchmark
   build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
-  warm-lock:<h>:<task path>  string, LOCK_TTL renewed: one refill of a warm pool per host
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
@@ -167,12 +173,28 @@ def warm_id_key(warm_id: str) -> str:
     return f"{PREFIX}warmid:{warm_id}"
 
 
+def warm_starting_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-starting:{host}:{task_path}"
+
+
+def warm_demand_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-demand:{host}:{task_path}"
+
+
+def warm_facts_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-facts:{host}:{task_path}"
+
+
+def warm_tasks_key(host: str) -> str:
+    return f"{PREFIX}warm-tasks:{host}"
+
+
+def warm_counts_key(host: str) -> str:
+    return f"{PREFIX}warm-counts:{host}"
+
+
 def build_lock_key(host: str, image: str) -> str:
     return f"{PREFIX}build-lock:{host}:{image}"
-
-
-def warm_lock_key(host: str, task_path: str) -> str:
-    return f"{PREFIX}warm-lock:{host}:{task_path}"
 
 
 def host_nodes_key(host: str) -> str:
@@ -189,7 +211,7 @@ def host_lost_key(host: str) -> str:
 
 DRAINING = PREFIX + "hosts:draining"  # and in the placement script
 BEAT_LOCK = PREFIX + "beat-lock"
-LOCK_PATTERNS = (PREFIX + "build-lock:*", PREFIX + "warm-lock:*")
+LOCK_PATTERNS = (PREFIX + "build-lock:*",)
 
 
 class CapacityError(Exception):
@@ -626,19 +648,62 @@ class Store:
     def image_ready(self, host: str, task_path: str) -> bool:
         return bool(self._r.sismember(images_key(host), task_path))
 
-    # ---- warm pool ----------------------------------------------------------------------
-    # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries); LPOP hands each
-    # to exactly one run. tp:warmid:<id> says the warm container is still wanted ("pooled" or
-    # the run that claimed it), so the reconcile sweep leaves it alone.
-    def warm_reserve(self, warm_id: str, ttl: float) -> None:
-        """Claim a warm id before its container exists, so a sweep during the start spares
-        it; warm_push makes the claim permanent, a start that dies lets it expire."""
-        self._r.set(warm_id_key(warm_id), "starting", ex=max(1, int(ttl)))
+    # ---- warm pool (jobs/warm_pool.py) ------------------------------------------------------
+    # tp:warm:<host>:<task_path> lists pre-started containers (JSON entries, oldest first); LPOP
+    # hands each to exactly one run. tp:warmid:<id> says the warm container is still wanted
+    # ("starting", "pooled" or the run that claimed it), so the reconcile sweep leaves it alone.
+    def warm_note_reset(self, host: str, pool: str, run_id: str, task_name: str, claimed: bool, window: float):
+        """A reset of the task on this host (served from the pool or not): the pool's demand."""
+        now = time.time()
+        demand = warm_demand_key(host, pool)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zadd(demand, {f"{run_id} {now}": now})
+        pipe.zremrangebyscore(demand, "-inf", now - window)
+        pipe.expire(demand, max(1, math.ceil(window)))
+        pipe.sadd(warm_tasks_key(host), pool)
+        pipe.hset(warm_facts_key(host, pool), "task_name", task_name)
+        pipe.hincrby(warm_counts_key(host), "claimed" if claimed else "missed", 1)
+        pipe.execute()
+
+    def warm_resets(self, host: str, pool: str, window: float) -> list[float]:
+        """Times of the task's resets on this host within the last `window` seconds."""
+        since = time.time() - window
+        return [at for _, at in self._r.zrangebyscore(warm_demand_key(host, pool), since, "+inf", withscores=True)]
+
+    def warm_reserve(self, host: str, pool: str, target: int, at_once: int, ttl: float) -> list[str]:
+        """Warm ids to start now: as many as bring pooled + starting up to `target`, with at
+        most `at_once` starting. Each is claimed ("starting", for `ttl` seconds) before its
+        container exists, so a sweep during the start spares it; warm_push makes the claim
+        permanent, a start that dies lets it lapse."""
+        candidates = ["warm-" + secrets.token_hex(8) for _ in range(max(0, min(target, at_once)))]
+        if not candidates:
+            return []
+        now = time.time()
+        ids = self._warm_reserve(
+            keys=[warm_key(host, pool), warm_starting_key(host, pool)],
+            args=[now, now + ttl, target, at_once, *candidates],
+        )
+        if ids:
+            pipe = self._r.pipeline(transaction=False)
+            for warm_id in ids:
+                pipe.set(warm_id_key(warm_id), "starting", ex=max(1, int(ttl)))
+            pipe.execute()
+        return ids
+
+    def warm_unreserve(self, host: str, pool: str, warm_id: str) -> None:
+        """A start that failed: its claim goes (its container, if any, is removed by the caller)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zrem(warm_starting_key(host, pool), warm_id)
+        pipe.delete(warm_id_key(warm_id))
+        pipe.execute()
 
     def warm_push(self, host: str, pool: str, entry: dict) -> None:
+        entry = {"pushed_at": time.time(), **entry}
         pipe = self._r.pipeline()
         pipe.set(warm_id_key(entry["warm_id"]), "pooled")
         pipe.rpush(warm_key(host, pool), json.dumps(entry))
+        pipe.zrem(warm_starting_key(host, pool), entry["warm_id"])
+        pipe.sadd(warm_tasks_key(host), pool)
         pipe.execute()
 
     def warm_claim(self, host: str, pool: str, run_id: str) -> dict | None:
@@ -649,8 +714,55 @@ class Store:
         self._r.set(warm_id_key(entry["warm_id"]), run_id)
         return entry
 
+    def warm_trim(self, host: str, pool: str, keep: int, cutoff: float) -> list[dict]:
+        """Take out of the pool (oldest first) the spares beyond `keep` and those pooled before
+        `cutoff`; they are no longer wanted (a sweep removes any its caller does not)."""
+        raw = self._warm_trim(keys=[warm_key(host, pool)], args=[keep, cutoff, warm_id_key("")])
+        return [json.loads(entry) for entry in raw]
+
     def warm_count(self, host: str, pool: str) -> int:
         return self._r.llen(warm_key(host, pool))
+
+    def warm_starting(self, host: str, pool: str) -> int:
+        return self._r.zcount(warm_starting_key(host, pool), time.time(), "+inf")
+
+    def warm_tasks(self, host: str) -> set[str]:
+        return self._r.smembers(warm_tasks_key(host))
+
+    def warm_pools(self, host: str) -> dict[str, list[dict]]:
+        """Every pool of the host: task path -> its pooled entries."""
+        pools = sorted(self.warm_tasks(host))
+        pipe = self._r.pipeline(transaction=False)
+        for pool in pools:
+            pipe.lrange(warm_key(host, pool), 0, -1)
+        return {pool: [json.loads(e) for e in raw] for pool, raw in zip(pools, pipe.execute())}
+
+    def warm_forget_task(self, host: str, pool: str, window: float) -> bool:
+        """Stop looking after a task with no spares, no starts and no reset in `window` seconds."""
+        keys = [warm_tasks_key(host), warm_key(host, pool), warm_starting_key(host, pool), warm_demand_key(host, pool)]
+        now = time.time()
+        return bool(self._warm_forget_task(keys=keys, args=[pool, now, now - window]))
+
+    def warm_facts(self, host: str, pool: str) -> dict:
+        """task_name, start_s and idle_bytes (the measured ones as numbers) of the task's spares."""
+        facts = self._r.hgetall(warm_facts_key(host, pool))
+        for name in ("start_s", "idle_bytes"):
+            if name in facts:
+                facts[name] = float(facts[name])
+        return facts
+
+    def warm_set_facts(self, host: str, pool: str, **facts) -> None:
+        self._r.hset(warm_facts_key(host, pool), mapping={k: str(v) for k, v in facts.items()})
+
+    def warm_count_event(self, host: str, **amounts: float) -> None:
+        """Add to the host's warm pool counters (floats allowed: seconds)."""
+        pipe = self._r.pipeline(transaction=False)
+        for name, amount in amounts.items():
+            pipe.hincrbyfloat(warm_counts_key(host), name, amount)
+        pipe.execute()
+
+    def warm_counters(self, host: str) -> dict[str, float]:
+        return {name: float(value) for name, value in self._r.hgetall(warm_counts_key(host)).items()}
 
     def warm_known(self, warm_id: str) -> bool:
         """Still wanted: pooled, or claimed by a run not yet closed (a start whose worker died
@@ -662,6 +774,18 @@ class Store:
 
     def warm_forget(self, warm_id: str) -> None:
         self._r.delete(warm_id_key(warm_id))
+
+    @functools.cached_property
+    def _warm_reserve(self):
+        return self._r.register_script(_WARM_RESERVE)
+
+    @functools.cached_property
+    def _warm_trim(self):
+        return self._r.register_script(_WARM_TRIM)
+
+    @functools.cached_property
+    def _warm_forget_task(self):
+        return self._r.register_script(_WARM_FORGET_TASK)
 
     # ---- shell sessions -----------------------------------------------------------------
     def session(self, run_id: str, sid: str) -> dict:
@@ -760,16 +884,12 @@ class Store:
         """One build of an image per host at a time."""
         return OwnedLock(self._r, build_lock_key(host, image))
 
-    def warm_lock(self, host: str, task_path: str) -> OwnedLock:
-        """One refill of a task's warm pool per host at a time."""
-        return OwnedLock(self._r, warm_lock_key(host, task_path))
-
     def beat_lock(self) -> OwnedLock:
         """One beat scheduler per deployment (one Redis): a second one stands by until it is free."""
         return OwnedLock(self._r, BEAT_LOCK)
 
     def held_locks(self) -> dict[str, float]:
-        """Every build and warm lock held now -> seconds until it expires unless renewed
+        """Every build lock held now -> seconds until it expires unless renewed
         (inf for one without a TTL, which no OwnedLock leaves)."""
         names = [name for pattern in LOCK_PATTERNS for name in self._r.scan_iter(match=pattern, count=1000)]
         pipe = self._r.pipeline(transaction=False)
@@ -1013,6 +1133,45 @@ class Placement:
 
 
 # ---- locks ----------------------------------------------------------------------------------
+# The warm pool's scripts (Store.warm_*): each decides from the pool's state in one step.
+# KEYS: pool list, starting zset. ARGV: now, lapse time, target, at most starting, candidate ids.
+_WARM_RESERVE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+local starting = redis.call('ZCARD', KEYS[2])
+local n = math.min(tonumber(ARGV[3]) - redis.call('LLEN', KEYS[1]) - starting,
+                   tonumber(ARGV[4]) - starting, #ARGV - 4)
+local ids = {}
+for i = 1, n do
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4 + i])
+  ids[i] = ARGV[4 + i]
+end
+return ids
+"""
+# KEYS: pool list. ARGV: spares to keep, pooled-before cutoff, warmid key prefix.
+_WARM_TRIM = """
+local out = {}
+while true do
+  local head = redis.call('LINDEX', KEYS[1], 0)
+  if not head then break end
+  local entry = cjson.decode(head)
+  local old = (tonumber(entry['pushed_at']) or 0) < tonumber(ARGV[2])
+  if redis.call('LLEN', KEYS[1]) <= tonumber(ARGV[1]) and not old then break end
+  redis.call('LPOP', KEYS[1])
+  redis.call('DEL', ARGV[3] .. entry['warm_id'])
+  out[#out + 1] = head
+end
+return out
+"""
+# KEYS: tasks set, pool list, starting zset, demand zset. ARGV: task path, now, window start.
+_WARM_FORGET_TASK = """
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[3])
+if redis.call('LLEN', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + redis.call('EXISTS', KEYS[4]) > 0 then
+  return 0
+end
+return redis.call('SREM', KEYS[1], ARGV[1])
+"""
+
 LOCK_TTL = 12.0  # a lock outlives its owner by at most this long: the owner renews it meanwhile
 LOCK_POLL = 0.2
 _BREAK_LOCK = """

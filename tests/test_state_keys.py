@@ -102,11 +102,11 @@ def test_transition_only_from_the_given_states(store, redis_server):
 
 
 # ---- locks -----------------------------------------------------------------------------------
-def test_held_locks_name_build_and_warm_locks_with_their_ttl(store):
-    with store.build_lock("h1", "img:latest") as build, store.warm_lock("h1", "tasks/a") as warm:
-        assert build.acquire() and warm.acquire()
+def test_held_locks_name_build_locks_with_their_ttl(store):
+    with store.build_lock("h1", "img:latest") as build:
+        assert build.acquire()
         held = store.held_locks()
-        assert set(held) == {state.build_lock_key("h1", "img:latest"), state.warm_lock_key("h1", "tasks/a")}
+        assert set(held) == {state.build_lock_key("h1", "img:latest")}
         assert all(0 < left <= LOCK_TTL for left in held.values())
         assert not store.build_lock("h1", "img:latest").acquire()  # one build of an image per host
         assert store.build_lock("h2", "img:latest").acquire()  # another host builds its own
