@@ -30,11 +30,13 @@ import docker
 import psutil
 import requests
 
-from bench import report
+from bench import report, warm
 from bench.episodes import TASK, BenchClient, Floor, pool_episode, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
 from devstack import FIXTURES, ROOT, Stack, free_port
+from termpool.config import load_settings
+from termpool.state import Store
 from termpool.task_spec import image_name
 
 FACES = ("floor", "pool", "runs")
@@ -199,19 +201,11 @@ def leftovers(client, label: str) -> list[str]:
     return sorted(c.name for c in client.containers.list(all=True, filters={"label": label}))
 
 
-def termpool_leftovers(client, host_label: str, closed_runs: set[str], warm: int) -> tuple[list, list]:
-    """(leaked, spares) among the containers of the stack's host once every run is closed.
-
-    Without a warm pool every such container is leaked. With WARM_POOL_SIZE=N, a container
-    of a run the benchmark closed is leaked; the others are taken for warm spares while there
-    are at most N of them (beyond N, all of them count as leaked: no telling which is which).
-    """
-    containers = client.containers.list(all=True, filters={"label": host_label})
-    if not warm:
-        return sorted(c.name for c in containers), []
-    ours = [c for c in containers if c.labels.get(RUN_LABEL) in closed_runs]
-    spares = [c for c in containers if c not in ours]
-    leaked = ours + (spares if len(spares) > warm else [])
+def termpool_leftovers(client, host_label: str, store: Store) -> tuple[list, list]:
+    """(leaked, spares) among the containers of the stack's host once every run is closed: a
+    spare is one the warm pool still holds (bench/warm.py); every other one is leaked."""
+    containers = client.containers.list(all=True, filters={"label": host_label}, ignore_removed=True)
+    leaked, spares = warm.split_spares(store, containers)
     return sorted(c.name for c in leaked), sorted(c.name for c in spares)
 
 
@@ -309,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     monitor = None
     raw: dict = {}  # level -> face -> [phase record per repeat]
     termpool_leaks: set[str] = set()
-    closed_runs: set[str] = set()  # every termpool run the benchmark made (all closed by the end)
-    warm = int(env.get("WARM_POOL_SIZE", "0") or 0)
+    warm_size = load_settings(env).warm_pool_size  # the warm pool is on unless WARM_POOL_SIZE=0
+    result["config"]["warm_pool_size"] = warm_size
     floor_leaks: set[str] = set()
     warmup_errors: dict = {"count": 0, "first": []}  # termpool's faces
     warmup_floor_errors: dict = {"count": 0, "first": []}
@@ -328,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stack up: {stack.url}, POOL_HOST_ID {stack.host_id}")
         result["stack_logs"] = str(stack.workdir)
         host_label = f"{HOST_LABEL}={stack.host_id}"
+        store = Store(stack.redis)
         monitor = Monitor(stack.procs, stack.url).start()
 
         available, why = runs_api_available(stack.client)
@@ -371,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
             make_ctx, episode, close_ctx = episode_fns[face]
             rec, wall = run_phase(1, 1, make_ctx, episode, close_ctx)
             log(f"  warm-up {face}: {wall:.1f} s, {rec.error_count} errors")
-            closed_runs |= rec.run_ids
             bucket = warmup_floor_errors if face == "floor" else warmup_errors
             bucket["count"] += rec.error_count
             bucket["first"] += [f"warm-up {face}: {m}" for m in rec.error_messages]
@@ -385,16 +379,25 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             per_worker = max(1, math.ceil(args.episodes / level))
             raw[level] = {face: [] for face in faces}
+            if warm_size:  # steady state: the timed repeats find the pool sized for this level
+                monitor.set_phase(f"prime@{level}")
+                make_ctx, episode, close_ctx = episode_fns["pool"]
+                rec, wall = run_phase(level, 1, make_ctx, episode, close_ctx)
+                log(f"  priming the warm pool at c={level}: {wall:.1f} s, {rec.error_count} errors")
+                warmup_errors["count"] += rec.error_count
+                warmup_errors["first"] += [f"prime c={level}: {m}" for m in rec.error_messages]
+                drain(stack)
             for repeat in range(1, args.repeats + 1):
                 for face in faces:
                     phase = f"{face}@{level}#{repeat}"
                     monitor.set_phase(phase)
                     make_ctx, episode, close_ctx = episode_fns[face]
                     monitor.cpu_begin()
+                    pool_before = warm.counters(store, stack.host_id)
                     rec, wall = run_phase(level, per_worker, make_ctx, episode, close_ctx)
                     monitor.set_phase("drain")
                     leaked: list[str] = []
-                    drained_in = None
+                    drained_in = pool_cost = None
                     if face == "floor":
                         cpu = monitor.cpu_end()
                         leaked = leftovers(dclient, floor_label)
@@ -405,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                         pool = drain(stack)
                         cpu = monitor.cpu_end()  # teardowns included: they are part of an episode
                         drained_in = round(time.monotonic() - t0, 2)
-                        closed_runs |= rec.run_ids
-                        leaked, spares = termpool_leftovers(dclient, host_label, closed_runs, warm)
+                        pool_cost = warm.cost(store, stack.host_id, pool_before)
+                        leaked, spares = termpool_leftovers(dclient, host_label, store)
                         if pool.get("total_active_runs") or pool.get("pending_closes"):
                             rec.error(
                                 f"{face}: not drained after {DRAIN_TIMEOUT:g} s: /status pool {json.dumps(pool)[:300]}"
@@ -414,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
                         termpool_leaks.update(leaked)
                         remove_named(dclient, leaked)  # measure the next phase on a clean host
                     peak = monitor.peak(phase)
-                    if face != "floor" and warm:
-                        log(f"  {len(spares)} containers left as warm spares (WARM_POOL_SIZE={warm})")
+                    if pool_cost:
+                        log(
+                            f"  warm pool: {pool_cost['claimed']:.0f} resets served, {pool_cost['missed']:.0f} "
+                            f"missed; {pool_cost['started']:.0f} spares started ({pool_cost['start_s']:.1f} s, "
+                            f"{pool_cost['cpu_s']:.2f} CPU-s in the worker), {pool_cost['trimmed']:.0f} trimmed, "
+                            f"{pool_cost['expired']:.0f} expired; {len(spares)} spares at the end using "
+                            f"{pool_cost['spares_memory_mb']:.0f} MB"
+                        )
                     raw[level][face].append(
                         phase_record(
                             rec,
@@ -424,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                             drain_s=drained_in,
                             memory=peak,
                             cpu=cpu,
+                            warm_pool=pool_cost,
                             repeat=repeat,
                             phase=phase,
                         )
@@ -440,9 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         monitor.set_phase("final")
         final_pool = drain(stack)
         result["final_status"] = final_pool
-        leaked, spares = termpool_leftovers(dclient, host_label, closed_runs, warm)
+        leaked, spares = termpool_leftovers(dclient, host_label, store)
         termpool_leaks.update(leaked)
         result["warm_spares_at_end"] = spares
+        result["warm_pool_counters"] = warm.counters(store, stack.host_id)
     finally:
         if monitor:
             monitor.stop()
@@ -450,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         host_label = f"{HOST_LABEL}={stack.host_id}"
         after_stop = leftovers(dclient, host_label)
         result["left_after_stop"] = after_stop
-        if not warm:  # with a warm pool, spares may outlive a stop (reconciled at the next start)
-            termpool_leaks.update(after_stop)
+        termpool_leaks.update(after_stop)  # a clean stop removes the warm pool's spares too
         floor_leaks.update(leftovers(dclient, floor_label))
         remove_all(dclient, host_label)
         remove_all(dclient, floor_label)

@@ -15,6 +15,7 @@ from termpool.client import TermpoolError
 from termpool.state import Store
 
 HOST_LABEL = "termpool.host"  # the label termpool puts on every container and network it makes
+RUN_LABEL = "termpool.run"
 SETTLE_TIMEOUT = 90.0
 
 
@@ -24,6 +25,23 @@ def _docker():
 
 def containers(host_id: str) -> list:
     return _docker().containers.list(all=True, filters={"label": f"{HOST_LABEL}={host_id}"})
+
+
+def warm_spares(service: Service) -> set[str]:
+    """Run labels of the host's containers that the warm pool still holds (pooled or
+    starting): spares, not leftovers (a clean stop removes them)."""
+    try:
+        store = Store(service.redis)
+        labels = {c.labels.get(RUN_LABEL, "") for c in containers(service.host_id)}
+        return {run for run in labels if run.startswith("warm-") and store.warm_known(run)}
+    except redis.RedisError:
+        return set()
+
+
+def left_behind(service: Service) -> list:
+    """The host's containers that are not warm spares."""
+    spares = warm_spares(service)
+    return [c for c in containers(service.host_id) if c.labels.get(RUN_LABEL, "") not in spares]
 
 
 def networks(host_id: str) -> list:
@@ -47,12 +65,12 @@ def capacity(service: Service) -> dict | None:
 
 def settle(service: Service) -> float:
     """Wait (up to SETTLE_TIMEOUT s) until no run holds a slot, no close is pending and no
-    container of the host is left; returns the seconds waited. A stack that exited is not
+    container of the host but the warm pool's spares is left; returns the seconds waited. A stack that exited is not
     waited for: nothing will clean up after it."""
     start = time.monotonic()
     while service.alive() and time.monotonic() - start < SETTLE_TIMEOUT:
         held = capacity(service)
-        if held and held["runs"] == 0 and held["closes"] == 0 and not containers(service.host_id):
+        if held and held["runs"] == 0 and held["closes"] == 0 and not left_behind(service):
             break
         time.sleep(1)
     return round(time.monotonic() - start, 1)
@@ -68,13 +86,16 @@ def redis_locks(service: Service) -> list[str]:
 
 def measure(service: Service) -> dict:
     """Leftovers while the stack is still up (after settle): containers, networks, socket dirs,
-    held capacity, locks."""
+    held capacity, locks; the warm pool's spares are listed apart."""
     held = capacity(service)
+    spares = warm_spares(service)
     return {
-        "containers": [c.name for c in containers(service.host_id)],
+        "containers": [c.name for c in left_behind(service)],
+        "warm_spares": sorted(spares),  # not counted: the warm pool holds them
         "networks": [n.name for n in networks(service.host_id)],
-        # a run's (or warm container's) socket folder; not the workers' containment lock file
-        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir() if p.is_dir()),
+        # a run's (or a warm container's no longer pooled) socket folder; not the workers'
+        # containment lock file
+        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir() if p.is_dir() and p.name not in spares),
         "slots_held": None if held is None else held["runs"],
         "closes_pending": None if held is None else held["closes"],
         "capacity_via": None if held is None else held["via"],

@@ -204,10 +204,9 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
-    warm = lifecycle.warm_capable(task_dir, settings())
-    env = warm_pool.claim(run, host, _run_path) if warm else None
-    if warm:  # at once: on a miss, spares start beside this run's own cold start
-        self.app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
+    env = warm_pool.claim(run, host, _run_path) if settings().warm_pool_size > 0 else None
+    if env is not None or lifecycle.warm_capable(task_dir, settings()):  # a spare: no compose call
+        warm_pool.demanded(self.app, run, host, served=env is not None)
     if env is None:
         try:
             env = _start_cold(run, task_dir)

@@ -40,29 +40,33 @@ SIZE_SECONDS = 10.0  # beat's period for pool.size_warm: how soon surplus and id
 
 def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
     """A pre-started container of this task, handed to this run alone (LPOP), if one is alive.
-    Either way the reset counts as the task's demand."""
-    task_path = run["task_meta"]["task_path"]
-    env = None
-    while env is None:
-        entry = store().warm_claim(host, task_path, run["run_id"])
+    Only one-service tasks ever have spares (see demanded), so a reset may try this first and
+    ask whether the task is one it pools only when none is there."""
+    while True:
+        entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
         if entry is None:
-            break
-        if lifecycle.client_if_running(entry["client"]) is None:
-            _remove_spare(entry)  # died while pooled
-            continue
-        env = lifecycle.RunEnv(
-            "direct",
-            entry["project"],
-            entry["client"],
-            str(run_path(run, mounts_from=Path(entry["run_dir"]))),
-            warm_id=entry["warm_id"],
-            ctl_dir=entry.get("ctl_dir", ""),
-            user=entry.get("user", ""),
-        )
+            return None
+        if lifecycle.client_if_running(entry["client"]) is not None:
+            return lifecycle.RunEnv(
+                "direct",
+                entry["project"],
+                entry["client"],
+                str(run_path(run, mounts_from=Path(entry["run_dir"]))),
+                warm_id=entry["warm_id"],
+                ctl_dir=entry.get("ctl_dir", ""),
+                user=entry.get("user", ""),
+            )
+        _remove_spare(entry)  # died while pooled
+
+
+def demanded(app, run: dict, host: str, served: bool) -> None:
+    """A reset of a task the pool serves (one-service): its demand, and a refill at once (on a
+    miss the spares start beside the run's own cold start)."""
+    meta = run["task_meta"]
     store().warm_note_reset(
-        host, task_path, run["run_id"], run["task_meta"]["task_name"], env is not None, settings().warm_demand_window
+        host, meta["task_path"], run["run_id"], meta["task_name"], served, settings().warm_demand_window
     )
-    return env
+    app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
 
 
 def target_size(host: str, task_path: str) -> int:

@@ -33,9 +33,17 @@ def leftovers(client, host_id: str) -> list[str]:
     return [c.name for c in client.containers.list(all=True, filters={"label": f"termpool.host={host_id}"})]
 
 
+def held_by_pool(store: Store, container) -> bool:
+    """A warm spare the pool still holds (pooled or starting): no leftover while the stack is
+    up (a clean stop removes it)."""
+    run = container.labels.get("termpool.run", "")
+    return run.startswith("warm-") and store.warm_known(run)
+
+
 def stop_checking_leaks(s: Stack, docker_client) -> None:
-    """Stop the stack, remove its containers, and fail if any were left. Teardowns of runs the
-    tests closed run in the background: they get a minute to finish first."""
+    """Stop the stack, remove its containers, and fail if any were left (the warm pool's spares
+    too: a clean stop removes them). Teardowns of runs the tests closed run in the background:
+    they get a minute to finish first."""
     closing = Store.from_url(s.env["REDIS_URL"])
     wait_for(lambda: not closing.closing_runs(s.host_id), 60, 0.5)
     s.stop()

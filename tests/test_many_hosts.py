@@ -17,7 +17,7 @@ import pytest
 
 from devstack import ROOT, Stack
 from termpool.state import Store
-from tests.conftest import Router, stop_checking_leaks, wait_for
+from tests.conftest import Router, held_by_pool, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 
 TASK = "hello-file"
@@ -78,10 +78,11 @@ def host_of(stack: Stack, lease: str) -> str:
     return store(stack).get_run(lease)["host"]
 
 
-def leftovers(client, host: str) -> list[str]:
-    """Names of the host's termpool containers (teardowns may remove some while listing)."""
+def leftovers(client, host: str, stack: Stack | None = None) -> list[str]:
+    """Names of the host's termpool containers (teardowns may remove some while listing); with
+    `stack` (still up), not the warm pool's spares."""
     found = client.containers.list(all=True, filters={"label": f"termpool.host={host}"}, ignore_removed=True)
-    return [c.name for c in found]
+    return [c.name for c in found if stack is None or not held_by_pool(store(stack), c)]
 
 
 def run_labels(client, lease: str) -> list:
@@ -130,7 +131,7 @@ def test_episodes_spread_over_both_hosts(pool, router, daemons):
     for host in daemons:
         assert status[host]["state"] == "serving" and status[host]["images_cached"] >= 1, status[host]
         assert status[host]["capacity"] == {"max_tasks": 4, "max_runs_per_task": 8}
-    assert wait_for(lambda: all(not leftovers(client, host) for host, client in daemons.items()), 90)
+    assert wait_for(lambda: all(not leftovers(client, host, pool) for host, client in daemons.items()), 90)
 
 
 def test_idempotent_allocate_returns_the_same_lease_on_either_host(pool, router, daemons):
@@ -227,7 +228,7 @@ def test_a_drained_host_takes_no_new_runs(pool, router, daemons):
         for lease in [*leases, live_on_a]:
             router.close(lease)
     assert "draining" not in hosts_cli(pool, "list")
-    assert wait_for(lambda: all(not leftovers(client, host) for host, client in daemons.items()), 90)
+    assert wait_for(lambda: all(not leftovers(client, host, pool) for host, client in daemons.items()), 90)
 
 
 def test_a_queue_without_live_workers_fails_fast(pool, router, daemons):

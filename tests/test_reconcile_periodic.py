@@ -14,17 +14,14 @@ from devstack import Stack
 from termpool.config import load_settings
 from termpool.queues import make_celery
 from termpool.state import Store, run_key, warm_key
-from tests.conftest import Router, leftovers, wait_for
+from tests.conftest import Router, stop_checking_leaks, wait_for
 
 
 @pytest.fixture(scope="module")
 def swept(base_image, docker_client):
-    s = Stack(beat=True, durable_redis=True, env={"WARM_POOL_SIZE": "1"}).start()
+    s = Stack(beat=True, durable_redis=True).start()  # the warm pool on, as by default
     yield s
-    s.stop()
-    # Pooled warm containers outlive the stack by design (they wait for the next run).
-    for name in leftovers(docker_client, s.host_id):
-        docker_client.containers.get(name).remove(force=True)
+    stop_checking_leaks(s, docker_client)  # the spares too: a clean stop removes them
 
 
 def run_env(stack, lease) -> dict:
