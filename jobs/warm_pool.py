@@ -15,6 +15,7 @@ key (termpool/state.py) keeps them safe from the reconcile sweep while they are 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -32,6 +33,7 @@ from termpool import warm_sizing
 from termpool.config import settings
 from termpool.paths import resolve_task_path
 from termpool.queues import queue_kind
+from termpool.state import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -125,31 +127,33 @@ def start_warm(self, *, host, task_path, task_name, warm_id):
         env, container = lifecycle.start(pseudo_run, task_dir, run_dir, cfg, cfg.timeouts.reset_session)
         try:
             prepare_container(container, serve=bool(env.ctl_dir))
-        except BaseException:
+            store().warm_push(host, task_path, _entry(warm_id, task_path, env))
+        except BaseException:  # Redis away too: no spare the pool does not know of
             remove_env(warm_id, env.to_dict())
             raise
     except BaseException:
-        store().warm_unreserve(host, task_path, warm_id)
+        with contextlib.suppress(UNAVAILABLE):  # else its claim lapses by itself
+            store().warm_unreserve(host, task_path, warm_id)
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    store().warm_push(
-        host,
-        task_path,
-        {
-            "warm_id": warm_id,
-            "task_path": task_path,
-            "client": env.client,
-            "project": env.project,
-            "run_dir": str(run_dir),
-            "ctl_dir": env.ctl_dir,
-            "user": env.user,
-        },
-    )
     seconds = time.monotonic() - began
     previous = store().warm_facts(host, task_path).get("start_s")
     store().warm_set_facts(host, task_path, start_s=round(warm_sizing.rolling(previous, seconds), 3))
     store().warm_count_event(host, started=1, start_s=seconds, cpu_s=time.thread_time() - cpu)
     return _refill(self.app, host, task_path) + 1
+
+
+def _entry(warm_id: str, task_path: str, env: lifecycle.RunEnv) -> dict:
+    """What the pool keeps of a spare (and claim turns into the run's RunEnv)."""
+    return {
+        "warm_id": warm_id,
+        "task_path": task_path,
+        "client": env.client,
+        "project": env.project,
+        "run_dir": env.run_dir,
+        "ctl_dir": env.ctl_dir,
+        "user": env.user,
+    }
 
 
 @shared_task(name="pool.size_warm_hosts", bind=True)
