@@ -92,8 +92,8 @@ def _idle_bytes(facts: dict) -> int:
 
 
 def _starts_at_once() -> int:
-    """Spares of one task starting at once: at most a quarter of the lifecycle threads, so the
-    pool never keeps a run's own start waiting for a thread."""
+    """Spares of one task starting at once: at most a quarter of the lifecycle threads, so a
+    run's own start seldom waits behind the pool for a thread."""
     return max(1, settings().concurrency["lifecycle"] // 4)
 
 
@@ -225,14 +225,14 @@ def drain(host: str) -> int:
 def _drain_on_stop(sender=None, **_):
     """The lifecycle worker (which starts the spares) stops cleanly: its host's spares go."""
     cfg = settings()
-    if sender is None or cfg.warm_pool_size <= 0:
+    if sender is None:
         return
     kinds = {queue_kind(name, cfg.host_id) for name in sender.app.amqp.queues.consume_from}
     if "lifecycle" not in kinds:
         return
     try:
         removed = drain(cfg.host_id)
-    except Exception:  # Redis or Docker away: the reconcile sweep removes them when back
+    except Exception:  # Redis or Docker away: the periodic trim or the reconcile sweep removes them later
         log.warning("could not remove the warm pool's spares", exc_info=True)
         return
     if removed:

@@ -33,6 +33,20 @@ def leftovers(client, host_id: str) -> list[str]:
     return [c.name for c in client.containers.list(all=True, filters={"label": f"termpool.host={host_id}"})]
 
 
+def run_containers(docker_client, store: Store, run_id: str) -> list:
+    """A run's containers: labelled with its id or, when a warm spare served its latest reset,
+    with that spare's warm id (labels are set when a container is created)."""
+    env = (store.get_run(run_id) or {}).get("env") or {}
+    owners = [run_id, *([env["warm_id"]] if env.get("warm_id") else [])]
+    return [
+        container
+        for owner in owners
+        for container in docker_client.containers.list(
+            all=True, filters={"label": f"termpool.run={owner}"}, ignore_removed=True
+        )
+    ]
+
+
 def held_by_pool(store: Store, container) -> bool:
     """A warm spare the pool still holds (pooled or starting): no leftover while the stack is
     up (a clean stop removes it)."""
@@ -113,7 +127,7 @@ class Router:
         return reply.json()["score"]
 
     def run_containers(self, docker_client, lease: str) -> list:
-        return docker_client.containers.list(all=True, filters={"label": f"termpool.run={lease}"}, ignore_removed=True)
+        return run_containers(docker_client, Store(self.stack.redis), lease)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,8 @@ from termpool.client import (
     exec_call,
 )
 from termpool.codes import CODES
-from tests.conftest import wait_for
+from termpool.state import Store
+from tests.conftest import run_containers, wait_for
 
 SERVER_MODULES = ("flask", "celery", "kombu", "docker", "redis", "requests", "yaml", "app", "tasks")
 
@@ -114,24 +115,26 @@ def pool(stack):
         yield p
 
 
-def run_containers(docker_client, run_id: str) -> list:
-    return docker_client.containers.list(all=True, filters={"label": f"termpool.run={run_id}"}, ignore_removed=True)
+@pytest.fixture
+def containers_of(stack, docker_client):
+    """A run's containers, a warm spare's included (tests/conftest.py run_containers)."""
+    return lambda run_id: run_containers(docker_client, Store(stack.redis), run_id)
 
 
-def test_run_as_context_manager_solves_and_leaves_nothing(pool, docker_client):
+def test_run_as_context_manager_solves_and_leaves_nothing(pool, containers_of):
     with pool.start("hello-file", instruction="write the file") as run:
         assert "hello-file" in run.user_msg and len(run.tool_schemas) == 4
-        assert run_containers(docker_client, run.id)
+        assert containers_of(run.id)
         assert run.exec("echo hi").strip() == "hi"
         assert run.write_file("/app/hello.txt", "Hello, world!\n").startswith("Content successfully written")
         result = run.evaluate()
         assert result.score == 1.0 and set(result.tests.values()) == {"passed"}
         assert run.info()["state"] == "evaluated"
-    assert wait_for(lambda: not run_containers(docker_client, run.id), 120), "the run was not torn down"
+    assert wait_for(lambda: not containers_of(run.id), 120), "the run was not torn down"
     assert pool.run(run.id).info()["state"] in ("closing", "closed")
 
 
-def test_interactive_session_and_close_on_error(pool, docker_client):
+def test_interactive_session_and_close_on_error(pool, containers_of):
     with pytest.raises(RuntimeError, match="agent crashed"), pool.start("interactive-guess") as run:
         started = run.exec("guess", id="g", block=False)
         assert started.startswith("Session 'g' started.")
@@ -141,7 +144,7 @@ def test_interactive_session_and_close_on_error(pool, docker_client):
         assert "Correct!" in run.write_to_process("g", "pineapple")
         assert run.evaluate().score == 1.0
         raise RuntimeError("agent crashed")  # the run is closed all the same
-    assert wait_for(lambda: not run_containers(docker_client, run.id), 120)
+    assert wait_for(lambda: not containers_of(run.id), 120)
 
 
 def test_submit_and_wait_a_job(pool):
@@ -193,7 +196,7 @@ def test_one_shot_episode(pool):
     assert pool.episode("broken-dockerfile", [exec_call("true")], check=False).failure.code == caught.value.code
 
 
-def test_pool_api_lease_episode(pool, docker_client):
+def test_pool_api_lease_episode(pool, containers_of):
     request_id = uuid.uuid4().hex
     with pool.allocate("hello-file", request_id=request_id) as lease:
         assert lease.id.startswith("run-") and not lease.reused
@@ -201,7 +204,7 @@ def test_pool_api_lease_episode(pool, docker_client):
         assert (again.id, again.reused) == (lease.id, True)
         assert lease.reset("hello-file", instruction="write the file") is lease
         assert "write the file" in lease.user_msg and len(lease.tool_schemas) == 4
-        assert run_containers(docker_client, lease.id)
+        assert containers_of(lease.id)
         assert lease.exec("echo hi").strip() == "hi"
         assert lease.write_file("/app/hello.txt", "Hello, world!\n").startswith("Content successfully written")
         assert lease.tool("no_such_tool") == "[TOOL_ERROR] unknown tool: no_such_tool"
@@ -209,10 +212,10 @@ def test_pool_api_lease_episode(pool, docker_client):
         assert lease.evaluate().score == 1.0
         assert pool.run(lease.id).info()["state"] == "evaluated"  # a lease is a run of the runs API
     assert lease.close() is False  # closed on leaving the block: a second close finds nothing
-    assert wait_for(lambda: not run_containers(docker_client, lease.id), 120), "the lease was not torn down"
+    assert wait_for(lambda: not containers_of(lease.id), 120), "the lease was not torn down"
 
 
-def test_pool_api_failures_raise_typed_errors(pool, docker_client):
+def test_pool_api_failures_raise_typed_errors(pool, containers_of):
     with pytest.raises(UnknownLease) as caught:
         pool.lease("run-0000000000000000").heartbeat()
     assert (caught.value.status, caught.value.retryable) == (500, False)
@@ -223,7 +226,7 @@ def test_pool_api_failures_raise_typed_errors(pool, docker_client):
     error = caught.value
     assert error.status == 500 and type(error) is tc.error_class(error.reply["code"]), repr(error)
     assert isinstance(error, tc.TaskError) and error.job is None
-    assert not run_containers(docker_client, lease.id)
+    assert not containers_of(lease.id)
 
 
 def test_raw_request_gives_the_reply_whatever_its_status(pool):
@@ -258,7 +261,7 @@ def test_capacity_exhausted_then_retried_until_a_slot_frees(stack, pool, router)
             router.close(lease)
 
 
-def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
+def test_asyncio_runs_many_episodes_from_one_loop(stack, containers_of):
     async def episode(pool: AsyncPool, i: int) -> tuple[str, float]:
         async with await pool.start("hello-file") as run:
             assert (await run.exec(f"echo {i}")).strip() == str(i)
@@ -283,7 +286,7 @@ def test_asyncio_runs_many_episodes_from_one_loop(stack, docker_client):
     results, one_shot = asyncio.run(main())
     assert [score for _, score in results] == [1.0] * 5 and one_shot.score == 1.0
     for run_id, _ in results:
-        assert wait_for(lambda: not run_containers(docker_client, run_id), 120)  # noqa: B023 (called in this iteration)
+        assert wait_for(lambda: not containers_of(run_id), 120)  # noqa: B023 (called in this iteration)
 
 
 @pytest.mark.unit

@@ -17,7 +17,7 @@ import pytest
 
 from devstack import ROOT, Stack
 from termpool.state import Store
-from tests.conftest import Router, held_by_pool, stop_checking_leaks, wait_for
+from tests.conftest import Router, held_by_pool, run_containers, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 
 TASK = "hello-file"
@@ -85,8 +85,8 @@ def leftovers(client, host: str, stack: Stack | None = None) -> list[str]:
     return [c.name for c in found if stack is None or not held_by_pool(store(stack), c)]
 
 
-def run_labels(client, lease: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"termpool.run={lease}"}, ignore_removed=True)
+def run_labels(client, lease: str, stack: Stack) -> list:
+    return run_containers(client, store(stack), lease)
 
 
 def episode(router: Router, daemons: dict, request_id: str | None = None) -> tuple[str, float]:
@@ -96,7 +96,7 @@ def episode(router: Router, daemons: dict, request_id: str | None = None) -> tup
     assert reply.status_code == 200, reply.text
     host = host_of(router.stack, lease)
     for daemon_host, client in daemons.items():
-        found = run_labels(client, lease)
+        found = run_labels(client, lease, router.stack)
         assert bool(found) == (daemon_host == host), (lease, host, daemon_host, found)
     router.solve(lease, TASK)
     reply = router.evaluate(lease)
@@ -191,7 +191,7 @@ def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
     assert store(pool).get_run(lease)["state"] == "lost"
     status = pool.get("/status").json()["pool"]["hosts"][b]
     assert status["state"] == "lost" and status["live_runs"] == 0 and status["total_active_runs"] == 0, status
-    assert run_labels(daemons[b], lease), "B's containers stay until B is back"
+    assert run_labels(daemons[b], lease, pool), "B's containers stay until B is back"
 
     # New runs go to A and succeed.
     for _ in range(3):
@@ -200,7 +200,7 @@ def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
     # B comes back: its reconcile removes the lost run's containers, and it takes runs again.
     pool.start_host(b)
     for lost in (lease, run_id):
-        assert wait_for(lambda r=lost: not run_labels(daemons[b], r), 120), "B's orphans were not removed"
+        assert wait_for(lambda r=lost: not run_labels(daemons[b], r, pool), 120), "B's orphans were not removed"
         assert store(pool).get_run(lost)["state"] == "closed"
     warm_up(pool, router, daemons, b)
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from termpool.state import Store
 from tests.conftest import wait_for
 
 
@@ -153,7 +154,13 @@ def test_removed_image_is_rebuilt(router, docker_client):
     assert router.reset(lease, "hello-file").status_code == 200
     router.close(lease)
     assert wait_for(lambda: not router.run_containers(docker_client, lease), 60)
+    store, host = Store(router.stack.redis), router.stack.host_id
+    assert wait_for(lambda: store.warm_starting(host, "hello-file") == 0, 60)
     docker_client.images.remove("tb__hello-file__client", force=True)
+    # Spares started from the old image would serve the next resets (until WARM_IDLE_TTL):
+    # take them out, so the next reset starts cold and meets the missing image.
+    for spare in store.warm_trim(host, "hello-file", 0, float("inf")):
+        docker_client.containers.get(spare["client"]).remove(force=True)
     lease = router.allocate("hello-file")
     reply = router.reset(lease, "hello-file")
     assert reply.status_code == 200, reply.text

@@ -15,6 +15,8 @@ import re
 import pytest
 
 from devstack import ROOT
+from termpool.state import Store
+from tests.conftest import run_containers
 
 if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":
     pytest.skip("TERMPOOL_SKIP_BROWSER=1", allow_module_level=True)
@@ -96,7 +98,7 @@ def test_watch_a_live_run(stack, browser, docker_client, tmp_path):
 
     # Let the waiting call finish; the open page picks up the rest by itself (no reload).
     page.evaluate("window.__same_document = true")
-    _release_second_call(docker_client, run_id)
+    _release_second_call(docker_client, stack, run_id)
     expect(second_call.locator("pre.observation")).to_contain_text("Hello, world!", timeout=SLOW)
     expect(page.locator("#tests")).to_contain_text(re.compile(r"[1-9]\d* passed, 0 failed"), timeout=SLOW)
     expect(page.locator("#run-state")).to_have_text("closed", timeout=SLOW)
@@ -143,8 +145,8 @@ def test_hostile_output_is_shown_as_text(stack, browser):
     page.close()
 
 
-def _release_second_call(docker_client, run_id: str) -> None:
+def _release_second_call(docker_client, stack, run_id: str) -> None:
     """Create /tmp/go in the run's container from outside, so the transcript holds only the episode."""
-    containers = docker_client.containers.list(filters={"label": f"termpool.run={run_id}"})
+    containers = run_containers(docker_client, Store(stack.redis), run_id)
     assert containers, "the run's container is not running"
     assert containers[0].exec_run(["touch", "/tmp/go"]).exit_code == 0
