@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from celery import shared_task
-from celery.signals import worker_shutdown
+from celery.signals import worker_ready, worker_shutdown
 
 from environments import artifacts, lifecycle
 from environments.docker_client import memory_in_use
@@ -211,7 +211,7 @@ def _measure_idle_memory(host: str) -> None:
 
 def drain(host: str) -> int:
     """Remove every spare of the host (a clean stop: nothing is left for a sweep to find)."""
-    removed = 0
+    removed = _drop_starts(host)
     for task_path in store().warm_tasks(host):
         for entry in store().warm_trim(host, task_path, 0, float("inf")):
             _remove_spare(entry)
@@ -221,17 +221,43 @@ def drain(host: str) -> int:
     return removed
 
 
+def _drop_starts(host: str) -> int:
+    """Remove what spare starts of the host left: a lifecycle worker that died mid-start leaves
+    a container its claim would keep from the sweep until the claim lapses (minutes)."""
+    cfg = settings()
+    dropped = 0
+    for task_path in store().warm_tasks(host):
+        for warm_id in store().warm_take_starting(host, task_path):
+            dropped += lifecycle.remove_run_resources(warm_id)
+            lifecycle.remove_ctl_dir(str(cfg.socket_dir / warm_id))
+            shutil.rmtree(_warm_dir(cfg, warm_id), ignore_errors=True)
+    return dropped
+
+
+def _consumes_lifecycle(worker) -> bool:
+    host = settings().host_id
+    return "lifecycle" in {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from}
+
+
+@worker_ready.connect
+def _drop_starts_on_start(sender=None, **_):
+    """A lifecycle worker starts: no spare is being started on its host (one lifecycle worker
+    per host), so any start on record is one its predecessor died in."""
+    if sender is None or not _consumes_lifecycle(sender):
+        return
+    try:
+        _drop_starts(settings().host_id)
+    except Exception:  # Redis or Docker away: the claims lapse and the sweep removes them later
+        log.warning("could not remove spares left half-started", exc_info=True)
+
+
 @worker_shutdown.connect
 def _drain_on_stop(sender=None, **_):
     """The lifecycle worker (which starts the spares) stops cleanly: its host's spares go."""
-    cfg = settings()
-    if sender is None:
-        return
-    kinds = {queue_kind(name, cfg.host_id) for name in sender.app.amqp.queues.consume_from}
-    if "lifecycle" not in kinds:
+    if sender is None or not _consumes_lifecycle(sender):
         return
     try:
-        removed = drain(cfg.host_id)
+        removed = drain(settings().host_id)
     except Exception:  # Redis or Docker away: the periodic trim or the reconcile sweep removes them later
         log.warning("could not remove the warm pool's spares", exc_info=True)
         return

@@ -690,6 +690,19 @@ class Store:
             pipe.execute()
         return ids
 
+    def warm_take_starting(self, host: str, pool: str) -> list[str]:
+        """Every start reservation of the task on this host, taken back: for a lifecycle worker
+        that starts or stops cleanly, as none of them is being started then (one lifecycle
+        worker per host)."""
+        key = warm_starting_key(host, pool)
+        pipe = self._r.pipeline()
+        pipe.zrange(key, 0, -1)
+        pipe.delete(key)
+        ids = pipe.execute()[0]
+        if ids:
+            self._r.delete(*[warm_id_key(warm_id) for warm_id in ids])
+        return ids
+
     def warm_unreserve(self, host: str, pool: str, warm_id: str) -> None:
         """A start that failed: its claim goes (its container, if any, is removed by the caller)."""
         pipe = self._r.pipeline(transaction=False)

@@ -141,3 +141,10 @@ def test_pools_list_every_task_of_the_host(store):
     pools = store.warm_pools("h")
     assert {k: [e["warm_id"] for e in v] for k, v in pools.items()} == {"a": ["warm-1"], "b": ["warm-2"]}
     assert json.loads(store._r.lindex(state.warm_key("h", "a"), 0))["pushed_at"] > 0
+
+
+def test_starts_on_record_can_be_taken_back(store):
+    ids = store.warm_reserve("h", "t", target=3, at_once=3, ttl=300)
+    assert sorted(store.warm_take_starting("h", "t")) == sorted(ids)
+    assert store.warm_starting("h", "t") == 0 and not any(store.warm_known(w) for w in ids)
+    assert store.warm_take_starting("h", "t") == []
