@@ -137,12 +137,8 @@ class Engine:
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
-        if self.store.close_lost_run(run_id):  # its teardown waits in its host's queue
-            return dispatch.enqueue_close(self.celery, self.store, run_id, self.store.require_run(run_id)["host"])
-        if not self.store.release(run_id):
-            return None
-        run = self.store.require_run(run_id)
-        return dispatch.enqueue_close(self.celery, self.store, run_id, run["host"])
+        host = self.store.release_on_host(run_id)  # a lost run's teardown waits in its host's queue
+        return None if host is None else dispatch.enqueue_close(self.celery, self.store, run_id, host)
 
     @staticmethod
     def _require_started(run: dict) -> None:

@@ -23,6 +23,9 @@ from termpool.config import QUEUE_KINDS, Settings
 from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 
 HEARTBEAT_SECONDS = 3.0  # how often every worker process beats; well under HOST_SILENCE_SECONDS
+# Allocate reads Redis's uptime at most this often (INFO is no cheap call); a restart is
+# noticed that much later, while every call fails on the restart itself anyway.
+UPTIME_READ_SECONDS = 1.0
 
 # Image affinity: a host that already has the task's images wins over the least loaded one
 # when its load (live runs over capacity) is at most this much higher; one cold start (a
@@ -42,7 +45,7 @@ def placement(cfg: Settings, store: Store, now: float | None = None) -> Placemen
     """How allocate weighs hosts now. While Redis is younger than the silence limit (it
     restarted: no worker could beat meanwhile) a host's last beats count however old, as
     `unavailable` judges no host then: allocations go on through a Redis restart."""
-    settled = store.redis_uptime() >= cfg.host_silence
+    settled = store.redis_uptime(max_age=UPTIME_READ_SECONDS) >= cfg.host_silence
     return Placement(
         cutoff=(now or time.time()) - cfg.host_silence if settled else 0.0,
         kinds=len(QUEUE_KINDS),
