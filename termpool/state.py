@@ -233,12 +233,32 @@ if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now
 return redis.call('HGETALL', run_key)
 """
 
+# A worker process takes a job's message: a queued job starts (its first attempt); unless the
+# job is settled already, it is listed under the process (lost_jobs) with its node and, when
+# it may be sent again after the process dies, how (retry_with).
 _BEGIN_JOB = """
 local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'succeeded' or state == 'failed' then return state end
 if state == 'queued' then
-  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'node', ARGV[2], 'attempts', 1)
+  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'attempts', 1)
 end
+redis.call('HSET', KEYS[1], 'node', ARGV[2], 'worker', ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'retry_with', ARGV[4]) end
+redis.call('SADD', KEYS[2], ARGV[5])
 return state
+"""
+
+# A tool call begins: the run's record, marked as used and busy when it was ready (one round trip).
+_BEGIN_TOOL_CALL = """
+local run_key, now = KEYS[1], ARGV[2]
+local state = redis.call('HGET', run_key, 'state')
+if not state or state == 'closing' or state == 'closed' then return false end
+redis.call('HSET', run_key, 'last_used_at', now)
+local host = redis.call('HGET', run_key, 'host')
+if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
+local record = redis.call('HGETALL', run_key)
+if state == 'ready' or state == 'evaluated' then redis.call('HSET', run_key, 'state', 'busy') end
+return record
 """
 
 _TRANSITION = """
@@ -302,6 +322,7 @@ class Store:
         self._transition = client.register_script(_TRANSITION)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
+        self._begin_tool_call = client.register_script(_BEGIN_TOOL_CALL)
         self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
 
     @classmethod
@@ -504,14 +525,21 @@ class Store:
         pipe.rpush(run_jobs_key(run_id), job_id)
         pipe.execute()
 
-    def begin_job(self, job_id: str, node: str) -> str | None:
-        """A job's message is being run: returns the job's state before. A queued job is now
-        running, its first attempt on `node` (a retry only moves it to its new node:
-        job_attempt). One round trip."""
-        return self._begin_job(keys=[job_key(job_id)], args=[time.time(), node])
+    def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
+        """A job's message is being run by worker process `token` on `node`: returns the job's
+        state before. A queued job is now running, its first attempt; a retry only moves it to
+        its new node. Unless it was settled already, the job is listed under the process
+        (lost_jobs) until job_left or job_finished(..., worker=token). One round trip."""
+        encoded = json.dumps(retry_with) if retry_with is not None else ""
+        return self._begin_job(
+            keys=[job_key(job_id), worker_jobs_key(token)], args=[time.time(), node, token, encoded, job_id]
+        )
 
-    def job_attempt(self, job_id: str, node: str) -> None:
-        self._r.hset(job_key(job_id), "node", node)
+    def begin_tool_call(self, run_id: str) -> dict | None:
+        """use_run() that also marks a ready run busy: the record as it was, None when the
+        lease is unknown or released."""
+        raw = self._begin_tool_call(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id]) if run_id else None
+        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
         """A transient failure will be retried: the job stays running, one attempt more."""
@@ -523,10 +551,11 @@ class Store:
         pipe.execute()
 
     def job_finished(
-        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, **extra
+        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, worker: str = "", **extra
     ) -> None:
         """End a job. A failure (an error) carries its code and retryable, and is counted by
-        code for /metrics unless `counted` is false (a step skipped for another's failure)."""
+        code for /metrics unless `counted` is false (a step skipped for another's failure).
+        With `worker`, the job also leaves that process's list (job_left), in the same round trip."""
         state = "failed" if error else "succeeded"
         fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
         if error:
@@ -539,6 +568,8 @@ class Store:
         pipe.rpush(job_done_key(job_id), state)
         pipe.expire(job_key(job_id), RECORD_TTL)
         pipe.expire(job_done_key(job_id), RECORD_TTL)
+        if worker:
+            pipe.srem(worker_jobs_key(worker), job_id)
         pipe.execute()
 
     def job_state(self, job_id: str) -> str | None:
@@ -711,16 +742,6 @@ class Store:
         pipe = self._r.pipeline()
         pipe.hdel(host_workers_key(host), token)
         pipe.delete(worker_key(token), worker_jobs_key(token))
-        pipe.execute()
-
-    def job_running_on(self, job_id: str, token: str, node: str, retry_with: dict | None = None) -> None:
-        """A worker process begins a step of the job; retry_with is how to send that step again."""
-        fields = {"node": node, "worker": token}
-        if retry_with is not None:
-            fields["retry_with"] = json.dumps(retry_with)
-        pipe = self._r.pipeline()
-        pipe.hset(job_key(job_id), mapping=fields)
-        pipe.sadd(worker_jobs_key(token), job_id)
         pipe.execute()
 
     def job_left(self, job_id: str, token: str) -> None:
