@@ -154,10 +154,10 @@ def _timeouts(run: dict):
     return settings().timeouts.merged(run.get("task_timeouts"))
 
 
-def _live_run(run_id: str, use=None) -> dict:
-    """The run's record, marked as used (by `use`, Store.use_run by default): a run whose job
-    is working is in use, whoever polls it."""
-    run = (use or store().use_run)(run_id) or store().require_run(run_id)  # the second: unknown, or closed
+def _live_run(run_id: str, busy: bool = False) -> dict:
+    """The run's record, marked as used (and busy, when it was ready: Store.use_run): a run
+    whose job is working is in use, whoever polls it."""
+    run = store().use_run(run_id, busy) or store().require_run(run_id)  # the second: unknown, or closed
     if run["state"] in ("closing", "closed"):
         raise RunClosed(f"run {run_id} is closed")
     return run
@@ -271,7 +271,7 @@ def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
 @shared_task(name="pool.exec_tool", bind=True)
 @_job
 def exec_tool(self, *, host, run_id, job_id, tool_call):
-    run = _live_run(run_id, store().begin_tool_call)  # and busy, when it was ready
+    run = _live_run(run_id, busy=True)
     started = time.monotonic()
     try:
         container = _client_container(run)

@@ -223,6 +223,8 @@ return host
 """
 
 
+# A live run's record, marked as used; with ARGV[4] == 'busy' also marked busy when it was
+# ready (a tool call begins). The record is returned as it was.
 _USE_RUN = """
 local run_key, now = KEYS[1], ARGV[2]
 local state = redis.call('HGET', run_key, 'state')
@@ -230,7 +232,11 @@ if not state or state == 'closing' or state == 'closed' then return false end
 redis.call('HSET', run_key, 'last_used_at', now)
 local host = redis.call('HGET', run_key, 'host')
 if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
-return redis.call('HGETALL', run_key)
+local record = redis.call('HGETALL', run_key)
+if ARGV[4] == 'busy' and (state == 'ready' or state == 'evaluated') then
+  redis.call('HSET', run_key, 'state', 'busy')
+end
+return record
 """
 
 # A worker process takes a job's message: a queued job starts (its first attempt); unless the
@@ -246,19 +252,6 @@ redis.call('HSET', KEYS[1], 'node', ARGV[2], 'worker', ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'retry_with', ARGV[4]) end
 redis.call('SADD', KEYS[2], ARGV[5])
 return state
-"""
-
-# A tool call begins: the run's record, marked as used and busy when it was ready (one round trip).
-_BEGIN_TOOL_CALL = """
-local run_key, now = KEYS[1], ARGV[2]
-local state = redis.call('HGET', run_key, 'state')
-if not state or state == 'closing' or state == 'closed' then return false end
-redis.call('HSET', run_key, 'last_used_at', now)
-local host = redis.call('HGET', run_key, 'host')
-if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
-local record = redis.call('HGETALL', run_key)
-if state == 'ready' or state == 'evaluated' then redis.call('HSET', run_key, 'state', 'busy') end
-return record
 """
 
 _TRANSITION = """
@@ -322,7 +315,6 @@ class Store:
         self._transition = client.register_script(_TRANSITION)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
-        self._begin_tool_call = client.register_script(_BEGIN_TOOL_CALL)
         self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
 
     @classmethod
@@ -380,12 +372,13 @@ class Store:
         pipe.execute()
         return True
 
-    def use_run(self, run_id: str) -> dict | None:
+    def use_run(self, run_id: str, busy: bool = False) -> dict | None:
         """A live run's record, marked as used (touch) in the same round trip; None when the
-        lease is unknown or released."""
+        lease is unknown or released. With busy, a ready run is also marked busy (a tool call
+        begins); the record is returned as it was."""
         if not run_id:
             return None
-        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id])
+        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id, "busy" if busy else ""])
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
@@ -534,12 +527,6 @@ class Store:
         return self._begin_job(
             keys=[job_key(job_id), worker_jobs_key(token)], args=[time.time(), node, token, encoded, job_id]
         )
-
-    def begin_tool_call(self, run_id: str) -> dict | None:
-        """use_run() that also marks a ready run busy: the record as it was, None when the
-        lease is unknown or released."""
-        raw = self._begin_tool_call(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id]) if run_id else None
-        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
         """A transient failure will be retried: the job stays running, one attempt more."""

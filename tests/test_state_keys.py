@@ -176,17 +176,17 @@ def test_begin_job_starts_a_queued_job_once(store):
     assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
 
 
-def test_begin_tool_call_marks_a_ready_run_busy(store):
+def test_use_run_for_a_tool_call_marks_a_ready_run_busy(store):
     run = allocate(store, "k", "", max_tasks=1, max_runs=1)
-    assert store.begin_tool_call(run.run_id)["state"] == "allocated"
+    assert store.use_run(run.run_id, busy=True)["state"] == "allocated"
     assert store.get_run(run.run_id)["state"] == "allocated"  # not started: left as it is
     for ready in ("ready", "evaluated"):
         store.update_run(run.run_id, state=ready)
-        assert store.begin_tool_call(run.run_id)["state"] == ready
+        assert store.use_run(run.run_id, busy=True)["state"] == ready
         assert store.get_run(run.run_id)["state"] == "busy"
-    assert store.begin_tool_call(run.run_id)["state"] == "busy"
+    assert store.use_run(run.run_id, busy=True)["state"] == "busy"
     store.release(run.run_id)
-    assert store.begin_tool_call(run.run_id) is None and store.begin_tool_call("") is None
+    assert store.use_run(run.run_id, busy=True) is None and store.use_run("", busy=True) is None
 
 
 def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):
