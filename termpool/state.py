@@ -600,8 +600,10 @@ class Store:
         """Block until the job has ended (or timeout seconds pass); return its record.
 
         BLMOVE of the done list onto itself wakes every waiter without consuming the
-        signal. Between wake-ups it checks that the worker running the job is alive, so a
-        killed worker fails the job instead of hanging the client forever.
+        signal; the record is read in the same round trip (Redis runs a connection's
+        pipelined commands in order, so the read waits for the wake-up). Between wake-ups
+        it checks that the worker running the job is alive, so a killed worker fails the
+        job instead of hanging the client forever.
         """
         done_key = job_done_key(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -609,9 +611,13 @@ class Store:
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
             if left <= 0:
                 return self.get_job(job_id)
-            if self._r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
-                return self.get_job(job_id)
-            job = self.get_job(job_id)
+            pipe = self._r.pipeline(transaction=False)
+            pipe.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT")
+            pipe.hgetall(job_key(job_id))
+            ended, raw = pipe.execute()
+            job = _decode(raw) if raw else None
+            if ended is not None:
+                return job
             if job and job.get("state") == "running" and self._abandoned(job):
                 # With its process known, a job is abandoned only when its whole host is silent.
                 code = "HOST_LOST" if job.get("worker") else "WORKER_LOST"
