@@ -1,7 +1,7 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
-Every start first asks compose for the task's resolved file (environments/compose_config.py) and
-refuses what termpool never runs. A file that is one plain `client` service is then started
+Every start first asks compose for the task's resolved file (environments/compose_config.py; once
+per task, environments/compose_cache.py) and refuses what termpool never runs. A file that is one plain `client` service is then started
 straight through the docker SDK (one create+start, no compose process); any other goes through
 `docker compose up` with a generated override (environments/container_spec.py) that adds termpool's
 labels and limits to whatever the task sets.
@@ -25,13 +25,13 @@ import docker.errors
 import yaml
 
 from environments import container_spec
+from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     CLIENT_SERVICE,
     build_env,
     check_supported,
     client_image,
     compose_env,
-    resolve,
     service_images,
     task_files,
 )
@@ -82,7 +82,7 @@ def run_name(task_name: str, run_id: str) -> str:
 
 def load_compose(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> dict:
     """The task's resolved compose model with build-time variables (TaskInvalid when malformed)."""
-    return resolve(
+    return resolve_once(
         task_dir, task_files(task_dir, cfg), name_prefix(task_name).lower(), build_env(task_name, cfg), timeout
     )
 
@@ -208,9 +208,13 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
     image = client_image(task_name, cfg)
-    env = {**compose_env(task_name, name, run_dir, image), **cfg.proxy_env}
+
+    def make_env(project: str, folder: Path) -> dict:
+        return {**compose_env(task_name, project, folder, image), **cfg.proxy_env}
+
+    env = make_env(name, run_dir)
     deadline = time.monotonic() + timeout  # one time limit for resolving and starting
-    resolved = resolve(task_dir, task_files(task_dir, cfg), name, env, timeout)
+    resolved = resolve_run(task_dir, task_files(task_dir, cfg), name, run_dir, make_env, timeout)
     check_supported(resolved, task_dir)
     ctl = make_ctl_dir(cfg, run["run_id"])
     ctl_mount = f"{ctl}:{CTL_MOUNT}"
