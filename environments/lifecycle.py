@@ -45,7 +45,7 @@ from environments.docker_client import (
     run_compose,
     termpool_labels,
 )
-from environments.session_helper import CTL_DIR, CTL_SOCKET
+from environments.session_helper import CTL_DIR, CTL_SOCKET, helper_mount, remove_helper_dir
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
 from termpool.task_spec import name_prefix
@@ -185,7 +185,7 @@ def _build_with_compose(
     task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
-        override = container_spec.run_override(compose, task_name, {}, "", "", cfg, 0)
+        override = container_spec.run_override(compose, task_name, {}, "", [], cfg, 0)
         files = _compose_files(task_dir, cfg, override, Path(tmp))
         try:
             run_compose(
@@ -217,14 +217,14 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     resolved = resolve_run(task_dir, task_files(task_dir, cfg), name, run_dir, make_env, timeout)
     check_supported(resolved, task_dir)
     ctl = make_ctl_dir(cfg, run["run_id"])
-    ctl_mount = f"{ctl}:{CTL_MOUNT}"
     try:
+        mounts = [f"{ctl}:{CTL_MOUNT}:rw", helper_mount(ctl)]
         if not force_compose and is_template(resolved, cfg, task_dir, task_name):
-            options = container_spec.direct_options(resolved, cfg, ctl_mount, engine_cpus())
+            options = container_spec.direct_options(resolved, cfg, mounts, engine_cpus())
             container = _start_direct(image, options, labels, name)
             mode = "direct"
         else:
-            override = container_spec.run_override(resolved, task_name, labels, name, ctl_mount, cfg, engine_cpus())
+            override = container_spec.run_override(resolved, task_name, labels, name, mounts, cfg, engine_cpus())
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )
@@ -251,8 +251,10 @@ def make_ctl_dir(cfg: Settings, owner_id: str) -> Path:
 
 
 def remove_ctl_dir(path: str) -> None:
+    """The run's socket folder and, beside it, the folder its helper is mounted from."""
     if path:
         shutil.rmtree(path, ignore_errors=True)
+        remove_helper_dir(path)
 
 
 def warm_capable(task_dir: Path, cfg: Settings, task_name: str | None = None) -> bool:
