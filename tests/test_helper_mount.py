@@ -27,8 +27,10 @@ from environments.session_helper import (
     helper_mount,
     mounted_helper_dir,
     prepare_container,
+    prepare_in_background,
 )
 from environments.tools import run_tool
+from tests.conftest import wait_for
 from tests.test_compose_fidelity import build_locks, settings
 from tests.test_output_caps import OLD_HELPER_COMMIT, OLD_HELPER_SOURCE, _Sessions
 
@@ -156,5 +158,35 @@ def test_a_mounted_helper_from_an_older_version_is_replaced(cfg, images, tmp_pat
         no_server = dataclasses.replace(env, ctl_dir="")  # the helper is run by docker exec
         assert shell(no_server, container, "echo hi") == "hi\n"
         assert host_file.read_bytes() != old.read_bytes()
+    finally:
+        teardown(run, env)
+
+
+def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_path):
+    """The start's reply does not wait for the server (prepare_in_background): a tool call that
+    comes first, before even the folders exist, goes through docker exec, which makes them."""
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert container.exec_run(["test", "-e", WORKSPACE]).exit_code != 0  # nothing prepared yet
+        assert shell(env, container, "pwd; echo early") == "/workspace\nearly\n"
+        assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
+        assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)  # restarted meanwhile
+        assert shell(env, container, "echo served") == "served\n"
+    finally:
+        teardown(run, env)
+
+
+def test_prepare_in_background_only_for_root_with_the_mount(cfg, images, tmp_path):
+    run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000: prepared by the caller
+    try:
+        assert prepare_in_background(container) is False
+    finally:
+        teardown(run, env)
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert prepare_in_background(container) is True
+        assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)
+        assert stat(container, WORKSPACE) == "755 0 0 directory"
+        assert shell(env, container, "echo hi") == "hi\n"
     finally:
         teardown(run, env)
