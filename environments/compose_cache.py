@@ -28,7 +28,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from environments.compose_config import resolve
@@ -46,7 +45,6 @@ PLACEHOLDER_DIR = "/tpdir" + secrets.token_hex(8)
 _NOT_SUBSTITUTABLE = object()
 _lock = threading.Lock()
 _entries: OrderedDict[tuple, tuple[tuple, float, object]] = OrderedDict()  # key -> (signature, time, value)
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="compose-template")
 
 
 def files_signature(task_dir: Path, files: list[str]) -> tuple:
@@ -143,13 +141,29 @@ def resolve_run(
         return resolve(task_dir, files, name, env, timeout)
     if template is not None:
         return substitute(template, real)
-    pending = _pool.submit(resolve, task_dir, files, PLACEHOLDER_NAME, template_env, timeout)
+    pending = _Background(resolve, task_dir, files, PLACEHOLDER_NAME, template_env, timeout)
     resolved = resolve(task_dir, files, name, env, timeout)
-    try:
-        template = pending.result()
-    except Exception:
-        template = _NOT_SUBSTITUTABLE
+    template = pending.result(default=_NOT_SUBSTITUTABLE)
     if template is not _NOT_SUBSTITUTABLE and substitute(template, real) != resolved:
         template = _NOT_SUBSTITUTABLE
     _put(key, signature, template)
     return resolved
+
+
+class _Background:
+    """fn(*args) in a thread of its own (no pool: a worker process may fork after import)."""
+
+    def __init__(self, fn, *args):
+        self._value, self._ok = None, False
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            self._value, self._ok = fn(*args), True
+        except Exception:  # the caller falls back to resolving for real
+            pass
+
+    def result(self, default):
+        self._thread.join()
+        return self._value if self._ok else default
