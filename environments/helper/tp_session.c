@@ -49,7 +49,7 @@
  *       UID:GID (as root); then runs SUBCOMMAND (this binary) in its place.
  *   serve SOCKPATH
  *       A daemon answering the subcommands above over a unix socket, so a tool
- *       call costs a fork+exec instead of a `docker exec` (see cmd_serve).
+ *       call costs a fork instead of a `docker exec` (see cmd_serve).
  * Exit status 2 plus a message on stderr means the helper itself failed.
  */
 #define _GNU_SOURCE
@@ -948,6 +948,8 @@ static int cmd_run_timeout(int argc, char **argv)
  * very binary: the server never execs anything else.
  */
 #define REQUEST_MAX (4u << 20) /* > what execve takes (128 KiB per argument) */
+static int run_subcommand(int argc, char **argv);
+static struct stat self_at_start; /* the server's binary, to notice it being replaced */
 static const char *const served[] = {"spawn", "read", "write", "kill", "mkparents", "put", NULL};
 static int listen_fd = -1, lock_fd = -1;
 
@@ -1021,11 +1023,19 @@ static void serve_one(int conn, const char *self)
     /* The commands spawn runs get stdin from their supervisor, never this. */
     if (dup2(conn, 0) < 0 || dup2(conn, 1) < 0 || dup2(conn, 2) < 0)
         refuse(conn, "cannot set up stdio: %s", strerror(errno));
+    if (conn > 2) close(conn);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execv(self, args); /* every other fd is close-on-exec */
-    refuse(conn, "cannot run the helper %s: %s", self, strerror(errno));
+    struct stat sb;
+    if (stat(self, &sb) == 0 && sb.st_ino == self_at_start.st_ino && sb.st_dev == self_at_start.st_dev) {
+        /* The subcommand runs in this forked child itself: no exec of the helper
+         * per call (an exec costs milliseconds in a loaded VM).  The server holds
+         * no other fd. */
+        exit(run_subcommand((int)n, args));
+    }
+    execv(self, args); /* the helper was replaced since the server started: run the new one */
+    refuse(1, "cannot run the helper %s: %s", self, strerror(errno));
 }
 
 /* A server listens at addr (EAGAIN: it does, with a full backlog). */
@@ -1045,11 +1055,14 @@ static int cmd_serve(int argc, char **argv)
     if (strlen(path) >= sizeof addr.sun_path) die("socket path too long: %s", path);
     strcpy(addr.sun_path, path);
     /* Requests run the binary found at this path when they come in, as a
-     * docker exec would: a helper updated by put_archive takes effect at once. */
+     * docker exec would: a helper updated by put_archive takes effect at once
+     * (serve_one runs a request in the server's own code while the file is
+     * the one the server was started from). */
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) die("readlink /proc/self/exe: %s", strerror(errno));
     self[n] = 0;
+    if (stat(self, &self_at_start) < 0) die("stat %s: %s", self, strerror(errno));
 
     /* One server per socket.  The lock lives as long as the server (the kernel
      * drops it when the server dies, however it dies), so two starts racing
@@ -1114,7 +1127,7 @@ static int cmd_serve(int argc, char **argv)
     }
 }
 
-int main(int argc, char **argv)
+static int run_subcommand(int argc, char **argv)
 {
     if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|setup|serve ...");
     const char *c = argv[1];
@@ -1129,4 +1142,9 @@ int main(int argc, char **argv)
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     die("unknown subcommand: %s", c);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    return run_subcommand(argc, argv);
 }
