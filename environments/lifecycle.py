@@ -1,10 +1,11 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
 Every start first asks compose for the task's resolved file (environments/compose_config.py; once
-per task, environments/compose_cache.py) and refuses what termpool never runs. A file that is one plain `client` service is then started
-straight through the docker SDK (one create+start, no compose process); any other goes through
-`docker compose up` with a generated override (environments/container_spec.py) that adds termpool's
-labels and limits to whatever the task sets.
+per task, environments/compose_cache.py) and refuses what termpool never runs. A file that is one
+plain `client` service is then started straight through the docker SDK (one create+start, no
+compose process); any other goes through `docker compose up` with a generated override
+(environments/container_spec.py) that adds termpool's labels, limits and mounts (the tool server's
+socket folder, the session helper read-only) to whatever the task sets.
 """
 
 from __future__ import annotations
