@@ -228,6 +228,23 @@ class Floor:
         self.hello_tar = _tar({HELLO_PATH.lstrip("/"): HELLO_CONTENT.encode()})
         self.tests_tar = tests_tar(task_dir)
 
+    def create_start(self, name: str, run_dir: Path):
+        """The floor of a reset: one create (the SDK inspects the new container) and one start."""
+        container = self.docker.containers.create(
+            self.image,
+            command=["sh", "-c", "sleep infinity"],
+            name=name,
+            labels=self.label,
+            environment={"TEST_DIR": "/tests"},
+            volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
+            mem_limit=self.mem_limit,
+            memswap_limit=self.mem_limit,
+            privileged=False,
+            init=True,
+        )
+        container.start()
+        return container
+
     def episode(self, rec: Recorder, tool_calls: int) -> bool:
         name = f"tpbench-floor-{uuid.uuid4().hex[:12]}"
         run_dir = self.workdir / name
@@ -236,19 +253,7 @@ class Floor:
         container, op = None, "create_start"
         try:
             start = time.perf_counter()
-            container = self.docker.containers.create(
-                self.image,
-                command=["sh", "-c", "sleep infinity"],
-                name=name,
-                labels=self.label,
-                environment={"TEST_DIR": "/tests"},
-                volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
-                mem_limit=self.mem_limit,
-                memswap_limit=self.mem_limit,
-                privileged=False,
-                init=True,
-            )
-            container.start()
+            container = self.create_start(name, run_dir)
             rec.add("create_start", _ms_since(start))
 
             op = "exec"

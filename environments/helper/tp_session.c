@@ -1,7 +1,8 @@
 /*
  * tp-session: the in-container half of termpool's shell tools.
  *
- * Copied into every task container (/.termpool/bin/tp-session) and run through
+ * Mounted read-only into every task container (/.termpool/bin/tp-session; copied
+ * in by put_archive into containers started without the mount) and run through
  * `docker exec`.  It is linked statically so it works in any Linux image, even
  * one that has nothing but `sh`.  All session state lives in files under a
  * session directory inside the container, so a session outlives the Python
@@ -42,6 +43,10 @@
  *       Runs argv in the foreground in its own process group; after SECONDS
  *       kills the group and exits 124, else exits with argv's status (and
  *       kills what is left of the group, so no straggler holds the output).
+ *   setup SESSIONS WORKSPACE UID GID [-- SUBCOMMAND ARGS...]
+ *       What installing the helper by archive also did, for a mounted helper:
+ *       SESSIONS a directory of mode 1777, WORKSPACE one of mode 0755 owned by
+ *       UID:GID (as root); then runs SUBCOMMAND (this binary) in its place.
  *   serve SOCKPATH
  *       A daemon answering the subcommands above over a unix socket, so a tool
  *       call costs a fork instead of a `docker exec` (see cmd_serve).
@@ -786,6 +791,37 @@ static int cmd_mkparents(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------ setup */
+
+/* A directory at path with exactly this mode and owner, as extracting an
+ * archive's directory entry makes it: whatever else is there (a file, a
+ * symlink) is replaced, an existing directory is kept. */
+static int ensure_dir(const char *path, mode_t mode, uid_t uid, gid_t gid)
+{
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && !S_ISDIR(sb.st_mode) && unlink(path) < 0) return -1;
+    if (mkdir(path, mode) < 0 && errno != EEXIST) return -1;
+    if (lchown(path, uid, gid) < 0 || chmod(path, mode) < 0) return -1;
+    return 0;
+}
+
+static int cmd_setup(int argc, char **argv)
+{
+    if (argc < 6 || (argc > 6 && (strcmp(argv[6], "--") || argc < 8)))
+        die("usage: setup SESSIONS WORKSPACE UID GID [-- SUBCOMMAND ARGS...]");
+    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
+    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
+    if (ensure_dir(argv[2], 01777, 0, 0) < 0) die("setup: %s: %s", argv[2], strerror(errno));
+    if (ensure_dir(argv[3], 0755, uid, gid) < 0) die("setup: %s: %s", argv[3], strerror(errno));
+    if (argc == 6) return 0;
+    /* The subcommand replaces us (same argv[0]), so a server started this way
+     * looks exactly like one started by its own exec. */
+    argv[6] = argv[0];
+    execv("/proc/self/exe", argv + 6);
+    die("setup: exec %s: %s", argv[7], strerror(errno));
+    return 2;
+}
+
 /* -------------------------------------------------------------------- put */
 
 /*
@@ -1093,7 +1129,7 @@ static int cmd_serve(int argc, char **argv)
 
 static int run_subcommand(int argc, char **argv)
 {
-    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|serve ...");
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|setup|serve ...");
     const char *c = argv[1];
     if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
     if (!strcmp(c, "read")) return cmd_read(argc, argv);
@@ -1102,6 +1138,7 @@ static int run_subcommand(int argc, char **argv)
     if (!strcmp(c, "mkparents")) return cmd_mkparents(argc, argv);
     if (!strcmp(c, "put")) return cmd_put(argc, argv);
     if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
+    if (!strcmp(c, "setup")) return cmd_setup(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     die("unknown subcommand: %s", c);
     return 2;
