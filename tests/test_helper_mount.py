@@ -29,7 +29,7 @@ from environments.session_helper import (
     prepare_container,
     prepare_in_background,
 )
-from environments.tools import run_tool
+from environments.tools import run_tool, server_socket
 from tests.conftest import wait_for
 from tests.test_compose_fidelity import build_locks, settings
 from tests.test_output_caps import OLD_HELPER_COMMIT, OLD_HELPER_SOURCE, _Sessions
@@ -172,6 +172,19 @@ def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_
         assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
         assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)  # restarted meanwhile
         assert shell(env, container, "echo served") == "served\n"
+    finally:
+        teardown(run, env)
+
+
+def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path):
+    """The server being started in the background, the first call waits for it rather than
+    going through a docker exec of its own (and a second server start)."""
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert prepare_in_background(container) is True
+        assert shell(env, container, "echo first") == "first\n"
+        # served by the server: the fallback (docker exec) would have asked for a restart
+        assert lifecycle.ctl_socket(env.to_dict()) not in server_socket._restarts
     finally:
         teardown(run, env)
 
