@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import Celery
 
@@ -67,6 +67,10 @@ class Engine:
     cfg: Settings
     store: Store
     celery: Celery
+    beats: hosts.RecentBeats = field(init=False)
+
+    def __post_init__(self):
+        self.beats = hosts.RecentBeats(self.store)
 
     # ---- leases -----------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
@@ -87,7 +91,7 @@ class Engine:
     def require_serving(self, run: dict, job_kind: str) -> None:
         """HostUnavailable unless the run's host has live workers for this kind of job."""
         kinds = hosts.JOB_QUEUE_KINDS[job_kind]
-        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence)
+        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence, self.beats)
         if code:
             raise HostUnavailable(code, error)
 
@@ -137,12 +141,8 @@ class Engine:
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
-        if self.store.close_lost_run(run_id):  # its teardown waits in its host's queue
-            return dispatch.enqueue_close(self.celery, self.store, run_id, self.store.require_run(run_id)["host"])
-        if not self.store.release(run_id):
-            return None
-        run = self.store.require_run(run_id)
-        return dispatch.enqueue_close(self.celery, self.store, run_id, run["host"])
+        host = self.store.release_on_host(run_id)  # a lost run's teardown waits in its host's queue
+        return None if host is None else dispatch.enqueue_close(self.celery, self.store, run_id, host)
 
     @staticmethod
     def _require_started(run: dict) -> None:
@@ -179,7 +179,7 @@ class Engine:
         if not run or not run.get("host"):
             return job
         kinds = hosts.JOB_QUEUE_KINDS[job["kind"]]
-        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence)
+        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence, self.beats)
         if code:
             self.store.fail_lost_job(job["job_id"], error, code=code)
             return self.store.get_job(job["job_id"])

@@ -30,7 +30,7 @@ WRITTEN_PREFIX = "Content successfully written to"
 HTTP_TIMEOUT = 900.0  # a single request never hangs the benchmark for ever
 JOB_DEADLINE = 900.0  # longest wait for one job (a pool-API call's reply, a runs-API job)
 
-POOL_OPS = ("allocate", "reset", "tool_call", "write_file", "evaluate", "close")
+POOL_OPS = ("allocate", "reset", "heartbeat", "tool_call", "write_file", "evaluate", "close")
 RUNS_OPS = ("start", "tool_call", "write_file", "evaluate", "close")
 FLOOR_OPS = ("create_start", "exec", "put_archive", "test_script", "remove")
 FLOOR_EXTRA_OPS = ("copy_tests",)  # measured for the record; not part of any ratio
@@ -66,7 +66,7 @@ class BenchClient(Pool):
 
 
 def pool_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:
-    """The blocking pool API: allocate, reset, tool calls, write, evaluate, close."""
+    """The blocking pool API: allocate, reset, heartbeat, tool calls, heartbeat, write, evaluate, close."""
     lease, op = None, "allocate"
     try:
         start = time.perf_counter()
@@ -81,12 +81,14 @@ def pool_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: 
         if not isinstance(lease.tool_schemas, list) or not lease.tool_schemas:
             raise EpisodeError(f"reset: no tool_schemas in the reply ({lease.tool_schemas!r})")
 
+        _heartbeat(lease, rec)
         op = "tool_call"
         for _ in range(tool_calls):
             start = time.perf_counter()
             observation = lease.exec(ECHO_COMMAND, id="bench", timeout=60)
             rec.add("tool_call", _ms_since(start))
             _check_observation(op, observation, ECHO_OUTPUT, exact=True)
+        _heartbeat(lease, rec)
 
         op = "write_file"
         start = time.perf_counter()
@@ -117,6 +119,13 @@ def pool_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: 
                 lease.close()
             except Exception as exc:
                 rec.error(f"pool close after a failure: {type(exc).__name__}: {exc}")
+
+
+def _heartbeat(lease, rec: Recorder) -> None:
+    """A router's keep-alive between steps (two per episode: after the reset, after the calls)."""
+    start = time.perf_counter()
+    lease.heartbeat()
+    rec.add("heartbeat", _ms_since(start))
 
 
 def runs_api_available(client: BenchClient) -> tuple[bool, str]:
@@ -219,6 +228,23 @@ class Floor:
         self.hello_tar = _tar({HELLO_PATH.lstrip("/"): HELLO_CONTENT.encode()})
         self.tests_tar = tests_tar(task_dir)
 
+    def create_start(self, name: str, run_dir: Path):
+        """The floor of a reset: one create (the SDK inspects the new container) and one start."""
+        container = self.docker.containers.create(
+            self.image,
+            command=["sh", "-c", "sleep infinity"],
+            name=name,
+            labels=self.label,
+            environment={"TEST_DIR": "/tests"},
+            volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
+            mem_limit=self.mem_limit,
+            memswap_limit=self.mem_limit,
+            privileged=False,
+            init=True,
+        )
+        container.start()
+        return container
+
     def episode(self, rec: Recorder, tool_calls: int) -> bool:
         name = f"tpbench-floor-{uuid.uuid4().hex[:12]}"
         run_dir = self.workdir / name
@@ -227,19 +253,7 @@ class Floor:
         container, op = None, "create_start"
         try:
             start = time.perf_counter()
-            container = self.docker.containers.create(
-                self.image,
-                command=["sh", "-c", "sleep infinity"],
-                name=name,
-                labels=self.label,
-                environment={"TEST_DIR": "/tests"},
-                volumes=[f"{run_dir / 'sessions'}:/logs", f"{run_dir / 'agent-logs'}:/agent-logs"],
-                mem_limit=self.mem_limit,
-                memswap_limit=self.mem_limit,
-                privileged=False,
-                init=True,
-            )
-            container.start()
+            container = self.create_start(name, run_dir)
             rec.add("create_start", _ms_since(start))
 
             op = "exec"

@@ -280,6 +280,7 @@ ROWS = [
     ("write_file", "write_file", "write_file", "put_archive", "write_file/put_archive", "write_file/put_archive"),
     ("evaluate", "evaluate", "evaluate", "test_script", "evaluate-test_script_ms", "evaluate-test_script_ms"),
     ("allocate", "allocate", None, None, None, None),
+    ("heartbeat", "heartbeat", None, None, None, None),
     ("close", "close", "close", "remove", None, None),
     ("(floor only)", None, None, "copy_tests", None, None),
 ]
@@ -438,9 +439,10 @@ PANELS = [
         ],
     ),
     (
-        "allocate, close vs remove",
+        "allocate, heartbeat, close vs remove",
         [
             ("pool allocate", "pool", "allocate"),
+            ("pool heartbeat", "pool", "heartbeat"),
             ("pool close", "pool", "close"),
             ("runs close", "runs", "close"),
             ("floor remove", "floor", "remove"),

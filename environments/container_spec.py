@@ -109,9 +109,10 @@ def _proxy_env(service: dict, cfg: Settings) -> dict:
 
 
 def run_override(
-    resolved: dict, task_name: str, labels: dict, name: str, ctl_mount: str, cfg: Settings, max_cpus: float
+    resolved: dict, task_name: str, labels: dict, name: str, mounts: list[str], cfg: Settings, max_cpus: float
 ) -> dict:
-    """The compose file termpool layers over the task's for one run (or, without a name, a build)."""
+    """The compose file termpool layers over the task's for one run (or, without a name, a build);
+    `mounts` are termpool's own binds on the client ("src:dst:mode")."""
     client = client_service(resolved)
     images = service_images(task_name, resolved)
     services = {}
@@ -125,8 +126,8 @@ def run_override(
     override = {"services": services}
     if name:
         services[client].update(container_name=name, init=True)
-        if ctl_mount:
-            services[client]["volumes"] = [ctl_mount]
+        if mounts:
+            services[client]["volumes"] = list(mounts)
         _run_scoped_names(resolved, services, client, name)
         override["networks"] = {
             key: _network(resolved["name"], key, net, labels)
@@ -194,7 +195,7 @@ def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
     )
 
 
-def direct_options(resolved: dict, cfg: Settings, ctl_mount: str, max_cpus: float) -> dict:
+def direct_options(resolved: dict, cfg: Settings, mounts: list[str], max_cpus: float) -> dict:
     """containers.create() keyword arguments equal to what compose does with run_override."""
     svc = resolved["services"][CLIENT_SERVICE]
     environment = {k: v for k, v in (svc.get("environment") or {}).items() if v is not None}
@@ -205,7 +206,7 @@ def direct_options(resolved: dict, cfg: Settings, ctl_mount: str, max_cpus: floa
         command=svc.get("command"),
         entrypoint=svc.get("entrypoint"),
         environment={**environment, **_proxy_env(svc, cfg)},
-        volumes=volumes + ([f"{ctl_mount}:rw"] if ctl_mount else []),
+        volumes=volumes + list(mounts),
         init=True,
         privileged=False,
     )

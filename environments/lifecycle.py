@@ -1,10 +1,11 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
-Every start first asks compose for the task's resolved file (environments/compose_config.py) and
-refuses what termpool never runs. A file that is one plain `client` service is then started
-straight through the docker SDK (one create+start, no compose process); any other goes through
-`docker compose up` with a generated override (environments/container_spec.py) that adds termpool's
-labels and limits to whatever the task sets.
+Every start first asks compose for the task's resolved file (environments/compose_config.py; once
+per task, environments/compose_cache.py) and refuses what termpool never runs. A file that is one
+plain `client` service is then started straight through the docker SDK (one create+start, no
+compose process); any other goes through `docker compose up` with a generated override
+(environments/container_spec.py) that adds termpool's labels, limits and mounts (the tool server's
+socket folder, the session helper read-only) to whatever the task sets.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import docker.errors
 import yaml
 
 from environments import container_spec
+from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     CLIENT_SERVICE,
     build_env,
     check_supported,
     client_image,
     compose_env,
-    resolve,
     service_images,
     task_files,
 )
@@ -45,7 +46,7 @@ from environments.docker_client import (
     run_compose,
     termpool_labels,
 )
-from environments.session_helper import CTL_DIR, CTL_SOCKET
+from environments.session_helper import CTL_DIR, CTL_SOCKET, helper_mount, remove_helper_dir
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
 from termpool.task_spec import name_prefix
@@ -82,7 +83,7 @@ def run_name(task_name: str, run_id: str) -> str:
 
 def load_compose(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> dict:
     """The task's resolved compose model with build-time variables (TaskInvalid when malformed)."""
-    return resolve(
+    return resolve_once(
         task_dir, task_files(task_dir, cfg), name_prefix(task_name).lower(), build_env(task_name, cfg), timeout
     )
 
@@ -185,7 +186,7 @@ def _build_with_compose(
     task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
-        override = container_spec.run_override(compose, task_name, {}, "", "", cfg, 0)
+        override = container_spec.run_override(compose, task_name, {}, "", [], cfg, 0)
         files = _compose_files(task_dir, cfg, override, Path(tmp))
         try:
             run_compose(
@@ -208,19 +209,23 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
     image = client_image(task_name, cfg)
-    env = {**compose_env(task_name, name, run_dir, image), **cfg.proxy_env}
+
+    def make_env(project: str, folder: Path) -> dict:
+        return {**compose_env(task_name, project, folder, image), **cfg.proxy_env}
+
+    env = make_env(name, run_dir)
     deadline = time.monotonic() + timeout  # one time limit for resolving and starting
-    resolved = resolve(task_dir, task_files(task_dir, cfg), name, env, timeout)
+    resolved = resolve_run(task_dir, task_files(task_dir, cfg), name, run_dir, make_env, timeout)
     check_supported(resolved, task_dir)
     ctl = make_ctl_dir(cfg, run["run_id"])
-    ctl_mount = f"{ctl}:{CTL_MOUNT}"
     try:
+        mounts = [f"{ctl}:{CTL_MOUNT}:rw", helper_mount(ctl)]
         if not force_compose and is_template(resolved, cfg, task_dir, task_name):
-            options = container_spec.direct_options(resolved, cfg, ctl_mount, engine_cpus())
+            options = container_spec.direct_options(resolved, cfg, mounts, engine_cpus())
             container = _start_direct(image, options, labels, name)
             mode = "direct"
         else:
-            override = container_spec.run_override(resolved, task_name, labels, name, ctl_mount, cfg, engine_cpus())
+            override = container_spec.run_override(resolved, task_name, labels, name, mounts, cfg, engine_cpus())
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )
@@ -247,8 +252,10 @@ def make_ctl_dir(cfg: Settings, owner_id: str) -> Path:
 
 
 def remove_ctl_dir(path: str) -> None:
+    """The run's socket folder and, beside it, the folder its helper is mounted from."""
     if path:
         shutil.rmtree(path, ignore_errors=True)
+        remove_helper_dir(path)
 
 
 def warm_capable(task_dir: Path, cfg: Settings, task_name: str | None = None) -> bool:

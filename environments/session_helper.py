@@ -7,6 +7,11 @@ protocol), so sessions survive restarts of every worker process.
 `tp-session serve` is its optional daemon: started once per container, it answers tool calls
 over a unix socket in CTL_DIR (a host directory bind-mounted there), which is much cheaper than a
 `docker exec` per call. It lives in the container, so it too outlives the workers.
+
+A run's containers get the helper through a read-only bind mount at BIN_DIR of a host folder of
+the run's own (helper_dir) holding a hard link to this version's binary: nothing is copied per
+start, the task cannot change it, and a worker can update it for that run alone. A container
+started without that mount (by an older termpool, or a test) gets it copied in by put_archive.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,16 +37,20 @@ SOURCE = HELPER_DIR / "tp_session.c"
 BINARY = HELPER_DIR / "tp-session"
 
 # Paths inside the container.
-HELPER_PATH = "/.termpool/bin/tp-session"
+BIN_DIR = "/.termpool/bin"
+HELPER_PATH = f"{BIN_DIR}/tp-session"
 SESSIONS_ROOT = "/.termpool/sessions"
 WORKSPACE = "/workspace"
 CTL_DIR = "/.termpool/ctl"  # bind-mounted from the host (mode 1777): the serve socket lives here
 CTL_SOCKET = f"{CTL_DIR}/ctl.sock"
 
+HELPER_DIR_SUFFIX = ".bin"  # the host folder mounted at BIN_DIR: <the run's ctl folder>.bin
+VERSIONS_DIR = ".helper"  # under the socket folder: one file per helper version, linked into runs' folders
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_cached: tuple[float, bytes] | None = None  # (mtime, binary bytes)
+_cached: tuple[float, bytes, str] | None = None  # (mtime, binary bytes, version: a digest of them)
 
 
 def helper_binary() -> Path:
@@ -61,13 +72,80 @@ def helper_binary() -> Path:
 
 
 def _helper_bytes() -> bytes:
+    return _helper_build()[1]
+
+
+def _helper_build() -> tuple[float, bytes, str]:
     global _cached
     path = helper_binary()
     mtime = path.stat().st_mtime
     with _lock:
         if _cached is None or _cached[0] != mtime:
-            _cached = (mtime, path.read_bytes())
-        return _cached[1]
+            data = path.read_bytes()
+            _cached = (mtime, data, hashlib.sha256(data).hexdigest()[:16])
+        return _cached
+
+
+def _current_helper(socket_dir: Path) -> Path:
+    """This version's binary under socket_dir (written once, atomically: workers of several
+    versions may share the folder)."""
+    _, data, digest = _helper_build()
+    path = socket_dir / VERSIONS_DIR / f"tp-session-{digest}"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    return path
+
+
+def helper_dir(ctl_dir: Path) -> Path:
+    """The host folder a run's containers see read-only at BIN_DIR, next to its ctl folder
+    (socket_dir/<owner>), with the current helper in it."""
+    path = Path(f"{ctl_dir}{HELPER_DIR_SUFFIX}")
+    path.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(path, 0o755)
+    _link_current(path, _current_helper(ctl_dir.parent))
+    return path
+
+
+def _link_current(folder: Path, current: Path) -> None:
+    """folder/tp-session becomes (a hard link to) `current`, replaced atomically; a copy where
+    the file system refuses links."""
+    target = folder / "tp-session"
+    try:
+        if os.stat(target).st_ino == os.stat(current).st_ino:
+            return
+    except FileNotFoundError:
+        pass
+    tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(current, tmp)
+    except OSError:
+        shutil.copyfile(current, tmp)
+        os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+
+
+def helper_mount(ctl_dir: Path) -> str:
+    """The bind ("host:BIN_DIR:ro") that gives a run's containers the helper."""
+    return f"{helper_dir(ctl_dir)}:{BIN_DIR}:ro"
+
+
+def remove_helper_dir(ctl_dir: str) -> None:
+    if ctl_dir:
+        shutil.rmtree(f"{ctl_dir}{HELPER_DIR_SUFFIX}", ignore_errors=True)
+
+
+def mounted_helper_dir(container) -> str | None:
+    """The host folder mounted at BIN_DIR in the container, or None (the helper is copied in)."""
+    mounts = (container.attrs or {}).get("Mounts")
+    if mounts is None:  # a container known by name only (docker_client.KnownContainer)
+        mounts = container.client.api.inspect_container(container.id).get("Mounts") or []
+    return next((m.get("Source") for m in mounts if m.get("Destination") == BIN_DIR), None)
 
 
 def session_dir(sid: str) -> str:
@@ -103,29 +181,42 @@ def _tar_member(
         tar.addfile(info, io.BytesIO(data))
 
 
-def prepare_container(container, serve: bool = False) -> None:
-    """Install the helper at HELPER_PATH, create SESSIONS_ROOT (mode 1777) and WORKSPACE.
+def _owner(user: str) -> tuple[int, int, bool]:
+    """(uid, gid, by_name) of /workspace for the container's user: numeric ids an archive can
+    carry, by_name when the user is a name that only the container's chown can resolve."""
+    if is_root(user):
+        return 0, 0, False
+    m = _NUMERIC_USER.match(user)
+    if m:
+        return int(m.group(1)), int(m.group(2)) if m.group(2) else 0, False
+    return 0, 0, True
 
-    One put_archive; plus one exec (chown) only when the configured user is a name rather
-    than a number, because the archive can only carry numeric owners. With `serve`, also start
-    the helper's server on CTL_SOCKET (one more exec; see start_server); a server that cannot
-    start is logged, not raised: the tools then fall back to one `docker exec` per call.
+
+def prepare_container(container, serve: bool = False) -> None:
+    """Give the container the helper at HELPER_PATH, SESSIONS_ROOT (mode 1777) and WORKSPACE
+    (owned by the container's user); with `serve`, start the helper's server on CTL_SOCKET.
+
+    A mounted helper (helper_mount) costs one exec for a root container: `tp-session setup`
+    makes the folders and becomes the server. Otherwise one put_archive (with the binary, unless
+    mounted), one exec (chown) only when the configured user is a name rather than a number
+    (the archive can only carry numeric owners), and with `serve` one more exec (start_server).
+    A server that cannot start is logged, not raised: the tools then fall back to one `docker
+    exec` per call.
     """
     user = container_user(container)
-    uid = gid = 0
-    chown_by_name = False
-    if not is_root(user):
-        m = _NUMERIC_USER.match(user)
-        if m:
-            uid = int(m.group(1))
-            gid = int(m.group(2)) if m.group(2) else 0
-        else:
-            chown_by_name = True
+    uid, gid, chown_by_name = _owner(user)
+    mounted = mounted_helper_dir(container)
+    if mounted:
+        _link_current(Path(mounted), _current_helper(Path(mounted).parent))  # an older version: this one
+        if is_root(user):
+            _setup_as_root(container, serve)
+            return
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         _tar_member(tar, ".termpool", 0o755)
-        _tar_member(tar, ".termpool/bin", 0o755)
-        _tar_member(tar, ".termpool/bin/tp-session", 0o755, _helper_bytes())
+        if not mounted:
+            _tar_member(tar, ".termpool/bin", 0o755)
+            _tar_member(tar, ".termpool/bin/tp-session", 0o755, _helper_bytes())
         _tar_member(tar, ".termpool/sessions", 0o1777)
         _tar_member(tar, WORKSPACE.lstrip("/"), 0o755, uid=uid, gid=gid)
     if not container.put_archive("/", buf.getvalue()):
@@ -143,6 +234,51 @@ def prepare_container(container, serve: bool = False) -> None:
             if isinstance(exc, requests.exceptions.ConnectionError):
                 raise  # Docker unreachable: the caller's business
             log.warning("tp-session serve did not start in %s: %s", container.id, exc)
+
+
+def prepare_in_background(container) -> bool:
+    """prepare_container(serve=True) in a thread of its own, when the container runs as root
+    with the mounted helper (one exec, nothing else to wait for); False otherwise, and the
+    caller prepares it itself.
+
+    The start's reply then does not wait for that exec. A tool call that comes before the
+    server listens is served by `docker exec` as when the server is gone, and that path makes
+    the folders when they are missing (environments/tools/transport.py), so nothing depends on
+    the thread finishing: nor on this process living that long.
+    """
+    if not is_root(container_user(container)) or not mounted_helper_dir(container):
+        return False
+
+    def prepare():
+        try:
+            prepare_container(container, serve=True)
+        except Exception as exc:
+            log.warning("preparing %s in the background failed: %s", container.id, exc)
+
+    threading.Thread(target=prepare, name="tp-prepare", daemon=True).start()
+    return True
+
+
+SETUP_FAILED = b"tp-session: setup: "
+
+
+def _setup_as_root(container, serve: bool) -> None:
+    """One exec as the (root) container user: the folders, then, with `serve`, the server in
+    the same process (its command line is the one start_server gives it)."""
+    argv = [HELPER_PATH, "setup", SESSIONS_ROOT, WORKSPACE, "0", "0"]
+    if not serve:
+        out = container.exec_run(argv).output or b""
+        if out:
+            raise RuntimeError(f"could not prepare the container: {out.decode('utf-8', 'replace').strip()}")
+        return
+    argv += ["--", "serve", CTL_SOCKET]
+    api = container.client.api
+    exec_id = api.exec_create(container.id, argv, stdout=True, stderr=True)["Id"]
+    out = api.exec_start(exec_id)
+    if out.startswith(SETUP_FAILED) or (out and exec_never_started(api, exec_id)):
+        raise RuntimeError(f"could not prepare the container: {out.decode('utf-8', 'replace').strip()}")
+    if out:  # the folders are there; only the server failed
+        log.warning("tp-session serve did not start in %s: %s", container.id, out.decode("utf-8", "replace").strip())
 
 
 def start_server(container) -> None:

@@ -8,7 +8,7 @@ A job is lost in one of two ways:
   killed for its hard time limit reaches `task_failure` too (code TIMEOUT).
 * A whole worker process dies (kill -9, OOM): nothing in it can act. Every worker process
   registers itself under a random token with the facts needed to check its pid, beats every
-  SCAN_SECONDS, and lists the jobs it runs from task_prerun to task_postrun. Every worker
+  SCAN_SECONDS, and lists the jobs it runs while it runs them (run_jobs._job). Every worker
   process of the host scans the others on each beat; one whose pid is gone (same pid
   namespace: at once) or whose beat is older than state.NODE_TTL (elsewhere) is dead, and
   each job it held is recovered exactly once (Store.take_lost_job): sent again if it may be
@@ -31,7 +31,7 @@ import secrets
 import threading
 
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.signals import task_failure, task_postrun, task_prerun, task_retry, worker_ready, worker_shutdown
+from celery.signals import task_failure, task_retry, worker_ready, worker_shutdown
 
 from jobs.runtime import store
 from termpool import failures, processes
@@ -53,17 +53,13 @@ _stop = threading.Event()
 
 
 # ---- which process runs which job ---------------------------------------------------------
-@task_prerun.connect
-def _step_begins(sender=None, task=None, kwargs=None, **_):
-    job_id = (kwargs or {}).get("job_id")
-    if not job_id:
-        return
-    retry_with = _resendable(task) if task.name in RETRY_ON_LOST else None
-    store().job_running_on(job_id, TOKEN, task.request.hostname or "", retry_with)
-
-
-def _resendable(task) -> dict | None:
-    """The running step's message as a signature (Celery rebuilds retries the same way)."""
+# The jobs wrapper (run_jobs._job) lists a job under this process as it begins (Store.begin_job,
+# with resendable()) and takes it off as it ends (job_finished / job_left).
+def resendable(task) -> dict | None:
+    """How to send the running step again if its process dies: its message as a signature
+    (Celery rebuilds retries the same way); None for steps never sent again."""
+    if task.name not in RETRY_ON_LOST:
+        return None
     signature = dict(task.signature_from_request())
     try:
         json.dumps(signature)
@@ -71,13 +67,6 @@ def _resendable(task) -> dict | None:
         log.warning("%s cannot be sent again if its process dies: its request is not JSON", task.name)
         return None
     return signature
-
-
-@task_postrun.connect
-def _step_ended(sender=None, kwargs=None, **_):
-    job_id = (kwargs or {}).get("job_id")
-    if job_id:
-        store().job_left(job_id, TOKEN)
 
 
 # ---- a prefork child died: Celery tells the main process ----------------------------------

@@ -20,9 +20,9 @@ from celery import chain, shared_task
 from environments import artifacts, lifecycle
 from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
-from environments.session_helper import prepare_container
+from environments.session_helper import prepare_container, prepare_in_background
 from environments.tools import run_tool, tool_schemas
-from jobs import warm_pool
+from jobs import lost_jobs, warm_pool
 from jobs.runtime import remove_env, store
 from termpool import failures
 from termpool.config import settings
@@ -89,32 +89,39 @@ def _job(fn=None, *, on_failure=None, retry=False):
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
-        state = store().begin_job(job_id, self.request.hostname or "")  # running now if it was queued
+        # Running now if it was queued, and listed under this process until it ends here
+        # (lost_jobs: a process that dies with it listed gets its job recovered).
+        state = store().begin_job(job_id, self.request.hostname or "", lost_jobs.TOKEN, lost_jobs.resendable(self))
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
-        if state == "running" and self.request.retries:
-            store().job_attempt(job_id, self.request.hostname or "")
+        ended = False
         try:
-            result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
-        except HandedOver:
-            return None  # another task carries this job on
-        except Exception as exc:
-            code, error = failures.classify(exc), _describe(exc)
-            if (
-                retry
-                and not getattr(exc, NO_RETRY, False)
-                and transient(exc)
-                and self.request.retries < self.max_retries
-            ):
-                store().job_retrying(job_id, self.name, code, error)
-                raise Transient(error) from exc
-            if on_failure:
-                on_failure(run_id, error, code)
-            store().job_finished(job_id, error=error, code=code)
-            raise
-        if final:
-            store().job_finished(job_id, result=result)
-        return result
+            try:
+                result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
+            except HandedOver:
+                return None  # another task carries this job on
+            except Exception as exc:
+                code, error = failures.classify(exc), _describe(exc)
+                if (
+                    retry
+                    and not getattr(exc, NO_RETRY, False)
+                    and transient(exc)
+                    and self.request.retries < self.max_retries
+                ):
+                    store().job_retrying(job_id, self.name, code, error)
+                    raise Transient(error) from exc
+                if on_failure:
+                    on_failure(run_id, error, code)
+                ended = True
+                store().job_finished(job_id, error=error, code=code, worker=lost_jobs.TOKEN)
+                raise
+            if final:
+                ended = True
+                store().job_finished(job_id, result=result, worker=lost_jobs.TOKEN)
+            return result
+        finally:
+            if not ended:  # handed over, retried, or a step that does not end the job
+                store().job_left(job_id, lost_jobs.TOKEN)
 
     return wrapper
 
@@ -147,9 +154,10 @@ def _timeouts(run: dict):
     return settings().timeouts.merged(run.get("task_timeouts"))
 
 
-def _live_run(run_id: str) -> dict:
-    """The run's record, marked as used: a run whose job is working is in use, whoever polls it."""
-    run = store().use_run(run_id) or store().require_run(run_id)  # the second: unknown, or closed
+def _live_run(run_id: str, busy: bool = False) -> dict:
+    """The run's record, marked as used (and busy, when it was ready: Store.use_run): a run
+    whose job is working is in use, whoever polls it."""
+    run = store().use_run(run_id, busy) or store().require_run(run_id)  # the second: unknown, or closed
     if run["state"] in ("closing", "closed"):
         raise RunClosed(f"run {run_id} is closed")
     return run
@@ -250,7 +258,8 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
 def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
     env, container = lifecycle.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
     try:
-        prepare_container(container, serve=bool(env.ctl_dir))
+        if not (env.ctl_dir and prepare_in_background(container)):  # overlapped with the reply when it can be
+            prepare_container(container, serve=bool(env.ctl_dir))
     except BaseException:
         remove_env(run["run_id"], env.to_dict())
         raise
@@ -260,11 +269,10 @@ def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
 @shared_task(name="pool.exec_tool", bind=True)
 @_job
 def exec_tool(self, *, host, run_id, job_id, tool_call):
-    run = _live_run(run_id)
-    container = _client_container(run)
+    run = _live_run(run_id, busy=True)
     started = time.monotonic()
-    store().transition(run_id, ("ready", "evaluated"), "busy")
     try:
+        container = _client_container(run)
         observation = run_tool(
             container,
             tool_call.get("name"),

@@ -21,6 +21,13 @@ def _int(env, name: str, default: int, minimum: int | None = None) -> int:
     return value
 
 
+def _nice(env, name: str, default: int) -> int:
+    value = _int(env, name, default, minimum=-20)
+    if value > 19:
+        raise ValueError(f"{name} must be at most 19, not {value}")
+    return value
+
+
 def _float(env, name: str, default: float) -> float:
     raw = env.get(name, "").strip()
     try:
@@ -144,6 +151,7 @@ class Settings:
     socket_dir: Path
     web_workers: int
     web_threads: int
+    web_nice: int  # the facade's scheduling priority (nice value; negative: ahead of the workers)
     log_level: str
     dataset_sources: dict
     host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
@@ -227,6 +235,7 @@ def load_settings(env=None) -> Settings:
         socket_dir=Path(_str(env, "POOL_SOCKET_DIR", "/run/termpool")),
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),
+        web_nice=_nice(env, "WEB_NICE", -5),
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
         dataset_sources=_dataset_sources(env),
         host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),

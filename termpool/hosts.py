@@ -23,6 +23,11 @@ from termpool.config import QUEUE_KINDS, Settings
 from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 
 HEARTBEAT_SECONDS = 3.0  # how often every worker process beats; well under HOST_SILENCE_SECONDS
+# Allocate reads Redis's uptime at most this often (INFO is no cheap call); a restart is
+# noticed that much later, while every call fails on the restart itself anyway.
+UPTIME_READ_SECONDS = 1.0
+# A call's check of its host reuses a read of the host's beats this young (RecentBeats).
+BEATS_READ_SECONDS = 1.0
 
 # Image affinity: a host that already has the task's images wins over the least loaded one
 # when its load (live runs over capacity) is at most this much higher; one cold start (a
@@ -42,7 +47,7 @@ def placement(cfg: Settings, store: Store, now: float | None = None) -> Placemen
     """How allocate weighs hosts now. While Redis is younger than the silence limit (it
     restarted: no worker could beat meanwhile) a host's last beats count however old, as
     `unavailable` judges no host then: allocations go on through a Redis restart."""
-    settled = store.redis_uptime() >= cfg.host_silence
+    settled = store.redis_uptime(max_age=UPTIME_READ_SECONDS) >= cfg.host_silence
     return Placement(
         cutoff=(now or time.time()) - cfg.host_silence if settled else 0.0,
         kinds=len(QUEUE_KINDS),
@@ -87,9 +92,31 @@ def message(code: str, host: str, kinds: tuple, silence: float) -> str:
     return f"no live worker of host {host} consumes its {'/'.join(kinds)} queue (silent for {silence:g} s)"
 
 
-def check(store: Store, host: str, kinds: tuple, silence: float) -> tuple[str, str]:
+class RecentBeats:
+    """Each host's worker beats as last read, reread when older than BEATS_READ_SECONDS: a call
+    on a serving host needs no read of its own. Beats only move forward, so an old read can
+    only make a host look more silent; whatever it shows that is not serving is read again. (A
+    host's clean stop, which zeroes its beats, is seen up to max_age late.)"""
+
+    def __init__(self, store: Store, max_age: float | None = None):
+        self.store = store
+        self.max_age = BEATS_READ_SECONDS if max_age is None else max_age
+        self._seen: dict[str, tuple[float, dict]] = {}  # host -> (read at, monotonic; nodes)
+
+    def serving(self, host: str, kinds: tuple, silence: float) -> bool:
+        now = time.monotonic()
+        seen = self._seen.get(host)
+        if seen is None or now - seen[0] > self.max_age:
+            seen = self._seen[host] = (now, self.store.host_nodes(host))
+        alive, lost = judge(seen[1], time.time(), silence)
+        return not lost and set(kinds) <= alive
+
+
+def check(store: Store, host: str, kinds: tuple, silence: float, beats: RecentBeats | None = None) -> tuple[str, str]:
     """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
     A lost host's runs are marked lost on the way (idempotent)."""
+    if beats is not None and beats.serving(host, kinds, silence):
+        return "", ""
     code = unavailable(store, host, kinds, silence)
     if not code:
         return "", ""

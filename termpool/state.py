@@ -96,7 +96,7 @@ UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is a
 # ---- keys (the families of the module docstring) -------------------------------------------
 FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
-RECENT_RUNS = PREFIX + "runs:recent"
+RECENT_RUNS = PREFIX + "runs:recent"  # and in the placement script
 HOSTS = PREFIX + "hosts"
 MONITOR = PREFIX + "monitor"
 
@@ -229,18 +229,24 @@ _RELEASE = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
-if not state or state == 'closing' or state == 'closed' then return 0 end
-if ARGV[5] ~= '' and state ~= ARGV[5] then return 0 end
+if not state or state == 'closing' or state == 'closed' then return false end
+if ARGV[5] ~= '' and state ~= ARGV[5] then return false end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
-local keys_key = prefix .. 'host:' .. host .. ':keys'
-if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
-redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
+if state == 'lost' then  -- it left its host's capacity when the host was lost
+  redis.call('SREM', prefix .. 'host:' .. host .. ':lost', run_id)
+else
+  local keys_key = prefix .. 'host:' .. host .. ':keys'
+  if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
+  redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
+end
 redis.call('SADD', prefix .. 'host:' .. host .. ':closing', run_id)
 redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[3], 'last_used_at', ARGV[4])
-return 1
+return host
 """
 
 
+# A live run's record, marked as used; with ARGV[4] == 'busy' also marked busy when it was
+# ready (a tool call begins). The record is returned as it was.
 _USE_RUN = """
 local run_key, now = KEYS[1], ARGV[2]
 local state = redis.call('HGET', run_key, 'state')
@@ -248,14 +254,25 @@ if not state or state == 'closing' or state == 'closed' then return false end
 redis.call('HSET', run_key, 'last_used_at', now)
 local host = redis.call('HGET', run_key, 'host')
 if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
-return redis.call('HGETALL', run_key)
+local record = redis.call('HGETALL', run_key)
+if ARGV[4] == 'busy' and (state == 'ready' or state == 'evaluated') then
+  redis.call('HSET', run_key, 'state', 'busy')
+end
+return record
 """
 
+# A worker process takes a job's message: a queued job starts (its first attempt); unless the
+# job is settled already, it is listed under the process (lost_jobs) with its node and, when
+# it may be sent again after the process dies, how (retry_with).
 _BEGIN_JOB = """
 local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'succeeded' or state == 'failed' then return state end
 if state == 'queued' then
-  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'node', ARGV[2], 'attempts', 1)
+  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'attempts', 1)
 end
+redis.call('HSET', KEYS[1], 'node', ARGV[2], 'worker', ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'retry_with', ARGV[4]) end
+redis.call('SADD', KEYS[2], ARGV[5])
 return state
 """
 
@@ -320,6 +337,7 @@ class Store:
         self._transition = client.register_script(_TRANSITION)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
+        self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
@@ -376,12 +394,13 @@ class Store:
         pipe.execute()
         return True
 
-    def use_run(self, run_id: str) -> dict | None:
+    def use_run(self, run_id: str, busy: bool = False) -> dict | None:
         """A live run's record, marked as used (touch) in the same round trip; None when the
-        lease is unknown or released."""
+        lease is unknown or released. With busy, a ready run is also marked busy (a tool call
+        begins); the record is returned as it was."""
         if not run_id:
             return None
-        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id])
+        raw = self._use_run(keys=[run_key(run_id)], args=[PREFIX, time.time(), run_id, "busy" if busy else ""])
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
@@ -399,7 +418,13 @@ class Store:
     def release(self, run_id: str, reason: str = "closed", only_state: str = "") -> bool:
         """Free the run's capacity slot and mark it closing; False if already released (or,
         with only_state, when the run is no longer in that state)."""
-        return bool(self._release(args=[PREFIX, run_id, reason, time.time(), only_state]))
+        return self.release_on_host(run_id, reason, only_state) is not None
+
+    def release_on_host(self, run_id: str, reason: str = "closed", only_state: str = "") -> str | None:
+        """release() in one round trip, returning the run's host (None when nothing was
+        released). A lost run, already out of its host's capacity, becomes closing too: its
+        teardown waits in its host's queue."""
+        return self._release(args=[PREFIX, run_id, reason, time.time(), only_state]) or None
 
     def mark_closed(self, run_id: str, error: str = "") -> None:
         host = self._r.hget(run_key(run_id), "host")
@@ -459,15 +484,6 @@ class Store:
         }
 
     # ---- recent runs (the run viewer) ------------------------------------------------------
-    def _index_run(self, run_id: str, created_at: float) -> None:
-        """Index a new run by creation time; the index keeps the newest RECENT_RUNS_KEPT and,
-        like the records, expires RECORD_TTL after the last run was created."""
-        pipe = self._r.pipeline()
-        pipe.zadd(RECENT_RUNS, {run_id: created_at})
-        pipe.zremrangebyrank(RECENT_RUNS, 0, -RECENT_RUNS_KEPT - 1)
-        pipe.expire(RECENT_RUNS, RECORD_TTL)
-        pipe.execute()
-
     def recent_runs(self, fields: tuple, count: int, before: float | None = None) -> tuple[list[dict], float | None]:
         """Up to `count` indexed runs created before `before` (all when None), newest first,
         with the given fields of their records; and where to continue (None at the end).
@@ -524,14 +540,15 @@ class Store:
         pipe.rpush(run_jobs_key(run_id), job_id)
         pipe.execute()
 
-    def begin_job(self, job_id: str, node: str) -> str | None:
-        """A job's message is being run: returns the job's state before. A queued job is now
-        running, its first attempt on `node` (a retry only moves it to its new node:
-        job_attempt). One round trip."""
-        return self._begin_job(keys=[job_key(job_id)], args=[time.time(), node])
-
-    def job_attempt(self, job_id: str, node: str) -> None:
-        self._r.hset(job_key(job_id), "node", node)
+    def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
+        """A job's message is being run by worker process `token` on `node`: returns the job's
+        state before. A queued job is now running, its first attempt; a retry only moves it to
+        its new node. Unless it was settled already, the job is listed under the process
+        (lost_jobs) until job_left or job_finished(..., worker=token). One round trip."""
+        encoded = json.dumps(retry_with) if retry_with is not None else ""
+        return self._begin_job(
+            keys=[job_key(job_id), worker_jobs_key(token)], args=[time.time(), node, token, encoded, job_id]
+        )
 
     def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
         """A transient failure will be retried: the job stays running, one attempt more."""
@@ -543,10 +560,11 @@ class Store:
         pipe.execute()
 
     def job_finished(
-        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, **extra
+        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, worker: str = "", **extra
     ) -> None:
         """End a job. A failure (an error) carries its code and retryable, and is counted by
-        code for /metrics unless `counted` is false (a step skipped for another's failure)."""
+        code for /metrics unless `counted` is false (a step skipped for another's failure).
+        With `worker`, the job also leaves that process's list (job_left), in the same round trip."""
         state = "failed" if error else "succeeded"
         fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
         if error:
@@ -559,6 +577,8 @@ class Store:
         pipe.rpush(job_done_key(job_id), state)
         pipe.expire(job_key(job_id), RECORD_TTL)
         pipe.expire(job_done_key(job_id), RECORD_TTL)
+        if worker:
+            pipe.srem(worker_jobs_key(worker), job_id)
         pipe.execute()
 
     def job_state(self, job_id: str) -> str | None:
@@ -602,8 +622,10 @@ class Store:
         """Block until the job has ended (or timeout seconds pass); return its record.
 
         BLMOVE of the done list onto itself wakes every waiter without consuming the
-        signal. Between wake-ups it checks that the worker running the job is alive, so a
-        killed worker fails the job instead of hanging the client forever.
+        signal; the record is read in the same round trip (Redis runs a connection's
+        pipelined commands in order, so the read waits for the wake-up). Between wake-ups
+        it checks that the worker running the job is alive, so a killed worker fails the
+        job instead of hanging the client forever.
         """
         done_key = job_done_key(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -611,9 +633,13 @@ class Store:
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
             if left <= 0:
                 return self.get_job(job_id)
-            if self._r.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT") is not None:
-                return self.get_job(job_id)
-            job = self.get_job(job_id)
+            pipe = self._r.pipeline(transaction=False)
+            pipe.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT")
+            pipe.hgetall(job_key(job_id))
+            ended, raw = pipe.execute()
+            job = _decode(raw) if raw else None
+            if ended is not None:
+                return job
             if job and job.get("state") == "running" and self._abandoned(job):
                 # With its process known, a job is abandoned only when its whole host is silent.
                 code = "HOST_LOST" if job.get("worker") else "WORKER_LOST"
@@ -848,16 +874,6 @@ class Store:
         pipe.delete(worker_key(token), worker_jobs_key(token))
         pipe.execute()
 
-    def job_running_on(self, job_id: str, token: str, node: str, retry_with: dict | None = None) -> None:
-        """A worker process begins a step of the job; retry_with is how to send that step again."""
-        fields = {"node": node, "worker": token}
-        if retry_with is not None:
-            fields["retry_with"] = json.dumps(retry_with)
-        pipe = self._r.pipeline()
-        pipe.hset(job_key(job_id), mapping=fields)
-        pipe.sadd(worker_jobs_key(token), job_id)
-        pipe.execute()
-
     def job_left(self, job_id: str, token: str) -> None:
         """The step has returned (whatever its outcome): its process no longer holds the job."""
         self._r.srem(worker_jobs_key(token), job_id)
@@ -968,16 +984,19 @@ class Store:
         now = str(time.time())
         args = [PREFIX, task_key, new_run_id(), now, req_key, request_id, rule.cutoff, affinity]
         args += [rule.default_tasks, rule.default_runs, rule.slack, rule.kinds, rule.fallback, IDEMPOTENCY_TTL]
-        reply = self._place(args=args)
+        reply = self._place(args=args + [RECENT_RUNS_KEPT, RECORD_TTL])
         if reply[0] == "full":
             raise CapacityError(reply[1])
-        if reply[0] == "new":
-            self._index_run(reply[1], float(now))
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
-    def redis_uptime(self) -> float:
-        """Seconds since Redis (re)started: no heartbeat could arrive before."""
-        return float(self._r.info("server")["uptime_in_seconds"])
+    def redis_uptime(self, max_age: float = 0.0) -> float:
+        """Seconds since Redis (re)started: no heartbeat could arrive before. With max_age, a
+        start time read at most that many seconds ago answers (one INFO per period, not per call)."""
+        now = time.monotonic()
+        seen = self._redis_started
+        if seen is None or now - seen[0] > max_age:
+            seen = self._redis_started = (now, now - float(self._r.info("server")["uptime_in_seconds"]))
+        return now - seen[1]
 
     def host_info(self, host: str) -> dict:
         return self._r.hgetall(host_info_key(host))
@@ -1012,18 +1031,6 @@ class Store:
 
     def lost_runs(self, host: str) -> list[str]:
         return list(self._r.smembers(host_lost_key(host)))
-
-    def close_lost_run(self, run_id: str) -> bool:
-        """A lost run is released (the client's close): closing, its teardown waits for its host."""
-        if not self.transition(run_id, (LOST_STATE,), "closing"):
-            return False
-        host = self._r.hget(run_key(run_id), "host")
-        pipe = self._r.pipeline()
-        pipe.srem(host_lost_key(host), run_id)
-        pipe.sadd(host_closing_key(host), run_id)
-        pipe.hset(run_key(run_id), mapping={"closing_reason": "closed", "last_used_at": time.time()})
-        pipe.execute()
-        return True
 
     def settle_lost_runs(self, host: str) -> list[str]:
         """The host is back: its lost runs are closed, so its reconcile removes their containers."""
@@ -1116,6 +1123,11 @@ redis.call('ZADD', p .. 'host:' .. host .. ':live', now, run_id)
 redis.call('HSET', p .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', host,
   'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
 if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', tonumber(ARGV[14])) end
+-- the run viewer's index: the newest runs, expiring with the last record
+local recent = p .. 'runs:recent'
+redis.call('ZADD', recent, now, run_id)
+redis.call('ZREMRANGEBYRANK', recent, 0, -tonumber(ARGV[15]) - 1)
+redis.call('EXPIRE', recent, tonumber(ARGV[16]))
 return {'new', run_id, host}
 """
 

@@ -101,7 +101,7 @@ def test_override_merges_with_deploy_limits(tmp_path):
     files = compose_config.task_files(task_dir, cfg)
     resolved = compose_config.resolve(task_dir, files, "cl-x", env, 60)
     override = container_spec.run_override(
-        resolved, "compose-limits", {"termpool.run": "x"}, "cl-x", "/tmp/ctl:/.termpool/ctl", cfg, 2
+        resolved, "compose-limits", {"termpool.run": "x"}, "cl-x", ["/tmp/ctl:/.termpool/ctl:rw"], cfg, 2
     )
     (tmp_path / "o.yaml").write_text(yaml.safe_dump(override))
     merged = compose_config.resolve(task_dir, files + ["-f", str(tmp_path / "o.yaml")], "cl-x", env, 60)

@@ -6,6 +6,8 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
+
 from tests.conftest import wait_for
 
 
@@ -22,6 +24,13 @@ def episode(router, task: str, solved: bool) -> float:
         return reply.json()["score"]
     finally:
         router.close(lease)
+
+
+def test_the_facade_runs_ahead_of_the_workers(stack):
+    """WEB_NICE (default -5): gunicorn's master and its workers, not the job workers."""
+    web = psutil.Process(stack.procs["web"].pid)
+    assert web.nice() == -5 and web.children() and all(child.nice() == -5 for child in web.children())
+    assert psutil.Process(stack.procs["exec"].pid).nice() == 0
 
 
 def test_eight_episodes_at_once(router, docker_client, stack):

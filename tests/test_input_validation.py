@@ -261,3 +261,13 @@ def test_guard_refusals_have_codes(tmp_path):
     guarded = create_app(load_settings(env)).test_client()
     refused(guarded.get("/status"), 401, "UNAUTHORIZED", "bearer token")
     assert guarded.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("value", ["-21", "20", "high"])
+def test_web_nice_out_of_range_names_the_setting(value):
+    with pytest.raises(ValueError, match="WEB_NICE"):
+        load_settings({"WEB_NICE": value})
+
+
+def test_web_nice_defaults_ahead_of_the_workers():
+    assert load_settings({}).web_nice == -5 and load_settings({"WEB_NICE": "0"}).web_nice == 0

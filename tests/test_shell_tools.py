@@ -9,12 +9,15 @@ docker exec fails the test there).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import posixpath
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -809,6 +812,27 @@ def test_sessions_are_shared_between_modes(served):
     assert settle_end(via_socket, "b", via_socket("shell_write_to_process", id="b", command="y")) == "y\ngot y\n"
     assert via_exec("shell_exec", id="slow", command="sleep 1; echo late", timeout=0.2) == timed_out(0.2, "slow")
     assert via_socket.view_until("slow", lambda o: o != STILL_RUNNING)[-1] == "late\n\n\n--- SESSION COMPLETED ---"
+
+
+def test_a_replaced_helper_answers_at_once(served):
+    """The server runs a request in its own code (no exec per call) only while the helper file is
+    the one it started from: a helper replaced meanwhile (put_archive, as an upgrade of the
+    workers does) answers the very next request."""
+    read = b"\0\0read\0/.termpool/none\x000\0"
+    assert raw_request(served.ctl_socket, read).startswith(b"missing ")
+    stub = b'#!/bin/sh\necho replaced "$@"\n'
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo(HELPER_PATH.lstrip("/"))
+        info.size, info.mode = len(stub), 0o755
+        tar.addfile(info, io.BytesIO(stub))
+    original = b"".join(served.model.get_archive(HELPER_PATH)[0])  # read whole: it holds the container
+    assert served.model.put_archive("/", archive.getvalue())
+    try:
+        assert raw_request(served.ctl_socket, read) == b"replaced read /.termpool/none 0\n"
+    finally:
+        assert served.model.put_archive(posixpath.dirname(HELPER_PATH), original)
+    assert raw_request(served.ctl_socket, read).startswith(b"missing ")
 
 
 def test_server_refuses_bad_requests(served):

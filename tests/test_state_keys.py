@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import time
 
@@ -156,16 +157,36 @@ def test_use_run_marks_a_live_run_used_and_returns_its_record(store, redis_serve
 
 def test_begin_job_starts_a_queued_job_once(store):
     store.create_job("j1", "run-1", "tool_call")
-    assert store.begin_job("j1", "exec-a@h1") == "queued"
+    assert store.begin_job("j1", "exec-a@h1", "tok-a", {"task": "pool.exec_tool"}) == "queued"
     job = store.get_job("j1")
-    assert (job["state"], job["node"], job["attempts"]) == ("running", "exec-a@h1", 1) and job["started_at"] > 0
-    assert store.begin_job("j1", "exec-b@h1") == "running"
-    assert store.get_job("j1")["node"] == "exec-a@h1"
-    store.job_finished("j1", result="hi")
-    assert store.begin_job("j1", "exec-b@h1") == "succeeded"
-    assert store.get_job("j1")["state"] == "succeeded"
-    assert store.begin_job("j-unknown", "exec-a@h1") is None
+    assert (job["state"], job["node"], job["attempts"], job["worker"]) == ("running", "exec-a@h1", 1, "tok-a")
+    assert job["started_at"] > 0 and json.loads(job["retry_with"]) == {"task": "pool.exec_tool"}
+    assert store.worker_jobs("tok-a") == ["j1"]
+    # a retry on another process: moved there, still its first start
+    started = job["started_at"]
+    assert store.begin_job("j1", "exec-b@h1", "tok-b") == "running"
+    job = store.get_job("j1")
+    assert (job["node"], job["worker"], job["started_at"], job["attempts"]) == ("exec-b@h1", "tok-b", started, 1)
+    store.job_left("j1", "tok-a")
+    store.job_finished("j1", result="hi", worker="tok-b")
+    assert store.worker_jobs("tok-a") == store.worker_jobs("tok-b") == []
+    assert store.begin_job("j1", "exec-c@h1", "tok-c") == "succeeded"
+    assert store.get_job("j1")["state"] == "succeeded" and store.worker_jobs("tok-c") == []  # settled: not listed
+    assert store.begin_job("j-unknown", "exec-a@h1", "tok-a") is None
     assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
+
+
+def test_use_run_for_a_tool_call_marks_a_ready_run_busy(store):
+    run = allocate(store, "k", "", max_tasks=1, max_runs=1)
+    assert store.use_run(run.run_id, busy=True)["state"] == "allocated"
+    assert store.get_run(run.run_id)["state"] == "allocated"  # not started: left as it is
+    for ready in ("ready", "evaluated"):
+        store.update_run(run.run_id, state=ready)
+        assert store.use_run(run.run_id, busy=True)["state"] == ready
+        assert store.get_run(run.run_id)["state"] == "busy"
+    assert store.use_run(run.run_id, busy=True)["state"] == "busy"
+    store.release(run.run_id)
+    assert store.use_run(run.run_id, busy=True) is None and store.use_run("", busy=True) is None
 
 
 def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):

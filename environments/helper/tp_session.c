@@ -1,7 +1,8 @@
 /*
  * tp-session: the in-container half of termpool's shell tools.
  *
- * Copied into every task container (/.termpool/bin/tp-session) and run through
+ * Mounted read-only into every task container (/.termpool/bin/tp-session; copied
+ * in by put_archive into containers started without the mount) and run through
  * `docker exec`.  It is linked statically so it works in any Linux image, even
  * one that has nothing but `sh`.  All session state lives in files under a
  * session directory inside the container, so a session outlives the Python
@@ -42,9 +43,13 @@
  *       Runs argv in the foreground in its own process group; after SECONDS
  *       kills the group and exits 124, else exits with argv's status (and
  *       kills what is left of the group, so no straggler holds the output).
+ *   setup SESSIONS WORKSPACE UID GID [-- SUBCOMMAND ARGS...]
+ *       What installing the helper by archive also did, for a mounted helper:
+ *       SESSIONS a directory of mode 1777, WORKSPACE one of mode 0755 owned by
+ *       UID:GID (as root); then runs SUBCOMMAND (this binary) in its place.
  *   serve SOCKPATH
  *       A daemon answering the subcommands above over a unix socket, so a tool
- *       call costs a fork+exec instead of a `docker exec` (see cmd_serve).
+ *       call costs a fork instead of a `docker exec` (see cmd_serve).
  * Exit status 2 plus a message on stderr means the helper itself failed.
  */
 #define _GNU_SOURCE
@@ -786,6 +791,37 @@ static int cmd_mkparents(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------ setup */
+
+/* A directory at path with exactly this mode and owner, as extracting an
+ * archive's directory entry makes it: whatever else is there (a file, a
+ * symlink) is replaced, an existing directory is kept. */
+static int ensure_dir(const char *path, mode_t mode, uid_t uid, gid_t gid)
+{
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && !S_ISDIR(sb.st_mode) && unlink(path) < 0) return -1;
+    if (mkdir(path, mode) < 0 && errno != EEXIST) return -1;
+    if (lchown(path, uid, gid) < 0 || chmod(path, mode) < 0) return -1;
+    return 0;
+}
+
+static int cmd_setup(int argc, char **argv)
+{
+    if (argc < 6 || (argc > 6 && (strcmp(argv[6], "--") || argc < 8)))
+        die("usage: setup SESSIONS WORKSPACE UID GID [-- SUBCOMMAND ARGS...]");
+    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
+    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
+    if (ensure_dir(argv[2], 01777, 0, 0) < 0) die("setup: %s: %s", argv[2], strerror(errno));
+    if (ensure_dir(argv[3], 0755, uid, gid) < 0) die("setup: %s: %s", argv[3], strerror(errno));
+    if (argc == 6) return 0;
+    /* The subcommand replaces us (same argv[0]), so a server started this way
+     * looks exactly like one started by its own exec. */
+    argv[6] = argv[0];
+    execv("/proc/self/exe", argv + 6);
+    die("setup: exec %s: %s", argv[7], strerror(errno));
+    return 2;
+}
+
 /* -------------------------------------------------------------------- put */
 
 /*
@@ -912,6 +948,8 @@ static int cmd_run_timeout(int argc, char **argv)
  * very binary: the server never execs anything else.
  */
 #define REQUEST_MAX (4u << 20) /* > what execve takes (128 KiB per argument) */
+static int run_subcommand(int argc, char **argv);
+static struct stat self_at_start; /* the server's binary, to notice it being replaced */
 static const char *const served[] = {"spawn", "read", "write", "kill", "mkparents", "put", NULL};
 static int listen_fd = -1, lock_fd = -1;
 
@@ -985,11 +1023,19 @@ static void serve_one(int conn, const char *self)
     /* The commands spawn runs get stdin from their supervisor, never this. */
     if (dup2(conn, 0) < 0 || dup2(conn, 1) < 0 || dup2(conn, 2) < 0)
         refuse(conn, "cannot set up stdio: %s", strerror(errno));
+    if (conn > 2) close(conn);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execv(self, args); /* every other fd is close-on-exec */
-    refuse(conn, "cannot run the helper %s: %s", self, strerror(errno));
+    struct stat sb;
+    if (stat(self, &sb) == 0 && sb.st_ino == self_at_start.st_ino && sb.st_dev == self_at_start.st_dev) {
+        /* The subcommand runs in this forked child itself: no exec of the helper
+         * per call (an exec costs milliseconds in a loaded VM).  The server holds
+         * no other fd. */
+        exit(run_subcommand((int)n, args));
+    }
+    execv(self, args); /* the helper was replaced since the server started: run the new one */
+    refuse(1, "cannot run the helper %s: %s", self, strerror(errno));
 }
 
 /* A server listens at addr (EAGAIN: it does, with a full backlog). */
@@ -1009,11 +1055,14 @@ static int cmd_serve(int argc, char **argv)
     if (strlen(path) >= sizeof addr.sun_path) die("socket path too long: %s", path);
     strcpy(addr.sun_path, path);
     /* Requests run the binary found at this path when they come in, as a
-     * docker exec would: a helper updated by put_archive takes effect at once. */
+     * docker exec would: a helper updated by put_archive takes effect at once
+     * (serve_one runs a request in the server's own code while the file is
+     * the one the server was started from). */
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) die("readlink /proc/self/exe: %s", strerror(errno));
     self[n] = 0;
+    if (stat(self, &self_at_start) < 0) die("stat %s: %s", self, strerror(errno));
 
     /* One server per socket.  The lock lives as long as the server (the kernel
      * drops it when the server dies, however it dies), so two starts racing
@@ -1078,9 +1127,9 @@ static int cmd_serve(int argc, char **argv)
     }
 }
 
-int main(int argc, char **argv)
+static int run_subcommand(int argc, char **argv)
 {
-    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|serve ...");
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|setup|serve ...");
     const char *c = argv[1];
     if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
     if (!strcmp(c, "read")) return cmd_read(argc, argv);
@@ -1089,7 +1138,13 @@ int main(int argc, char **argv)
     if (!strcmp(c, "mkparents")) return cmd_mkparents(argc, argv);
     if (!strcmp(c, "put")) return cmd_put(argc, argv);
     if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
+    if (!strcmp(c, "setup")) return cmd_setup(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     die("unknown subcommand: %s", c);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    return run_subcommand(argc, argv);
 }

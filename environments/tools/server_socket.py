@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 2.0  # a live server accepts at once (the kernel queues the connection)
 REPLY_MAX = 64 << 20  # beyond this the reply is cut (the helper stops at the closed socket)
 RESTART_EVERY = 5.0  # seconds between restarts of one socket's server
+FIRST_SERVER_WAIT = 5.0  # how long a call waits for a just-started run's server (see below)
 
 
 def _wire(text: str) -> bytes:
@@ -79,6 +80,19 @@ def ask_server(path: str, request: bytes, stdin: bytes = b"") -> bytes | None:
         return bytes(reply)
     finally:
         sock.close()
+
+
+def wait_for_first_server(path: str, limit: float = FIRST_SERVER_WAIT) -> bool:
+    """True once a server listens at `path` when none ever did there (no socket, no lock
+    file): a run's start replies before its server is up (the lifecycle worker starts it in the
+    background), and waiting for it beats a docker exec plus a second server start. False at
+    once for a server that was there and went (its lock file stays), or after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path):
+        if os.path.exists(path + ".lock") or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def unprepared(out: bytes) -> bool:

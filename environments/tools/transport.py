@@ -7,13 +7,20 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import tarfile
 import time
 from typing import NamedTuple
 from urllib.parse import quote
 
 from environments.session_helper import HELPER_PATH, exec_never_started, prepare_container
-from environments.tools.server_socket import ask_server, encode_request, restart_server, unprepared
+from environments.tools.server_socket import (
+    ask_server,
+    encode_request,
+    restart_server,
+    unprepared,
+    wait_for_first_server,
+)
 
 # What a helper from before the output limits says to today's spawn arguments.
 _OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv..."
@@ -57,6 +64,8 @@ class HelperTransport:
         if self.ctl_socket:
             request = encode_request(args, workdir, environment)
             out = ask_server(self.ctl_socket, request)
+            if out is None and not os.path.exists(self.ctl_socket) and wait_for_first_server(self.ctl_socket):
+                out = ask_server(self.ctl_socket, request)
             if out is not None and unprepared(out):
                 prepare_container(self.container)  # /workspace or the helper was removed
                 out = ask_server(self.ctl_socket, request)

@@ -1,0 +1,205 @@
+"""The session helper mounted read-only from the host (session_helper.helper_mount): a started
+run's container has it without a copy, the task cannot change or remove it, the folders the
+archive used to make are there with the same modes and owners for root, numeric and named
+users, the server runs as before, a helper from an older version is replaced host-side, and
+teardown leaves no folder behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from devstack import FIXTURES, ROOT
+from environments import lifecycle
+from environments.docker_client import KnownContainer
+from environments.session_helper import (
+    BIN_DIR,
+    CTL_SOCKET,
+    HELPER_PATH,
+    SESSIONS_ROOT,
+    WORKSPACE,
+    helper_mount,
+    mounted_helper_dir,
+    prepare_container,
+    prepare_in_background,
+)
+from environments.tools import run_tool, server_socket
+from tests.conftest import wait_for
+from tests.test_compose_fidelity import build_locks, settings
+from tests.test_output_caps import OLD_HELPER_COMMIT, OLD_HELPER_SOURCE, _Sessions
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    return settings(tmp_path_factory.mktemp("helper-mount"))
+
+
+@pytest.fixture(scope="module")
+def images(cfg, redis_server, base_image):
+    for task in ("hello-file", "compose-env"):
+        lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
+
+
+def start(cfg, task: str, tmp_path: Path):
+    run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task, "task_meta": {"task_name": task}}
+    run_dir = tmp_path / run["run_id"]
+    for sub in ("sessions", "agent-logs"):
+        (run_dir / sub).mkdir(parents=True)
+    env, container = lifecycle.start(run, FIXTURES / task, run_dir, cfg, 240)
+    return run, env, container
+
+
+def stat(container, path: str) -> str:
+    return container.exec_run(["stat", "-c", "%a %u %g %F", path], user="root").output.decode().strip()
+
+
+def shell(env, container, command: str, sessions=None) -> str:
+    model = KnownContainer(container.client, container.name, env.user)  # as the pool passes it
+    return run_tool(
+        model,
+        "shell_exec",
+        {"id": "t", "command": command},
+        sessions if sessions is not None else _Sessions(),
+        ctl_socket=lifecycle.ctl_socket(env.to_dict()),
+    )
+
+
+def teardown(run, env) -> None:
+    lifecycle.remove_run_resources(run["run_id"], env.project)
+    lifecycle.remove_ctl_dir(env.ctl_dir)
+    assert not Path(env.ctl_dir).exists() and not Path(env.ctl_dir + ".bin").exists()
+
+
+def test_root_container_gets_a_read_only_helper_and_one_exec(cfg, images, tmp_path):
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        host_dir = mounted_helper_dir(container)
+        assert host_dir == env.ctl_dir + ".bin"
+        mount = next(m for m in container.attrs["Mounts"] if m["Destination"] == BIN_DIR)
+        assert mount["RW"] is False
+        prepare_container(container, serve=True)
+        assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
+        assert stat(container, WORKSPACE) == "755 0 0 directory"
+        servers = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; true"]).output
+        assert f"{HELPER_PATH} serve {CTL_SOCKET}".encode() in servers  # as start_server names it
+        assert shell(env, container, "pwd; echo hi") == "/workspace\nhi\n"
+        # the task, root in its container, can neither change nor remove the helper
+        before = hashlib.sha256((Path(host_dir) / "tp-session").read_bytes()).hexdigest()
+        for attack in (f"echo x > {HELPER_PATH}", f"rm -f {HELPER_PATH}", f"chmod 777 {HELPER_PATH}"):
+            assert container.exec_run(["sh", "-c", attack], user="root").exit_code != 0, attack
+        assert container.exec_run(["sh", "-c", f"touch {BIN_DIR}/new"], user="root").exit_code != 0
+        assert hashlib.sha256((Path(host_dir) / "tp-session").read_bytes()).hexdigest() == before
+        # a workspace the task removed is made again (setup through the mounted helper)
+        container.exec_run(["rm", "-rf", WORKSPACE], user="root")
+        assert shell(env, container, "pwd") == "/workspace\n"
+    finally:
+        teardown(run, env)
+
+
+def test_numeric_user_gets_its_workspace(cfg, images, tmp_path):
+    run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000
+    try:
+        assert mounted_helper_dir(container)
+        prepare_container(container, serve=True)
+        assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
+        assert stat(container, WORKSPACE) == "755 1000 1000 directory"
+        assert shell(env, container, "id -u; pwd") == "1000\n/workspace\n"
+    finally:
+        teardown(run, env)
+
+
+def test_named_user_gets_its_workspace(cfg, images, tmp_path, docker_client):
+    """A container of a user given by name (the chown by name path), with the pool's mounts."""
+    ctl = lifecycle.make_ctl_dir(cfg, "named-" + uuid.uuid4().hex[:8])
+    container = docker_client.containers.run(
+        "tb__hello-file__client",
+        ["sleep", "infinity"],
+        detach=True,
+        user="nobody",
+        labels={"termpool.host": cfg.host_id},
+        volumes=[f"{ctl}:/.termpool/ctl:rw", helper_mount(ctl)],
+    )
+    try:
+        prepare_container(container, serve=True)
+        assert stat(container, WORKSPACE) == "755 65534 0 directory"  # chown by name: the owner only
+        env = lifecycle.RunEnv("direct", container.name, container.name, "", ctl_dir=str(ctl), user="nobody")
+        assert shell(env, container, "id -un; pwd") == "nobody\n/workspace\n"
+    finally:
+        container.remove(force=True)
+        lifecycle.remove_ctl_dir(str(ctl))
+
+
+def test_a_mounted_helper_from_an_older_version_is_replaced(cfg, images, tmp_path):
+    """A run that outlived an upgrade of its workers has the old helper in its mounted folder:
+    the first call that the old helper refuses links the current one there, host-side."""
+    source = subprocess.run(
+        ["git", "show", f"{OLD_HELPER_COMMIT}:{OLD_HELPER_SOURCE}"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    (tmp_path / "tp_session.c").write_bytes(source)
+    old = tmp_path / "tp-session"
+    subprocess.run(
+        ["gcc", "-O2", "-static", "-o", str(old), str(tmp_path / "tp_session.c"), "-lutil"],
+        check=True,
+        capture_output=True,
+    )
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        prepare_container(container)  # folders only: no server, so calls go through docker exec
+        host_file = Path(mounted_helper_dir(container)) / "tp-session"
+        host_file.unlink()
+        shutil.copyfile(old, host_file)
+        host_file.chmod(0o755)
+        no_server = dataclasses.replace(env, ctl_dir="")  # the helper is run by docker exec
+        assert shell(no_server, container, "echo hi") == "hi\n"
+        assert host_file.read_bytes() != old.read_bytes()
+    finally:
+        teardown(run, env)
+
+
+def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_path):
+    """The start's reply does not wait for the server (prepare_in_background): a tool call that
+    comes first, before even the folders exist, goes through docker exec, which makes them."""
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert container.exec_run(["test", "-e", WORKSPACE]).exit_code != 0  # nothing prepared yet
+        assert shell(env, container, "pwd; echo early") == "/workspace\nearly\n"
+        assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
+        assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)  # restarted meanwhile
+        assert shell(env, container, "echo served") == "served\n"
+    finally:
+        teardown(run, env)
+
+
+def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path):
+    """The server being started in the background, the first call waits for it rather than
+    going through a docker exec of its own (and a second server start)."""
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert prepare_in_background(container) is True
+        assert shell(env, container, "echo first") == "first\n"
+        # served by the server: the fallback (docker exec) would have asked for a restart
+        assert lifecycle.ctl_socket(env.to_dict()) not in server_socket._restarts
+    finally:
+        teardown(run, env)
+
+
+def test_prepare_in_background_only_for_root_with_the_mount(cfg, images, tmp_path):
+    run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000: prepared by the caller
+    try:
+        assert prepare_in_background(container) is False
+    finally:
+        teardown(run, env)
+    run, env, container = start(cfg, "hello-file", tmp_path)
+    try:
+        assert prepare_in_background(container) is True
+        assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)
+        assert stat(container, WORKSPACE) == "755 0 0 directory"
+        assert shell(env, container, "echo hi") == "hi\n"
+    finally:
+        teardown(run, env)
