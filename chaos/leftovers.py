@@ -11,6 +11,7 @@ import docker.errors
 import redis
 
 from chaos.service import Service
+from environments.session_helper import HELPER_DIR_SUFFIX, VERSIONS_DIR
 from termpool.client import TermpoolError
 from termpool.state import Store
 
@@ -93,14 +94,23 @@ def measure(service: Service) -> dict:
         "containers": [c.name for c in left_behind(service)],
         "warm_spares": sorted(spares),  # not counted: the warm pool holds them
         "networks": [n.name for n in networks(service.host_id)],
-        # a run's (or a warm container's no longer pooled) socket folder; not the workers'
-        # containment lock file
-        "socket_dirs": sorted(p.name for p in service.socket_dir.iterdir() if p.is_dir() and p.name not in spares),
+        "socket_dirs": socket_dirs(service, spares),
         "slots_held": None if held is None else held["runs"],
         "closes_pending": None if held is None else held["closes"],
         "capacity_via": None if held is None else held["via"],
         "redis_locks": redis_locks(service),
     }
+
+
+def socket_dirs(service: Service, spares: set[str]) -> list[str]:
+    """A run's socket folder or the helper folder beside it (<folder>.bin), not a pooled
+    spare's; not the helper versions every run links to (kept by design), nor the workers'
+    containment lock file."""
+    return sorted(
+        p.name
+        for p in service.socket_dir.iterdir()
+        if p.is_dir() and p.name != VERSIONS_DIR and p.name.removesuffix(HELPER_DIR_SUFFIX) not in spares
+    )
 
 
 def temp_files(service: Service) -> list[str]:
