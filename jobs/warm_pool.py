@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,6 +98,9 @@ def _starts_at_once() -> int:
     return max(1, settings().concurrency["lifecycle"] // 4)
 
 
+_stopping = threading.Event()  # this lifecycle worker is stopping: no spare is pooled any more
+
+
 @shared_task(name="pool.refill_warm", bind=True)
 def refill_warm(self, *, host, task_path):
     """Start the spares the task's pool lacks (each as its own pool.start_warm job)."""
@@ -104,6 +108,8 @@ def refill_warm(self, *, host, task_path):
 
 
 def _refill(app, host: str, task_path: str) -> int:
+    if _stopping.is_set():
+        return 0
     cfg = settings()
     wanted = target_size(host, task_path)
     ids = store().warm_reserve(host, task_path, wanted, _starts_at_once(), cfg.timeouts.reset_session + 60)
@@ -118,6 +124,10 @@ def _refill(app, host: str, task_path: str) -> int:
 @shared_task(name="pool.start_warm", bind=True)
 def start_warm(self, *, host, task_path, task_name, warm_id):
     """Start one spare under its reserved warm id, pool it, and go on refilling."""
+    if _stopping.is_set():
+        with contextlib.suppress(UNAVAILABLE):
+            store().warm_unreserve(host, task_path, warm_id)
+        return 0
     cfg = settings()
     began, cpu = time.monotonic(), time.thread_time()
     pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
@@ -128,6 +138,9 @@ def start_warm(self, *, host, task_path, task_name, warm_id):
         try:
             prepare_container(container, serve=bool(env.ctl_dir))
             store().warm_push(host, task_path, _entry(warm_id, task_path, env))
+            if _stopping.is_set():  # the drain on stop may have run before this push: this one too
+                drain(host)
+                return 0
         except BaseException:  # Redis away too: no spare the pool does not know of
             remove_env(warm_id, env.to_dict())
             raise
@@ -253,9 +266,12 @@ def _drop_starts_on_start(sender=None, **_):
 
 @worker_shutdown.connect
 def _drain_on_stop(sender=None, **_):
-    """The lifecycle worker (which starts the spares) stops cleanly: its host's spares go."""
+    """The lifecycle worker (which starts the spares) stops cleanly: its host's spares go.
+    Celery may send this while jobs still run (a stop from its signal handler, with a thread
+    pool): a spare start still under way sees _stopping and removes what it made itself."""
     if sender is None or not _consumes_lifecycle(sender):
         return
+    _stopping.set()
     try:
         removed = drain(settings().host_id)
     except Exception:  # Redis or Docker away: the periodic trim or the reconcile sweep removes them later
