@@ -29,6 +29,7 @@ from celery.signals import worker_ready, worker_shutdown
 from environments import artifacts, lifecycle
 from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
+from environments.tools.server_socket import server_answers
 from jobs.runtime import remove_env, store
 from termpool import warm_sizing
 from termpool.config import settings
@@ -49,7 +50,7 @@ def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
         entry = store().warm_claim(host, run["task_meta"]["task_path"], run["run_id"])
         if entry is None:
             return None
-        if lifecycle.client_if_running(entry["client"]) is not None:
+        if _alive(entry):
             return lifecycle.RunEnv(
                 "direct",
                 entry["project"],
@@ -60,6 +61,15 @@ def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
                 user=entry.get("user", ""),
             )
         _remove_spare(entry)  # died while pooled
+
+
+def _alive(entry: dict) -> bool:
+    """The spare still runs: its tool server takes a connection (no Docker call on the reset's
+    path), else Docker says so (a spare whose server alone stopped is still good)."""
+    socket_path = lifecycle.ctl_socket(entry)
+    if socket_path and server_answers(socket_path):
+        return True
+    return lifecycle.client_if_running(entry["client"]) is not None
 
 
 def demanded(app, run: dict, host: str, served: bool) -> None:

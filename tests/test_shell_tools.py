@@ -814,6 +814,17 @@ def test_sessions_are_shared_between_modes(served):
     assert via_socket.view_until("slow", lambda o: o != STILL_RUNNING)[-1] == "late\n\n\n--- SESSION COMPLETED ---"
 
 
+def test_server_answers_tells_a_live_server(served, tmp_path):
+    """The warm pool's liveness check of a spare: a connection the kernel takes, no Docker call."""
+    assert server_socket.server_answers(served.ctl_socket)
+    assert not server_socket.server_answers(str(tmp_path / "none.sock"))
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(tmp_path / "dead.sock"))  # a socket file nobody listens on: a stopped container's
+    dead.close()
+    assert not server_socket.server_answers(str(tmp_path / "dead.sock"))
+    assert raw_request(served.ctl_socket, b"\0\0read\0/.termpool/none\x000\0").startswith(b"missing ")
+
+
 def test_a_replaced_helper_answers_at_once(served):
     """The server runs a request in its own code (no exec per call) only while the helper file is
     the one it started from: a helper replaced meanwhile (put_archive, as an upgrade of the

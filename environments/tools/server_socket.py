@@ -95,6 +95,20 @@ def wait_for_first_server(path: str, limit: float = FIRST_SERVER_WAIT) -> bool:
     return True
 
 
+def server_answers(path: str) -> bool:
+    """A server listens at `path`: the kernel takes a connection (the container it runs in is
+    up), with no Docker call. The server drops the empty request at once."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT)
+        _connect(sock, path)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def unprepared(out: bytes) -> bool:
     """The server's own refusal (tp_session.c, cmd_serve) when /workspace or the helper is gone."""
     return (
