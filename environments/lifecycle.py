@@ -76,8 +76,9 @@ class RunEnv:
 
 
 def run_name(task_name: str, run_id: str) -> str:
-    """Container and compose project name: lowercase [a-z0-9][a-z0-9_.-]+ and unique per run."""
-    stem = re.sub(r"[^a-z0-9_.-]+", "-", task_name.lower()).strip("-_.")[:40] or "task"
+    """Container and compose project name: lowercase [a-z0-9][a-z0-9_-]+ and unique per run
+    (compose refuses a dot in a project name: a task named `x.v2` runs as `x-v2-<run>`)."""
+    stem = re.sub(r"[^a-z0-9_-]+", "-", task_name.lower()).strip("-_")[:40] or "task"
     return f"{stem}-{run_id}"
 
 

@@ -160,3 +160,12 @@ def test_a_cached_model_is_a_copy(tmp_path):
     once = compose_cache.resolve_once(task_dir, files, "tb__hello-file", env, 60)
     once["services"].clear()
     assert compose_cache.resolve_once(task_dir, files, "tb__hello-file", env, 60)["services"]
+
+
+def test_a_task_name_with_a_dot_gives_a_project_name_compose_takes(tmp_path):
+    """A dot is fine in a container name but not in a compose project name (run_name is both)."""
+    from environments.lifecycle import run_name
+
+    name = run_name("Data.Pipeline v2", "run-0123456789abcdef")
+    assert name == "data-pipeline-v2-run-0123456789abcdef"
+    assert real(FIXTURES / "hello-file", name, tmp_path)["name"] == name
