@@ -13,6 +13,7 @@ import requests
 
 from app import error_codes
 from devstack import ROOT, Stack
+from environments.tools.texts import NO_OUTPUT
 from termpool import failures
 from tests.conftest import Router, leftovers, wait_for
 from tests.docker_fault_proxy import FaultProxy
@@ -244,6 +245,9 @@ def test_tests_are_never_run_twice(proxied):
     router = Router(stack)
     lease = router.allocate("hello-file")
     assert router.reset(lease, "hello-file").status_code == 200
+    # The reset answers before the tool server's own exec runs (in the background): a tool call
+    # waits for that server, so its exec is counted before the evaluation's.
+    assert router.sh(lease, "true") == NO_OUTPUT
     before = proxy.count("POST", CONTAINER + "/exec")
     retried = retries(stack, "pool.evaluate")
     failed = value(scrape(stack), "termpool_job_failures_total", code="DOCKER_ERROR")
