@@ -25,7 +25,8 @@ def _docker():
 
 
 def containers(host_id: str) -> list:
-    return _docker().containers.list(all=True, filters={"label": f"{HOST_LABEL}={host_id}"})
+    # read while the stack runs: a spare or a run may go between the listing and its inspect
+    return _docker().containers.list(all=True, filters={"label": f"{HOST_LABEL}={host_id}"}, ignore_removed=True)
 
 
 def warm_spares(service: Service) -> set[str]:

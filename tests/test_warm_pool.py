@@ -31,7 +31,9 @@ def pooled(stack) -> list[dict]:
 
 
 def warm_containers(docker_client, stack) -> list:
-    found = docker_client.containers.list(all=True, filters={"label": f"termpool.host={stack.host_id}"})
+    found = docker_client.containers.list(
+        all=True, filters={"label": f"termpool.host={stack.host_id}"}, ignore_removed=True
+    )  # polled while the pool trims spares: one may go between the listing and its inspect
     return [c for c in found if c.labels.get("termpool.run", "").startswith("warm-")]
 
 
