@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import tarfile
 import time
 from typing import NamedTuple
@@ -64,7 +63,7 @@ class HelperTransport:
         if self.ctl_socket:
             request = encode_request(args, workdir, environment)
             out = ask_server(self.ctl_socket, request)
-            if out is None and not os.path.exists(self.ctl_socket) and wait_for_first_server(self.ctl_socket):
+            if out is None and wait_for_first_server(self.ctl_socket):
                 out = ask_server(self.ctl_socket, request)
             if out is not None and unprepared(out):
                 prepare_container(self.container)  # /workspace or the helper was removed
