@@ -51,8 +51,17 @@ def queue_kind(queue: str, host: str) -> str | None:
     return kind if head == f"termpool.{host}" and kind in QUEUE_KINDS else None
 
 
+# Kinds whose messages are taken without an acknowledgement. Their jobs are acked on receipt
+# anyway (task_acks_late=False) and run in threads at once (no prefetch), so kombu's
+# bookkeeping of each message until that ack (a copy in Redis' unacked hash, then its
+# removal: two round trips per job on the worker's consumer loop) protects nothing there;
+# lost work is recovered from the job records (jobs/lost_jobs.py). Builds keep it: a prefork
+# child that dies mid-build gets its message sent again (retry_on_worker_lost).
+UNACKED_KINDS = frozenset(QUEUE_KINDS) - {"build"}
+
+
 def host_queues(host: str) -> list[Queue]:
-    return [Queue(queue_name(host, kind)) for kind in QUEUE_KINDS]
+    return [Queue(queue_name(host, kind), no_ack=kind in UNACKED_KINDS) for kind in QUEUE_KINDS]
 
 
 def route_job(name, args, kwargs, options, task=None, **kw):
@@ -74,7 +83,7 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
     # an UNSUBSCRIBE per job) and every worker thread builds its own backend client.
     app = Celery("termpool", broker=cfg.redis_url, backend=None, include=include or [])
     app.conf.update(
-        task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE)],
+        task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE, no_ack=True)],
         task_create_missing_queues=False,
         task_default_queue=MAINTENANCE_QUEUE,
         task_routes=(route_job,),
