@@ -129,6 +129,30 @@ def load_task(task_dir: Path | str) -> TaskSpec:
     return spec
 
 
+# load_task_cached's specs by task folder, with the stamp of the task.yaml they were read from.
+_SPECS: dict[Path, tuple[tuple, TaskSpec]] = {}
+_SPECS_MAX = 4096
+
+
+def load_task_cached(task_dir: Path | str) -> TaskSpec:
+    """load_task, parsing task.yaml again only when it changed (inode, mtime or size): every
+    reset reads its task, and YAML parsing is most of what a warm reset costs a worker."""
+    task_dir = Path(task_dir)
+    try:
+        info = (task_dir / "task.yaml").stat()
+    except OSError:
+        return load_task(task_dir)  # which says what is wrong
+    stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+    known = _SPECS.get(task_dir)
+    if known and known[0] == stamp and (task_dir / "run-tests.sh").is_file():
+        return known[1]
+    spec = load_task(task_dir)
+    if len(_SPECS) >= _SPECS_MAX:
+        _SPECS.clear()
+    _SPECS[task_dir] = (stamp, spec)
+    return spec
+
+
 def compose_file(task_dir: Path | str) -> Path:
     """The task's docker-compose.yaml (or .yml); TaskError when there is none."""
     task_dir = Path(task_dir)

@@ -5,7 +5,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from termpool.task_spec import NoGrader, TaskError, TaskSpec, compose_file, image_name, load_task, name_prefix
+from termpool.task_spec import (
+    NoGrader,
+    TaskError,
+    TaskSpec,
+    compose_file,
+    image_name,
+    load_task,
+    load_task_cached,
+    name_prefix,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -279,3 +288,21 @@ def test_fixture_specifics():
     assert (FIXTURES / "interactive-guess" / "guess").stat().st_mode & 0o111
     partial = (FIXTURES / "partial-pass" / "tests" / "test_outputs.py").read_text()
     assert partial.count("\ndef test_") == 4
+
+
+def test_a_cached_spec_is_read_again_when_its_task_changes(tmp_path):
+    task = make_task(tmp_path, "instruction: first\n")
+    first = load_task_cached(task)
+    assert first.instruction == "first" and load_task_cached(task) is first
+    (task / "task.yaml").write_text("instruction: second, and longer\n")
+    assert load_task_cached(task).instruction == "second, and longer"
+    replaced = tmp_path / "new.yaml"
+    replaced.write_text("instruction: SECOND, and longer\n")
+    replaced.replace(task / "task.yaml")  # same size as before: a new file all the same
+    assert load_task_cached(task).instruction == "SECOND, and longer"
+    (task / "run-tests.sh").unlink()
+    with pytest.raises(NoGrader):
+        load_task_cached(task)
+    (task / "task.yaml").unlink()
+    with pytest.raises(TaskError, match="no task.yaml"):
+        load_task_cached(task)
