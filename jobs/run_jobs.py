@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from termpool import failures
 from termpool.config import settings
 from termpool.paths import resolve_task_path
 from termpool.state import NO_FAILURE
-from termpool.task_spec import TaskError, load_task
+from termpool.task_spec import TaskError, load_task_cached
 
 
 class RunClosed(failures.Failure):
@@ -54,6 +56,23 @@ RETRY_OPTIONS = dict(
 )
 NO_RETRY = "termpool_no_retry"  # set on an exception raised inside `committed()`
 
+log = logging.getLogger(__name__)
+_deferred = threading.local()  # this worker thread's job's after_reply work
+
+
+def after_reply(fn) -> None:
+    """Run `fn` once the current job's end is recorded (its client has the answer): work
+    nobody waits for. A failure there is logged, never the job's."""
+    _deferred.calls.append(fn)
+
+
+def _run_deferred(calls: list) -> None:
+    for fn in calls:
+        try:
+            fn()
+        except Exception:
+            log.exception("work deferred past a job's reply failed")
+
 
 @contextlib.contextmanager
 def committed():
@@ -75,17 +94,18 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError))
 
 
-def _job(fn=None, *, on_failure=None, retry=False):
+def _job(fn=None, *, on_failure=None, retry=False, busy=False):
     """Record the job's start and end around a task body; the last step of a chain ends it.
 
     A failure is recorded with its code (failures.classify) and then `on_failure(run_id,
     error, code)` runs (a failed start marks the run failed). With retry=True a transient
     failure (see `transient`) before the body's `committed()` block is retried by Celery
     instead: the job stays running, with one attempt more; the task must be declared with
-    RETRY_OPTIONS.
+    RETRY_OPTIONS. With busy=True the body marks its run busy (_live_run(busy=True)), and the
+    job's end makes it ready again in the same round trip.
     """
     if fn is None:
-        return functools.partial(_job, on_failure=on_failure, retry=retry)
+        return functools.partial(_job, on_failure=on_failure, retry=retry, busy=busy)
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
@@ -94,7 +114,8 @@ def _job(fn=None, *, on_failure=None, retry=False):
         state = store().begin_job(job_id, self.request.hostname or "", lost_jobs.TOKEN, lost_jobs.resendable(self))
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
-        ended = False
+        ended, settle = False, {"worker": lost_jobs.TOKEN, "ready_run": run_id if busy else ""}
+        _deferred.calls = deferred = []
         try:
             try:
                 result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
@@ -113,15 +134,16 @@ def _job(fn=None, *, on_failure=None, retry=False):
                 if on_failure:
                     on_failure(run_id, error, code)
                 ended = True
-                store().job_finished(job_id, error=error, code=code, worker=lost_jobs.TOKEN)
+                store().job_finished(job_id, error=error, code=code, **settle)
                 raise
             if final:
                 ended = True
-                store().job_finished(job_id, result=result, worker=lost_jobs.TOKEN)
+                store().job_finished(job_id, result=result, **settle)
             return result
         finally:
             if not ended:  # handed over, retried, or a step that does not end the job
                 store().job_left(job_id, lost_jobs.TOKEN)
+            _run_deferred(deferred)
 
     return wrapper
 
@@ -145,7 +167,7 @@ def _task_dir(run: dict) -> Path:
 
 def _spec(task_dir: Path):
     try:
-        return load_task(task_dir)
+        return load_task_cached(task_dir)
     except TaskError as exc:
         raise failures.TaskInvalid(str(exc)) from exc
 
@@ -213,8 +235,10 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
     env = warm_pool.claim(run, host, _run_path) if settings().warm_pool_size > 0 else None
-    if env is not None or lifecycle.warm_capable(task_dir, settings()):  # a spare: no compose call
-        warm_pool.demanded(self.app, run, host, served=env is not None)
+    if env is not None:  # served by a spare: its demand is noted (and a refill sent) after the reply
+        after_reply(functools.partial(warm_pool.demanded, self.app, run, host, served=True))
+    elif lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call): its
+        warm_pool.demanded(self.app, run, host, served=False)  # spares start beside this cold start
     if env is None:
         try:
             env = _start_cold(run, task_dir)
@@ -267,22 +291,18 @@ def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
 
 
 @shared_task(name="pool.exec_tool", bind=True)
-@_job
+@_job(busy=True)
 def exec_tool(self, *, host, run_id, job_id, tool_call):
     run = _live_run(run_id, busy=True)
     started = time.monotonic()
-    try:
-        container = _client_container(run)
-        observation = run_tool(
-            container,
-            tool_call.get("name"),
-            tool_call.get("arguments"),
-            _RunSessions(run_id),
-            expose_kill=settings().expose_kill_tool,
-            ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
-        )
-    finally:
-        store().transition(run_id, ("busy",), "ready")
+    observation = run_tool(
+        _client_container(run),
+        tool_call.get("name"),
+        tool_call.get("arguments"),
+        _RunSessions(run_id),
+        expose_kill=settings().expose_kill_tool,
+        ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
+    )
     artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
     return observation
 

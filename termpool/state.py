@@ -276,6 +276,13 @@ redis.call('SADD', KEYS[2], ARGV[5])
 return state
 """
 
+_SET_IF_LIVE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'closing' or state == 'closed' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
 _TRANSITION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 2, #ARGV do
@@ -335,6 +342,7 @@ class Store:
         self._r = client
         self._release = client.register_script(_RELEASE)
         self._transition = client.register_script(_TRANSITION)
+        self._set_if_live = client.register_script(_SET_IF_LIVE)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
         self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
@@ -404,12 +412,10 @@ class Store:
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
-        """Change a run's state unless it has been released meanwhile (close wins)."""
-        current = self._r.hget(run_key(run_id), "state")
-        if current is None or current in ("closing", "closed"):
-            return False
-        self.update_run(run_id, state=state, **fields)
-        return True
+        """Change a run's state unless it has been released meanwhile (close wins): one
+        atomic round trip, so a close landing between the check and the write cannot be undone."""
+        flat = [item for pair in _encode({"state": state, **fields}).items() for item in pair]
+        return bool(self._set_if_live(keys=[run_key(run_id)], args=flat))
 
     def transition(self, run_id: str, from_states: tuple, to_state: str) -> bool:
         """Atomically move a run to to_state only if it is in one of from_states."""
@@ -560,17 +566,29 @@ class Store:
         pipe.execute()
 
     def job_finished(
-        self, job_id: str, result=None, error: str = "", code: str = "", counted: bool = True, worker: str = "", **extra
+        self,
+        job_id: str,
+        result=None,
+        error: str = "",
+        code: str = "",
+        counted: bool = True,
+        worker: str = "",
+        ready_run: str = "",
+        **extra,
     ) -> None:
         """End a job. A failure (an error) carries its code and retryable, and is counted by
         code for /metrics unless `counted` is false (a step skipped for another's failure).
-        With `worker`, the job also leaves that process's list (job_left), in the same round trip."""
+        With `worker`, the job also leaves that process's list (job_left); with `ready_run`,
+        that run goes from busy back to ready (a tool call ended), before anyone waiting on
+        the job wakes; all in the same round trip."""
         state = "failed" if error else "succeeded"
         fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
         if error:
             code = code or "INTERNAL"
             fields.update(failures.fields(code))
         pipe = self._r.pipeline()
+        if ready_run:
+            self._transition(keys=[run_key(ready_run)], args=["ready", "busy"], client=pipe)
         pipe.hset(job_key(job_id), mapping=_encode(fields))
         if error and counted:
             pipe.hincrby(FAILURE_COUNTS, code, 1)

@@ -102,6 +102,35 @@ def test_transition_only_from_the_given_states(store, redis_server):
     assert not redis_server.exists(state.run_key("run-0000000000000000"))
 
 
+def test_set_state_if_live_writes_only_a_live_run(store, redis_server):
+    run = allocate(store, "task-a", "", max_tasks=1, max_runs=1)
+    assert store.set_state_if_live(run.run_id, "ready", env={"client": "c"}, score=None) is True
+    record = store.get_run(run.run_id)
+    assert record["state"] == "ready" and record["env"] == {"client": "c"}
+    store.release(run.run_id)
+    # A start that ends after the close: the close stands, and nothing of the start is written.
+    assert store.set_state_if_live(run.run_id, "ready", env={"client": "late"}) is False
+    assert store.get_run(run.run_id)["state"] == "closing"
+    assert store.get_run(run.run_id)["env"] == {"client": "c"}
+    assert store.set_state_if_live("run-0000000000000000", "ready") is False
+    assert not redis_server.exists(state.run_key("run-0000000000000000"))
+
+
+def test_a_tool_calls_end_makes_its_busy_run_ready_before_the_job_is_done(store, redis_server):
+    run = allocate(store, "task-a", "", max_tasks=1, max_runs=1)
+    store.update_run(run.run_id, state="ready")
+    store.use_run(run.run_id, busy=True)
+    store.create_job("job-1", run.run_id, "tool_call")
+    store.job_finished("job-1", result="hi", ready_run=run.run_id)
+    assert store.get_run(run.run_id)["state"] == "ready"
+    assert store.wait_job("job-1", timeout=1)["state"] == "succeeded"
+    # Only a busy run: a run closed meanwhile stays closing.
+    store.create_job("job-2", run.run_id, "tool_call")
+    store.release(run.run_id)
+    store.job_finished("job-2", error="closed", code="RUN_CLOSED", ready_run=run.run_id)
+    assert store.get_run(run.run_id)["state"] == "closing"
+
+
 # ---- locks -----------------------------------------------------------------------------------
 def test_held_locks_name_build_locks_with_their_ttl(store):
     with store.build_lock("h1", "img:latest") as build:
