@@ -13,6 +13,7 @@ key): compose refuses distinct values in the two places.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from docker.utils import parse_bytes
@@ -109,10 +110,18 @@ def _proxy_env(service: dict, cfg: Settings) -> dict:
 
 
 def run_override(
-    resolved: dict, task_name: str, labels: dict, name: str, mounts: list[str], cfg: Settings, max_cpus: float
+    resolved: dict,
+    task_name: str,
+    labels: dict,
+    name: str,
+    mounts: list[str],
+    cfg: Settings,
+    max_cpus: float,
+    client_entry: dict | None = None,
 ) -> dict:
     """The compose file termpool layers over the task's for one run (or, without a name, a build);
-    `mounts` are termpool's own binds on the client ("src:dst:mode")."""
+    `mounts` are termpool's own binds on the client ("src:dst:mode"), `client_entry` more of
+    its keys (entrypoint and command)."""
     client = client_service(resolved)
     images = service_images(task_name, resolved)
     services = {}
@@ -125,7 +134,7 @@ def run_override(
         services[svc_name] = entry
     override = {"services": services}
     if name:
-        services[client].update(container_name=name, init=True)
+        services[client].update(container_name=name, init=True, **(client_entry or {}))
         if mounts:
             services[client]["volumes"] = list(mounts)
         _run_scoped_names(resolved, services, client, name)
@@ -221,3 +230,22 @@ def direct_options(resolved: dict, cfg: Settings, mounts: list[str], max_cpus: f
     if "pids_limit" in fragment:
         options["pids_limit"] = fragment["pids_limit"]
     return options
+
+
+def _argv(value) -> list[str] | None:
+    if value is None:
+        return None
+    return shlex.split(value) if isinstance(value, str) else [str(part) for part in value]
+
+
+def own_command(options: dict, image_config: dict) -> list[str]:
+    """The argv a container created with these create() options runs, as the Docker daemon
+    derives it: with no entrypoint of its own, the image's command stands in for a missing
+    command, and the image's entrypoint for an unset (not an empty) one."""
+    entrypoint, command = _argv(options.get("entrypoint")), _argv(options.get("command"))
+    if not entrypoint:
+        if not command:
+            command = _argv(image_config.get("Cmd"))
+        if entrypoint is None:
+            entrypoint = _argv(image_config.get("Entrypoint"))
+    return (entrypoint or []) + (command or [])

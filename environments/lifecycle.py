@@ -32,6 +32,7 @@ from environments.compose_config import (
     build_env,
     check_supported,
     client_image,
+    client_service,
     compose_env,
     service_images,
     task_files,
@@ -46,7 +47,7 @@ from environments.docker_client import (
     run_compose,
     termpool_labels,
 )
-from environments.session_helper import CTL_DIR, CTL_SOCKET, helper_mount, remove_helper_dir
+from environments.session_helper import CTL_DIR, CTL_SOCKET, boot_entrypoint, helper_mount, is_root, remove_helper_dir
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
 from termpool.task_spec import name_prefix
@@ -70,6 +71,7 @@ class RunEnv:
     warm_id: str = ""  # set when the client came from the warm pool (its labels name this id)
     ctl_dir: str = ""  # host folder mounted at CTL_MOUNT: the in-container tool server's socket
     user: str = ""  # the client container's configured user
+    booted: bool = False  # its tool server started with it (tp-session boot): nothing to prepare
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,12 +223,15 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     ctl = make_ctl_dir(cfg, run["run_id"])
     try:
         mounts = [f"{ctl}:{CTL_MOUNT}:rw", helper_mount(ctl)]
+        boot = _boot_server(resolved, task_name)
         if not force_compose and is_template(resolved, cfg, task_dir, task_name):
             options = container_spec.direct_options(resolved, cfg, mounts, engine_cpus())
-            container = _start_direct(image, options, labels, name)
+            container = _start_direct(image, {**options, **boot}, labels, name)
             mode = "direct"
         else:
-            override = container_spec.run_override(resolved, task_name, labels, name, mounts, cfg, engine_cpus())
+            override = container_spec.run_override(
+                resolved, task_name, labels, name, mounts, cfg, engine_cpus(), client_entry=boot
+            )
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )
@@ -236,7 +241,22 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
         remove_ctl_dir(str(ctl))
         raise
     user = ((container.attrs or {}).get("Config") or {}).get("User") or ""
-    return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user), container
+    return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user, booted=bool(boot)), container
+
+
+def _boot_server(resolved: dict, task_name: str) -> dict:
+    """The client's entrypoint and command when it runs as root: tp-session boot starts the
+    tool server, then becomes the container's own command, exactly as Docker would have run
+    it. One docker exec less per start, and the server listens before the task's command
+    runs. Empty for another user, whose folders only an exec as root can make."""
+    client = client_service(resolved)
+    svc = resolved["services"][client]
+    image = service_images(task_name, resolved).get(client) or svc.get("image")
+    config = docker_client().api.inspect_image(image).get("Config") or {}
+    command = container_spec.own_command(svc, config)
+    if not command or not is_root(svc.get("user") or config.get("User") or ""):
+        return {}
+    return {"entrypoint": boot_entrypoint(), "command": command}
 
 
 def ctl_socket(env: dict) -> str:

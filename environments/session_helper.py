@@ -6,7 +6,9 @@ protocol), so sessions survive restarts of every worker process.
 
 `tp-session serve` is its optional daemon: started once per container, it answers tool calls
 over a unix socket in CTL_DIR (a host directory bind-mounted there), which is much cheaper than a
-`docker exec` per call. It lives in the container, so it too outlives the workers.
+`docker exec` per call. It lives in the container, so it too outlives the workers. A root
+container starts it itself, with `tp-session boot` as its entrypoint (boot_entrypoint); other
+containers get it from an exec (prepare_container).
 
 A run's containers get the helper through a read-only bind mount at BIN_DIR of a host folder of
 the run's own (helper_dir) holding a hard link to this version's binary: nothing is copied per
@@ -279,6 +281,12 @@ def _setup_as_root(container, serve: bool) -> None:
         raise RuntimeError(f"could not prepare the container: {out.decode('utf-8', 'replace').strip()}")
     if out:  # the folders are there; only the server failed
         log.warning("tp-session serve did not start in %s: %s", container.id, out.decode("utf-8", "replace").strip())
+
+
+def boot_entrypoint() -> list[str]:
+    """The entrypoint that starts a root container's tool server (setup, then serve on
+    CTL_SOCKET) before its own command, given after it: the start then needs no exec."""
+    return [HELPER_PATH, "boot", SESSIONS_ROOT, WORKSPACE, "0", "0", CTL_SOCKET, "--"]
 
 
 def start_server(container) -> None:

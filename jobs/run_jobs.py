@@ -281,6 +281,8 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
 
 def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
     env, container = lifecycle.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
+    if env.booted:  # its tool server started with it
+        return env
     try:
         if not (env.ctl_dir and prepare_in_background(container)):  # overlapped with the reply when it can be
             prepare_container(container, serve=bool(env.ctl_dir))

@@ -146,7 +146,8 @@ def start_warm(self, *, host, task_path, task_name, warm_id):
         task_dir = resolve_task_path(cfg.dataset_dir, task_path)
         env, container = lifecycle.start(pseudo_run, task_dir, run_dir, cfg, cfg.timeouts.reset_session)
         try:
-            prepare_container(container, serve=bool(env.ctl_dir))
+            if not env.booted:  # else its tool server started with it
+                prepare_container(container, serve=bool(env.ctl_dir))
             store().warm_push(host, task_path, _entry(warm_id, task_path, env))
             if _stopping.is_set():  # the drain on stop may have run before this push: this one too
                 drain(host)

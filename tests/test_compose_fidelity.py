@@ -393,3 +393,25 @@ def test_episode_compose_env(router, docker_client):
         assert out.split() == ["1000", "hello-default", "yes-from-env-file"]
 
     episode(router, docker_client, "compose-env", checks)
+
+
+# ---- the container's own command, under tp-session boot -------------------------------------
+IMAGE_CONFIG = {"Entrypoint": ["/entry.sh"], "Cmd": ["serve", "--port", "80"]}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "options, image, argv",
+    [
+        ({}, IMAGE_CONFIG, ["/entry.sh", "serve", "--port", "80"]),  # the image's own
+        ({"command": ["sleep", "infinity"]}, IMAGE_CONFIG, ["/entry.sh", "sleep", "infinity"]),
+        ({"command": "sleep 'a b'"}, IMAGE_CONFIG, ["/entry.sh", "sleep", "a b"]),  # split as the SDK does
+        ({"entrypoint": ["/mine"]}, IMAGE_CONFIG, ["/mine"]),  # an entrypoint drops the image's command
+        ({"entrypoint": ["/mine"], "command": ["x"]}, IMAGE_CONFIG, ["/mine", "x"]),
+        ({"entrypoint": []}, IMAGE_CONFIG, ["serve", "--port", "80"]),  # empty, not unset: no entrypoint
+        ({}, {"Entrypoint": None, "Cmd": ["bash"]}, ["bash"]),
+        ({}, {}, []),
+    ],
+)
+def test_own_command_is_what_docker_would_run(options, image, argv):
+    assert container_spec.own_command(options, image) == argv

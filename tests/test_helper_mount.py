@@ -46,6 +46,13 @@ def images(cfg, redis_server, base_image):
         lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
 
 
+@pytest.fixture
+def unbooted(monkeypatch):
+    """Root containers started as before tp-session boot (an older worker's): the server is
+    started by an exec."""
+    monkeypatch.setattr(lifecycle, "_boot_server", lambda resolved, task_name: {})
+
+
 def start(cfg, task: str, tmp_path: Path):
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task, "task_meta": {"task_name": task}}
     run_dir = tmp_path / run["run_id"]
@@ -76,14 +83,20 @@ def teardown(run, env) -> None:
     assert not Path(env.ctl_dir).exists() and not Path(env.ctl_dir + ".bin").exists()
 
 
-def test_root_container_gets_a_read_only_helper_and_one_exec(cfg, images, tmp_path):
+def test_root_container_gets_a_read_only_helper_and_starts_its_own_server(cfg, images, tmp_path):
     run, env, container = start(cfg, "hello-file", tmp_path)
     try:
         host_dir = mounted_helper_dir(container)
         assert host_dir == env.ctl_dir + ".bin"
         mount = next(m for m in container.attrs["Mounts"] if m["Destination"] == BIN_DIR)
         assert mount["RW"] is False
-        prepare_container(container, serve=True)
+        # tp-session boot, the entrypoint, started the server: no exec, and the task's command runs
+        assert env.booted and container.attrs["Path"] == HELPER_PATH
+        assert container.attrs["Args"][-4:] == ["--", "sh", "-c", "sleep infinity"]
+        assert wait_for(lambda: server_socket.server_answers(lifecycle.ctl_socket(env.to_dict())), 30)
+        assert shell(env, container, "echo served") == "served\n"
+        container.reload()
+        assert not container.attrs["ExecIDs"], "a docker exec ran in a booted container"
         assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
         assert stat(container, WORKSPACE) == "755 0 0 directory"
         servers = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; true"]).output
@@ -102,10 +115,31 @@ def test_root_container_gets_a_read_only_helper_and_one_exec(cfg, images, tmp_pa
         teardown(run, env)
 
 
+def test_a_booted_root_container_runs_the_tasks_own_entrypoint_and_command(cfg, images, tmp_path, redis_server):
+    """compose-env as root: its entrypoint (which leaves a mark) and then its command run
+    under tp-session boot as they would without it."""
+    task_dir = shutil.copytree(FIXTURES / "compose-env", tmp_path / "tasks" / "compose-env")
+    compose = task_dir / "docker-compose.yaml"
+    compose.write_text(compose.read_text().replace('    user: "1000:1000"\n', ""))
+    lifecycle.ensure_image("compose-env", task_dir, cfg, 240, build_locks(redis_server, cfg))
+    run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": "compose-env", "task_meta": {"task_name": "compose-env"}}
+    run_dir = tmp_path / run["run_id"]
+    for sub in ("sessions", "agent-logs"):
+        (run_dir / sub).mkdir(parents=True)
+    env, container = lifecycle.start(run, task_dir, run_dir, cfg, 240)
+    try:
+        assert env.booted and env.mode == "direct"
+        assert container.attrs["Args"][-4:] == ["--", "/usr/local/bin/entry.sh", "sleep", "infinity"]
+        commands = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+        assert shell(env, container, f"cat /tmp/entrypoint-ran; {commands} | grep -cx 'sleep infinity '") == "0\n1\n"
+    finally:
+        teardown(run, env)
+
+
 def test_numeric_user_gets_its_workspace(cfg, images, tmp_path):
     run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000
     try:
-        assert mounted_helper_dir(container)
+        assert mounted_helper_dir(container) and not env.booted  # its folders need an exec as root
         prepare_container(container, serve=True)
         assert stat(container, SESSIONS_ROOT) == "1777 0 0 directory"
         assert stat(container, WORKSPACE) == "755 1000 1000 directory"
@@ -162,7 +196,7 @@ def test_a_mounted_helper_from_an_older_version_is_replaced(cfg, images, tmp_pat
         teardown(run, env)
 
 
-def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_path):
+def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_path, unbooted):
     """The start's reply does not wait for the server (prepare_in_background): a tool call that
     comes first, before even the folders exist, goes through docker exec, which makes them."""
     run, env, container = start(cfg, "hello-file", tmp_path)
@@ -176,7 +210,7 @@ def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_
         teardown(run, env)
 
 
-def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path):
+def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path, unbooted):
     """The server being started in the background, the first call waits for it rather than
     going through a docker exec of its own (and a second server start)."""
     run, env, container = start(cfg, "hello-file", tmp_path)
@@ -189,7 +223,7 @@ def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path
         teardown(run, env)
 
 
-def test_prepare_in_background_only_for_root_with_the_mount(cfg, images, tmp_path):
+def test_prepare_in_background_only_for_root_with_the_mount(cfg, images, tmp_path, unbooted):
     run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000: prepared by the caller
     try:
         assert prepare_in_background(container) is False

@@ -822,6 +822,32 @@ static int cmd_setup(int argc, char **argv)
     return 2;
 }
 
+/*
+ * boot SESSIONS WORKSPACE UID GID SOCKPATH -- ARGV...: a container's entrypoint.
+ * Runs `setup SESSIONS WORKSPACE UID GID -- serve SOCKPATH` in a child and waits
+ * for it (serve detaches once it listens, so the socket takes connections before
+ * the task's own command starts), then becomes ARGV, the container's command as
+ * it would have run without us.  A server started this way costs the start no
+ * docker exec.  Its failure is printed to the container's log and does not stop
+ * the command: the tools then fall back to docker exec, as for a server that died.
+ */
+static int cmd_boot(int argc, char **argv)
+{
+    if (argc < 9 || strcmp(argv[7], "--") != 0)
+        die("usage: boot SESSIONS WORKSPACE UID GID SOCKPATH -- ARGV...");
+    pid_t child = fork();
+    if (child == 0) {
+        char *setup[] = {argv[0], "setup", argv[2], argv[3], argv[4], argv[5], "--", "serve", argv[6], NULL};
+        execv("/proc/self/exe", setup);
+        die("boot: exec setup: %s", strerror(errno));
+    }
+    if (child > 0)
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
+    execvp(argv[8], argv + 8);
+    fprintf(stderr, "tp-session: boot: cannot run %s: %s\n", argv[8], strerror(errno));
+    return 127;
+}
+
 /* -------------------------------------------------------------------- put */
 
 /*
@@ -1129,7 +1155,7 @@ static int cmd_serve(int argc, char **argv)
 
 static int run_subcommand(int argc, char **argv)
 {
-    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|setup|serve ...");
+    if (argc < 2) die("usage: tp-session spawn|read|write|kill|mkparents|put|run-timeout|setup|serve|boot ...");
     const char *c = argv[1];
     if (!strcmp(c, "spawn")) return cmd_spawn(argc, argv);
     if (!strcmp(c, "read")) return cmd_read(argc, argv);
@@ -1140,6 +1166,7 @@ static int run_subcommand(int argc, char **argv)
     if (!strcmp(c, "run-timeout")) return cmd_run_timeout(argc, argv);
     if (!strcmp(c, "setup")) return cmd_setup(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
+    if (!strcmp(c, "boot")) return cmd_boot(argc, argv);
     die("unknown subcommand: %s", c);
     return 2;
 }
