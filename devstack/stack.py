@@ -129,15 +129,20 @@ class Stack:
         return revived
 
     def start(self) -> Stack:
-        self.start_redis()
-        for kind in WORKER_KINDS:
-            self.start_worker(kind, wait=False)
-        if self.beat:
-            self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
-        self._spawn("web", [sys.executable, "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"])
-        self._wait(self.client.healthy, "gunicorn")
-        for kind in WORKER_KINDS:
-            self.wait_worker(kind)
+        """Every process; a stack that does not come up is stopped again (nothing left running)."""
+        try:
+            self.start_redis()
+            for kind in WORKER_KINDS:
+                self.start_worker(kind, wait=False)
+            if self.beat:
+                self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
+            self._spawn("web", [sys.executable, "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"])
+            self._wait(self.client.healthy, "gunicorn")
+            for kind in WORKER_KINDS:
+                self.wait_worker(kind)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def start_worker(self, kind: str, wait: bool = True) -> None:
