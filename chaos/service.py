@@ -25,6 +25,7 @@ from redis.retry import Retry
 from devstack import FIXTURES, ROOT, free_port
 from termpool.client import Pool
 from termpool.config import QUEUE_KINDS, load_settings
+from termpool.processes import start_ticks
 from termpool.state import Store
 
 SLOW_DOCKERFILE = Path(__file__).resolve().parent / "fixtures" / "slow.Dockerfile"
@@ -89,7 +90,7 @@ class Service:
         }
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "serve.log"
-        self.seen: dict[int, tuple[float, str]] = {}  # every stack pid seen: (create_time, role)
+        self.seen: dict[int, tuple[str, str]] = {}  # every stack pid seen: (its start in clock ticks, role)
         # The harness's own clients: no retries, short timeouts (Redis may be down on purpose).
         self.client = Pool(self.url, timeout=5, retries=0)
         self.redis = redis.Redis(
@@ -170,7 +171,7 @@ class Service:
         for pid, (created, role) in sorted(self.seen.items()):
             try:
                 proc = psutil.Process(pid)
-                if abs(proc.create_time() - created) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
+                if start_ticks(pid) != created or proc.status() == psutil.STATUS_ZOMBIE:
                     continue  # gone, and the pid reused
                 left.append({"pid": pid, "role": role, "cmdline": " ".join(proc.cmdline())[:120]})
                 procs.append(proc)
@@ -207,7 +208,7 @@ class Service:
             try:
                 role = role_of(proc.cmdline())
                 found[proc.pid] = (proc, role, proc.ppid())
-                self.seen.setdefault(proc.pid, (proc.create_time(), role or proc.name()))
+                self.seen.setdefault(proc.pid, (start_ticks(proc.pid), role or proc.name()))
             except psutil.Error:
                 continue
         return found

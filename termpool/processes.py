@@ -28,9 +28,32 @@ def pid_namespace() -> str:
     return hashlib.sha256(f"{boot}/{ns}".encode()).hexdigest()[:12]
 
 
+def start_ticks(pid: int) -> str:
+    """When the process started, in clock ticks since boot (/proc/<pid>/stat, field 22); ""
+    when it is not there. Exact and monotonic: a wall-clock start time (psutil's create_time:
+    boot time + ticks) moves when the kernel's idea of the boot time does, by a whole second
+    whenever the clock is stepped or slewed across one, and live processes read as reused pids."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""
+
+
 def this_process() -> dict:
     me = psutil.Process()
-    return {"pid": me.pid, "started": round(me.create_time(), 2), "pidns": pid_namespace()}
+    return {
+        "pid": me.pid,
+        "started": round(me.create_time(), 2),
+        "ticks": start_ticks(me.pid),
+        "pidns": pid_namespace(),
+    }
+
+
+# Facts from before "ticks" (a worker of an older version, still running) compare wall-clock
+# start times: within this much, the same process (see start_ticks for why not closer).
+_WALL_CLOCK_SLACK = 2.0
 
 
 def known_dead(facts: dict) -> bool:
@@ -39,7 +62,11 @@ def known_dead(facts: dict) -> bool:
         return False
     try:
         proc = psutil.Process(int(facts["pid"]))
-        return abs(proc.create_time() - float(facts["started"])) > 0.05 or proc.status() == psutil.STATUS_ZOMBIE
+        if facts.get("ticks"):
+            reused = start_ticks(proc.pid) not in (str(facts["ticks"]), "")
+        else:
+            reused = abs(proc.create_time() - float(facts["started"])) > _WALL_CLOCK_SLACK
+        return reused or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
     except (psutil.Error, ValueError):
@@ -49,11 +76,14 @@ def known_dead(facts: dict) -> bool:
 def owner_token() -> str:
     """A lock value naming its owner: machine, pid, start time, pid namespace, and a nonce."""
     me = this_process()
-    return f"{socket.gethostname()}:{me['pid']}:{me['started']}:{me['pidns']}:{secrets.token_hex(4)}"
+    return f"{socket.gethostname()}:{me['pid']}:t{me['ticks']}:{me['pidns']}:{secrets.token_hex(4)}"
 
 
 def owner_dead(token: str) -> bool:
     parts = token.rsplit(":", 4)
     if len(parts) != 5:
         return False
-    return known_dead({"pid": parts[1], "started": parts[2], "pidns": parts[3]})
+    started = parts[2]
+    if started.startswith("t"):  # clock ticks since boot (an older owner wrote its wall-clock start)
+        return known_dead({"pid": parts[1], "ticks": started[1:], "pidns": parts[3]})
+    return known_dead({"pid": parts[1], "started": started, "pidns": parts[3]})

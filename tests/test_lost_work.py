@@ -46,8 +46,26 @@ def test_a_killed_process_is_known_dead_and_a_live_one_is_not():
     proc.kill()
     proc.wait()
     assert processes.known_dead(facts)
-    assert processes.known_dead({**processes.this_process(), "started": 1.0})  # a reused pid
-    assert not processes.known_dead(processes.this_process())
+    me = processes.this_process()
+    assert processes.known_dead({**me, "ticks": "1"})  # a reused pid
+    assert not processes.known_dead(me)
+    # The clock stepped by a second since this process registered: its wall-clock start, which
+    # psutil derives from the boot time the kernel gives now, moved; the clock ticks did not.
+    assert not processes.known_dead({**me, "started": me["started"] + 1.0})
+    # Facts of an older worker (no ticks): wall-clock starts, with slack for such a step.
+    old = {"pid": me["pid"], "started": me["started"] + 1.0, "pidns": me["pidns"]}
+    assert not processes.known_dead(old)
+    assert processes.known_dead({**old, "started": 1.0})
+
+
+@pytest.mark.unit
+def test_a_lock_owner_is_known_by_its_clock_ticks():
+    token = processes.owner_token()
+    assert ":t" in token and not processes.owner_dead(token)
+    host, pid, _, pidns, nonce = token.rsplit(":", 4)
+    assert processes.owner_dead(f"{host}:{pid}:t1:{pidns}:{nonce}")  # a reused pid
+    me = processes.this_process()  # an owner of an older version: its wall-clock start
+    assert not processes.owner_dead(f"{host}:{pid}:{me['started']}:{pidns}:{nonce}")
 
 
 def hold_lock(redis_server, name: str, ttl: float) -> subprocess.Popen:
