@@ -92,7 +92,8 @@ def termpool_start(cfg, task_dir: Path, workdir: Path) -> None:
     start = time.perf_counter()
     env, container = lifecycle.start(run, task_dir, run_dir, cfg, 120)
     started = time.perf_counter()
-    session_helper.prepare_container(container, serve=bool(env.ctl_dir))
+    if not env.booted:  # else its tool server started with it (tp-session boot)
+        session_helper.prepare_container(container, serve=bool(env.ctl_dir))
     done = time.perf_counter()
     _local.measuring = False
     _record_always("lifecycle.start", (started - start) * 1000)
