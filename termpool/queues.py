@@ -52,11 +52,11 @@ def queue_kind(queue: str, host: str) -> str | None:
 
 
 # Kinds whose messages are taken without an acknowledgement. Their jobs are acked on receipt
-# anyway (task_acks_late=False) and run in threads at once (no prefetch), so kombu's
-# bookkeeping of each message until that ack (a copy in Redis' unacked hash, then its
-# removal: two round trips per job on the worker's consumer loop) protects nothing there;
-# lost work is recovered from the job records (jobs/lost_jobs.py). Builds keep it: a prefork
-# child that dies mid-build gets its message sent again (retry_on_worker_lost).
+# anyway (task_acks_late=False) and run in threads at once (no prefetch), so kombu's copy of
+# each message in Redis' unacked hash until that ack (a round trip on the consumer loop,
+# before the job can start) protects nothing there; lost work is recovered from the job
+# records (jobs/lost_jobs.py). Builds keep it: a prefork child that dies mid-build gets its
+# message sent again (retry_on_worker_lost).
 UNACKED_KINDS = frozenset(QUEUE_KINDS) - {"build"}
 
 
