@@ -134,7 +134,7 @@ def run_override(
         services[svc_name] = entry
     override = {"services": services}
     if name:
-        services[client].update(container_name=name, init=True, **(client_entry or {}))
+        services[client].update(container_name=name, init=True, **_literal(client_entry or {}))
         if mounts:
             services[client]["volumes"] = list(mounts)
         _run_scoped_names(resolved, services, client, name)
@@ -144,6 +144,23 @@ def run_override(
             if not net.get("external")
         }
     return override
+
+
+def _literal(value):
+    """Values as the container gets them (unescaped), for the override file, where compose
+    interpolates: each `$` doubled, so the container gets them unchanged."""
+    return _map_strings(value, lambda text: text.replace("$", "$$"))
+
+
+def _map_strings(value, fn):
+    """`value` with `fn` applied to every string in it (lists and mappings walked)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_strings(item, fn) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_strings(item, fn) for key, item in value.items()}
+    return value
 
 
 def _run_scoped_names(resolved: dict, services: dict, client: str, project: str) -> None:
@@ -204,9 +221,20 @@ def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
     )
 
 
+def unescaped(value):
+    """A value of compose's resolved model as the container gets it: `docker compose config`
+    writes a literal `$` (`$$` in the task's file) as `$$` again, so its output stays a valid
+    compose file; compose itself makes it one `$` when it creates the container."""
+    return _map_strings(value, lambda text: text.replace("$$", "$"))
+
+
 def direct_options(resolved: dict, cfg: Settings, mounts: list[str], max_cpus: float) -> dict:
     """containers.create() keyword arguments equal to what compose does with run_override."""
     svc = resolved["services"][CLIENT_SERVICE]
+    svc = {
+        **svc,
+        **unescaped({k: svc[k] for k in ("command", "entrypoint", "environment", "working_dir", "user") if k in svc}),
+    }
     environment = {k: v for k, v in (svc.get("environment") or {}).items() if v is not None}
     # "src:dst:rw" as compose writes its binds
     volumes = [f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}" for v in svc.get("volumes") or []]
@@ -239,9 +267,10 @@ def _argv(value) -> list[str] | None:
 
 
 def own_command(options: dict, image_config: dict) -> list[str]:
-    """The argv a container created with these create() options runs, as the Docker daemon
-    derives it: with no entrypoint of its own, the image's command stands in for a missing
-    command, and the image's entrypoint for an unset (not an empty) one."""
+    """The argv a container created with these create() options (or this resolved service,
+    unescaped) runs, as the Docker daemon derives it: with no entrypoint of its own, the
+    image's command stands in for a missing command, and the image's entrypoint for an unset
+    (not an empty) one."""
     entrypoint, command = _argv(options.get("entrypoint")), _argv(options.get("command"))
     if not entrypoint:
         if not command:

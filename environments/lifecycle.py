@@ -253,8 +253,9 @@ def _boot_server(resolved: dict, task_name: str) -> dict:
     svc = resolved["services"][client]
     image = service_images(task_name, resolved).get(client) or svc.get("image")
     config = docker_client().api.inspect_image(image).get("Config") or {}
-    command = container_spec.own_command(svc, config)
-    if not command or not is_root(svc.get("user") or config.get("User") or ""):
+    own = container_spec.unescaped({k: svc.get(k) for k in ("command", "entrypoint", "user")})
+    command = container_spec.own_command(own, config)
+    if not command or not is_root(own["user"] or config.get("User") or ""):
         return {}
     return {"entrypoint": boot_entrypoint(), "command": command}
 

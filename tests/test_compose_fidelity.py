@@ -389,8 +389,8 @@ def test_episode_compose_env(router, docker_client):
         assert containers["client"].attrs["HostConfig"]["NanoCpus"] == 2_000_000_000  # CONTAINER_CPU_LIMIT
         assert containers["client"].attrs["HostConfig"]["PidsLimit"] == 4096  # CONTAINER_PIDS_LIMIT
         assert containers["client"].attrs["Config"]["WorkingDir"] == "/work"  # the tools run in /workspace
-        out = router.sh(lease, "id -u; echo $GREETING $FROM_ENV_FILE")
-        assert out.split() == ["1000", "hello-default", "yes-from-env-file"]
+        out = router.sh(lease, "id -u; echo $GREETING $FROM_ENV_FILE $LITERAL")
+        assert out.split() == ["1000", "hello-default", "yes-from-env-file", "${NOT_INTERPOLATED}"]
 
     episode(router, docker_client, "compose-env", checks)
 
@@ -415,3 +415,27 @@ IMAGE_CONFIG = {"Entrypoint": ["/entry.sh"], "Cmd": ["serve", "--port", "80"]}
 )
 def test_own_command_is_what_docker_would_run(options, image, argv):
     assert container_spec.own_command(options, image) == argv
+
+
+DOLLAR_CLIENT = CLIENT.replace(
+    '[ "sh", "-c", "sleep infinity" ]', '[ "sh", "-c", "echo $$0 $${HOME} > /tmp/args; exec sleep infinity" ]'
+)
+
+
+@pytest.mark.parametrize("force_compose", [False, True])
+def test_a_dollar_in_the_clients_command_reaches_it_as_written(tmp_path, docker_client, redis_server, force_compose):
+    """`$$` in the task's file is a literal `$` for the container: the command tp-session boot
+    runs is the one compose resolved, and the compose path's override does not interpolate it
+    a second time."""
+    cfg = settings(tmp_path)
+    task_dir = task_copy(tmp_path, DOLLAR_CLIENT, name="dollar-task")
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    run, (env, container) = start(task_dir, cfg, tmp_path, force_compose=force_compose)
+    try:
+        assert env.booted and env.mode == ("compose" if force_compose else "direct")
+        assert container.attrs["Args"][-1] == "echo $0 ${HOME} > /tmp/args; exec sleep infinity"
+        assert wait_for(lambda: container.exec_run(["cat", "/tmp/args"]).output == b"sh /root\n", 30)
+    finally:
+        lifecycle.remove_run_resources(run["run_id"], env.project)
+        lifecycle.remove_ctl_dir(env.ctl_dir)
+    leaves_nothing(docker_client, run)
