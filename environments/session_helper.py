@@ -238,29 +238,6 @@ def prepare_container(container, serve: bool = False) -> None:
             log.warning("tp-session serve did not start in %s: %s", container.id, exc)
 
 
-def prepare_in_background(container) -> bool:
-    """prepare_container(serve=True) in a thread of its own, when the container runs as root
-    with the mounted helper (one exec, nothing else to wait for); False otherwise, and the
-    caller prepares it itself.
-
-    The start's reply then does not wait for that exec. A tool call that comes before the
-    server listens is served by `docker exec` as when the server is gone, and that path makes
-    the folders when they are missing (environments/tools/transport.py), so nothing depends on
-    the thread finishing: nor on this process living that long.
-    """
-    if not is_root(container_user(container)) or not mounted_helper_dir(container):
-        return False
-
-    def prepare():
-        try:
-            prepare_container(container, serve=True)
-        except Exception as exc:
-            log.warning("preparing %s in the background failed: %s", container.id, exc)
-
-    threading.Thread(target=prepare, name="tp-prepare", daemon=True).start()
-    return True
-
-
 SETUP_FAILED = b"tp-session: setup: "
 
 

@@ -22,7 +22,7 @@ from celery import chain, shared_task
 from environments import artifacts, lifecycle
 from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
-from environments.session_helper import prepare_container, prepare_in_background
+from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
 from jobs import lost_jobs, warm_pool
 from jobs.runtime import remove_env, store
@@ -281,14 +281,12 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
 
 def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
     env, container = lifecycle.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
-    if env.booted:  # its tool server started with it
-        return env
-    try:
-        if not (env.ctl_dir and prepare_in_background(container)):  # overlapped with the reply when it can be
+    if not env.booted:  # else its tool server started with it (tp-session boot)
+        try:
             prepare_container(container, serve=bool(env.ctl_dir))
-    except BaseException:
-        remove_env(run["run_id"], env.to_dict())
-        raise
+        except BaseException:
+            remove_env(run["run_id"], env.to_dict())
+            raise
     return env
 
 

@@ -27,7 +27,6 @@ from environments.session_helper import (
     helper_mount,
     mounted_helper_dir,
     prepare_container,
-    prepare_in_background,
 )
 from environments.tools import run_tool, server_socket
 from tests.conftest import wait_for
@@ -196,9 +195,10 @@ def test_a_mounted_helper_from_an_older_version_is_replaced(cfg, images, tmp_pat
         teardown(run, env)
 
 
-def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_path, unbooted):
-    """The start's reply does not wait for the server (prepare_in_background): a tool call that
-    comes first, before even the folders exist, goes through docker exec, which makes them."""
+def test_a_call_to_an_unprepared_container_is_served_and_prepares(cfg, images, tmp_path, unbooted):
+    """A root container with neither server nor folders (an older worker's, or a task that
+    removed everything): the call goes through docker exec, which makes them, and the server
+    is started again for the next call."""
     run, env, container = start(cfg, "hello-file", tmp_path)
     try:
         assert container.exec_run(["test", "-e", WORKSPACE]).exit_code != 0  # nothing prepared yet
@@ -210,30 +210,16 @@ def test_a_call_before_the_server_is_up_is_served_and_prepares(cfg, images, tmp_
         teardown(run, env)
 
 
-def test_a_call_right_after_the_start_waits_for_the_server(cfg, images, tmp_path, unbooted):
-    """The server being started in the background, the first call waits for it rather than
-    going through a docker exec of its own (and a second server start)."""
+def test_a_call_right_after_the_start_is_served_by_the_booted_server(cfg, images, tmp_path):
+    """The reset replies once the container runs; a call that comes before tp-session boot's
+    server listens waits for it rather than going through a docker exec of its own (and a
+    second server start)."""
     run, env, container = start(cfg, "hello-file", tmp_path)
     try:
-        assert prepare_in_background(container) is True
         assert shell(env, container, "echo first") == "first\n"
         # served by the server: the fallback (docker exec) would have asked for a restart
         assert lifecycle.ctl_socket(env.to_dict()) not in server_socket._restarts
-    finally:
-        teardown(run, env)
-
-
-def test_prepare_in_background_only_for_root_with_the_mount(cfg, images, tmp_path, unbooted):
-    run, env, container = start(cfg, "compose-env", tmp_path)  # user 1000:1000: prepared by the caller
-    try:
-        assert prepare_in_background(container) is False
-    finally:
-        teardown(run, env)
-    run, env, container = start(cfg, "hello-file", tmp_path)
-    try:
-        assert prepare_in_background(container) is True
-        assert wait_for(lambda: Path(lifecycle.ctl_socket(env.to_dict())).exists(), 30)
-        assert stat(container, WORKSPACE) == "755 0 0 directory"
-        assert shell(env, container, "echo hi") == "hi\n"
+        container.reload()
+        assert not container.attrs["ExecIDs"]
     finally:
         teardown(run, env)

@@ -84,8 +84,9 @@ def ask_server(path: str, request: bytes, stdin: bytes = b"") -> bytes | None:
 
 def wait_for_first_server(path: str, limit: float = FIRST_SERVER_WAIT) -> bool:
     """True once a server listens at `path` when none ever did there (no socket, no lock
-    file): a run's start replies before its server is up (the lifecycle worker starts it in the
-    background), and waiting for it beats a docker exec plus a second server start. False at
+    file): a run's start replies once its container runs, which may be before the server that
+    tp-session boot starts in it listens, and waiting for it beats a docker exec plus a second
+    server start. False at
     once for a server that was there and went (its socket or lock file stays), or after `limit`
     seconds."""
     if os.path.exists(path):
