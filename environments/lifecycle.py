@@ -363,6 +363,10 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
             removed += 1
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "already in progress" not in str(exc):
+                raise
+            _wait_removed(client, container.id)  # a teardown and a failed start's cleanup, say
     filters = [{"label": f"{RUN_LABEL}={run_id}"}]
     if project:
         filters.append({"label": f"com.docker.compose.project={project}"})
@@ -373,6 +377,18 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
             except docker.errors.NotFound:
                 pass
     return removed
+
+
+def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
+    """Wait for another caller's removal of the container to end (its networks go next)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            client.containers.get(container_id)
+        except docker.errors.NotFound:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"container {container_id[:12]} was still being removed after {limit:.0f} s")
 
 
 def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import threading
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +137,35 @@ def start(task_dir: Path, cfg, tmp_path: Path, force_compose=False):
 def leaves_nothing(docker_client, run):
     assert not docker_client.containers.list(all=True, filters={"label": f"termpool.run={run['run_id']}"})
     assert not docker_client.networks.list(filters={"label": f"termpool.run={run['run_id']}"})
+
+
+def _remove_at_once(run_id: str, callers: int) -> list[Exception]:
+    errors = []
+
+    def remove():
+        try:
+            lifecycle.remove_run_resources(run_id)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=remove) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def test_removals_of_one_run_at_once_all_succeed(docker_client, base_image):
+    """A teardown and a failed start's cleanup (or a sweep) may remove a run together: Docker
+    answers all but one with 409 "removal already in progress", which is not a failure."""
+    for _ in range(3):
+        run = {"run_id": "r" + uuid.uuid4().hex[:10]}
+        docker_client.containers.run(
+            base_image, ["sleep", "infinity"], detach=True, init=True, labels={"termpool.run": run["run_id"]}
+        )
+        assert not _remove_at_once(run["run_id"], 6)
+        leaves_nothing(docker_client, run)
 
 
 @pytest.mark.parametrize(
