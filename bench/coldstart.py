@@ -30,7 +30,7 @@ import docker.api.container
 import docker.api.exec_api
 
 from bench.episodes import Floor
-from devstack import FIXTURES
+from devstack import FIXTURES, at_once
 from environments import compose_config, lifecycle, session_helper
 from environments.docker_client import HOST_LABEL, docker_client
 from termpool.config import load_settings
@@ -117,19 +117,7 @@ def _record_always(step: str, ms: float) -> None:
 
 
 def _together(concurrency: int, fn) -> None:
-    errors = []
-
-    def worker():
-        try:
-            fn()
-        except Exception as exc:  # reported, the others go on
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = at_once(concurrency, fn)  # reported, the others go on
     if errors:
         print(f"  {len(errors)} errors, first: {errors[0]!r}")
 

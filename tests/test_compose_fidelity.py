@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import threading
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import FIXTURES
+from devstack import FIXTURES, at_once
 from environments import compose_config, container_spec, lifecycle
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
@@ -139,23 +138,6 @@ def leaves_nothing(docker_client, run):
     assert not docker_client.networks.list(filters={"label": f"termpool.run={run['run_id']}"})
 
 
-def _remove_at_once(run_id: str, callers: int) -> list[Exception]:
-    errors = []
-
-    def remove():
-        try:
-            lifecycle.remove_run_resources(run_id)
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=remove) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return errors
-
-
 def test_removals_of_one_run_at_once_all_succeed(docker_client, base_image):
     """A teardown and a failed start's cleanup (or a sweep) may remove a run together: Docker
     answers all but one with 409 "removal already in progress", which is not a failure."""
@@ -164,7 +146,7 @@ def test_removals_of_one_run_at_once_all_succeed(docker_client, base_image):
         docker_client.containers.run(
             base_image, ["sleep", "infinity"], detach=True, init=True, labels={"termpool.run": run["run_id"]}
         )
-        assert not _remove_at_once(run["run_id"], 6)
+        assert not at_once(6, functools.partial(lifecycle.remove_run_resources, run["run_id"]))
         leaves_nothing(docker_client, run)
 
 
