@@ -80,7 +80,9 @@ def test_sidecar_reachable_by_service_name(router, docker_client):
     networks = docker_client.networks.list(filters={"label": f"termpool.run={lease}"})
     assert networks, "the run's compose network carries termpool's labels"
     finish(router, docker_client, lease)
-    assert not docker_client.networks.list(filters={"label": f"termpool.run={lease}"}), "teardown left a network"
+    # The teardown removes the network after the containers: it gets the same minute.
+    networks = {"label": f"termpool.run={lease}"}
+    assert wait_for(lambda: not docker_client.networks.list(filters=networks), 60), "teardown left a network"
 
 
 def test_interactive_program_through_write_to_process(router, docker_client):

@@ -3,6 +3,8 @@ and the OpenAPI document. Runs against the session's real stack (tests/conftest.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 
@@ -100,19 +102,26 @@ def live_keys(stack) -> dict:
 # ---- submit and poll --------------------------------------------------------------------------
 def test_submit_and_poll_episode(stack, docker_client):
     request_id = uuid.uuid4().hex
-    sub = submit(stack, "hello-file", request_id=request_id)
-    run_id, start_id = sub["run_id"], sub["job_id"]
-    assert sub["state"] == "starting" and sub["reused"] is False
-    assert sub["jobs"] == {"start": start_id, "tool_calls": [], "evaluation": None, "close": None}
+    # The lifecycle worker held still while the run is starting: a start from the warm pool
+    # ends within milliseconds, sooner than the requests below would reach the facade.
+    lifecycle = stack.procs["lifecycle"].pid
+    os.killpg(lifecycle, signal.SIGSTOP)
+    try:
+        sub = submit(stack, "hello-file", request_id=request_id)
+        run_id, start_id = sub["run_id"], sub["job_id"]
+        assert sub["state"] == "starting" and sub["reused"] is False
+        assert sub["jobs"] == {"start": start_id, "tool_calls": [], "evaluation": None, "close": None}
 
-    # Before the start has ended the run takes no tool call: 409, not a job that races the start.
-    assert_error(
-        stack.post(f"/v1/runs/{run_id}/tool_calls", {"name": "shell_view", "arguments": {"id": "x"}}),
-        409,
-        "starting",
-        "RUN_NOT_READY",
-    )
-    assert_error(stack.post(f"/v1/runs/{run_id}/evaluation"), 409, "starting", "RUN_NOT_READY")
+        # Before the start has ended the run takes no tool call: 409, not a job that races the start.
+        assert_error(
+            stack.post(f"/v1/runs/{run_id}/tool_calls", {"name": "shell_view", "arguments": {"id": "x"}}),
+            409,
+            "starting",
+            "RUN_NOT_READY",
+        )
+        assert_error(stack.post(f"/v1/runs/{run_id}/evaluation"), 409, "starting", "RUN_NOT_READY")
+    finally:
+        os.killpg(lifecycle, signal.SIGCONT)
     again = stack.post("/v1/runs", {"task_meta": meta("hello-file"), "request_id": request_id}).json()
     assert (again["run_id"], again["job_id"], again["reused"]) == (run_id, start_id, True)
 
