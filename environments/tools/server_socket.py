@@ -86,9 +86,8 @@ def wait_for_first_server(path: str, limit: float = FIRST_SERVER_WAIT) -> bool:
     """True once a server listens at `path` when none ever did there (no socket, no lock
     file): a run's start replies once its container runs, which may be before the server that
     tp-session boot starts in it listens, and waiting for it beats a docker exec plus a second
-    server start. False at
-    once for a server that was there and went (its socket or lock file stays), or after `limit`
-    seconds."""
+    server start. False at once for a server that was there and went (its socket or lock file
+    stays), or after `limit` seconds."""
     if os.path.exists(path):
         return False  # a socket nobody answers at: its server is gone
     deadline = time.monotonic() + limit
