@@ -401,6 +401,35 @@ def cpu_table(result: dict) -> list[str]:
                 continue
             cells = ["-" if median.get(k) is None else f"{median[k]:.3f}" for k in CPU_COLUMNS]
             lines.append(f"| {level} | {face} | " + " | ".join(cells) + " |")
+    return lines + stack_floor_lines(result)
+
+
+def stack_floor_lines(result: dict) -> list[str]:
+    """termpool's own CPU per episode against the minimal Flask + Celery stack's (--stack-floor)."""
+    floor = result.get("stack_floor") or {}
+    if not floor.get("levels"):
+        return ["", f"stack floor not measured: {floor['error']}"] if floor.get("error") else []
+    lines = [
+        "",
+        "### termpool against the stack floor",
+        "",
+        f"The same episodes (16 requests, 14 jobs each) on a Flask + gunicorn + Celery + Redis service "
+        f"that does nothing else (bench/stack_floor.py), {'with' if floor['flower'] else 'without'} Flower, "
+        f"measured after termpool in this run; medians of {floor['repeats']} repeats of {floor['episodes']} "
+        "episodes. CPU-seconds per episode, Redis apart.",
+        "",
+        "| c | termpool (pool API) | stack floor | termpool / floor | floor facade | floor worker | floor flower |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for level, figures in sorted(floor["levels"].items(), key=lambda kv: int(kv[0])):
+        cpu = figures["cpu_s_per_episode"]
+        entry = result.get("levels", {}).get(level) or result.get("levels", {}).get(str(level)) or {}
+        ours = ((entry.get("pool") or {}).get("cpu_per_episode") or {}).get("median", {}).get("termpool")
+        ratio = f"{ours / cpu['stack']:.2f}x" if ours and cpu["stack"] else "-"
+        lines.append(
+            f"| {level} | {'-' if ours is None else f'{ours:.3f}'} | {cpu['stack']:.3f} | {ratio} | "
+            f"{cpu['facade']:.3f} | {cpu['worker']:.3f} | {cpu['flower']:.3f} |"
+        )
     return lines
 
 

@@ -30,7 +30,7 @@ import docker
 import psutil
 import requests
 
-from bench import report, warm
+from bench import report, stack_floor, warm
 from bench.episodes import TASK, BenchClient, Floor, pool_episode, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
@@ -78,6 +78,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip-runs-api", action="store_true", help="measure the pool API and the floor only")
     p.add_argument("--flower", action="store_true", help="run Flower against the stack, as a deployment does")
     p.add_argument("--no-beat", action="store_true", help="do not run Celery beat (the reaper's schedule)")
+    p.add_argument(
+        "--stack-floor",
+        action="store_true",
+        help="also measure the same episodes on a minimal Flask + Celery stack (bench/stack_floor.py), "
+        "after termpool's, for the CPU ratio against it",
+    )
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.tool_calls = args.tool_calls if args.tool_calls is not None else (3 if args.quick else 10)
@@ -467,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
         remove_all(dclient, floor_label)
 
     result["log_problems"] = log_problems(stack)
+    if args.stack_floor:
+        log("the stack floor: the same episodes on a minimal Flask + Celery stack (bench/stack_floor.py)")
+        try:
+            result["stack_floor"] = stack_floor.run(args.levels, args.repeats, max(args.episodes, 32), args.flower)
+        except Exception as exc:  # a figure missing, not a failed run: termpool's figures stand
+            log(f"the stack floor was not measured: {type(exc).__name__}: {exc}")
+            result["stack_floor"] = {"error": f"{type(exc).__name__}: {exc}"}
     result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["finished_at"] = dt.datetime.now().isoformat(timespec="seconds")
     result["duration_s"] = round(time.time() - started_at, 1)

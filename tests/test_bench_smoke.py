@@ -1,6 +1,7 @@
 """The benchmark harness's smoke run (bench/README.md): `python -m bench.run --quick` starts its
 own stack, drives whole episodes through both HTTP faces and the raw Docker SDK at concurrency
-1 and 8, and must finish with no error and no leaked container. Timings are never asserted."""
+1 and 8, and must finish with no error and no leaked container; with --stack-floor it measures
+the same episodes on the minimal Flask + Celery stack too. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _assert_stats(stats: dict, where: str) -> None:
 
 def test_bench_quick_run(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.run", "--quick", "--stack-floor", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -61,6 +62,23 @@ def test_bench_quick_run(tmp_path):
         memory = entry["memory"]
         assert memory["total_mb"] > 0 and {"facade", "redis", "exec", "lifecycle"} <= set(memory["by_kind_mb"])
 
+    floor = result["stack_floor"]
+    assert sorted(floor["levels"], key=int) == ["1", "8"], floor
+    for level, figures in floor["levels"].items():
+        assert figures["errors"] == 0 and figures["episodes"] >= 32, (level, figures)
+        cpu = figures["cpu_s_per_episode"]
+        assert cpu["facade"] > 0 and cpu["worker"] > 0 and cpu["stack"] >= cpu["facade"] + cpu["worker"], cpu
+        assert set(figures["p50_ms"]) == {
+            "allocate",
+            "reset",
+            "heartbeat",
+            "tool_call",
+            "write_file",
+            "evaluate",
+            "close",
+        }
+
     assert result["targets"], "the issue's targets are reported"
     assert (tmp_path / "latest.png").stat().st_size > 10_000
-    assert (tmp_path / "latest.md").read_text().startswith("termpool benchmark")
+    text = (tmp_path / "latest.md").read_text()
+    assert text.startswith("termpool benchmark") and "### termpool against the stack floor" in text
