@@ -60,11 +60,24 @@ def stop_checking_leaks(s: Stack, docker_client) -> None:
     they get a minute to finish first."""
     closing = Store.from_url(s.env["REDIS_URL"])
     wait_for(lambda: not closing.closing_runs(s.host_id), 60, 0.5)
+    owners = live_owners(closing, s.host_id)  # read before the stop takes Redis down
     s.stop()
     left = leftovers(docker_client, s.host_id)
     for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={s.host_id}"}):
         container.remove(force=True)
-    assert not left, f"containers leaked by the test session: {left}"
+    assert not left, f"containers leaked by the test session: {left}; runs still live at the stop: {owners}"
+
+
+def live_owners(store: Store, host_id: str) -> dict:
+    """What each run still live at a stack's stop says of itself, by the owner label of its
+    containers (a run a warm spare served keeps the spare's name and label): a test that left
+    a run open shows here, apart from a spare the stop failed to remove."""
+    owners = {}
+    for run_id in store.live_runs(host_id):
+        run = store.get_run(run_id) or {}
+        owner = (run.get("env") or {}).get("warm_id") or run_id
+        owners[owner] = f"run {run_id} ({run.get('state')}, task {run.get('task_key')})"
+    return owners
 
 
 @pytest.fixture(scope="session")
