@@ -13,10 +13,9 @@ key): compose refuses distinct values in the two places.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
-from docker.utils import parse_bytes
+from docker.utils import parse_bytes, split_command
 
 from environments.compose_config import CLIENT_SERVICE, client_service, service_images
 from termpool.config import Settings
@@ -263,7 +262,7 @@ def direct_options(resolved: dict, cfg: Settings, mounts: list[str], max_cpus: f
 def _argv(value) -> list[str] | None:
     if value is None:
         return None
-    return shlex.split(value) if isinstance(value, str) else [str(part) for part in value]
+    return split_command(value) if isinstance(value, str) else [str(part) for part in value]
 
 
 def own_command(options: dict, image_config: dict) -> list[str]:
