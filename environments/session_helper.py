@@ -239,12 +239,14 @@ def prepare_container(container, serve: bool = False) -> None:
 
 
 SETUP_FAILED = b"tp-session: setup: "
+# setup's arguments for a root container (uid and gid 0), by exec and by boot alike.
+_ROOT_SETUP = (SESSIONS_ROOT, WORKSPACE, "0", "0")
 
 
 def _setup_as_root(container, serve: bool) -> None:
     """One exec as the (root) container user: the folders, then, with `serve`, the server in
     the same process (its command line is the one start_server gives it)."""
-    argv = [HELPER_PATH, "setup", SESSIONS_ROOT, WORKSPACE, "0", "0"]
+    argv = [HELPER_PATH, "setup", *_ROOT_SETUP]
     if not serve:
         out = container.exec_run(argv).output or b""
         if out:
@@ -263,7 +265,7 @@ def _setup_as_root(container, serve: bool) -> None:
 def boot_entrypoint() -> list[str]:
     """The entrypoint that starts a root container's tool server (setup, then serve on
     CTL_SOCKET) before its own command, given after it: the start then needs no exec."""
-    return [HELPER_PATH, "boot", SESSIONS_ROOT, WORKSPACE, "0", "0", CTL_SOCKET, "--"]
+    return [HELPER_PATH, "boot", *_ROOT_SETUP, CTL_SOCKET, "--"]
 
 
 def start_server(container) -> None:
