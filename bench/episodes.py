@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -302,3 +303,38 @@ class Floor:
                     container.remove(force=True, v=True)
                 except Exception as exc:
                     rec.error(f"floor remove after a failure: {type(exc).__name__}: {exc}")
+
+
+def run_phase(concurrency: int, episodes_per_worker: int, make_ctx, episode, close_ctx=None) -> tuple[Recorder, float]:
+    """c threads, each running its episodes back to back; returns the samples and the wall time
+    from the moment every thread was ready to the end of the last episode."""
+    rec = Recorder()
+    started = [0.0]
+    barrier = threading.Barrier(concurrency, action=lambda: started.__setitem__(0, time.perf_counter()))
+
+    def worker(index: int) -> None:
+        ctx = None
+        try:
+            ctx = make_ctx(index)
+        except Exception as exc:
+            rec.error(f"worker setup: {type(exc).__name__}: {exc}")
+        try:
+            barrier.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            rec.error("worker start barrier broken")
+            return
+        if ctx is None:
+            return
+        try:
+            for _ in range(episodes_per_worker):
+                rec.episode_done(episode(ctx, index, rec))
+        finally:
+            if close_ctx:
+                close_ctx(ctx)
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"bench-{i}", daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rec, time.perf_counter() - (started[0] or time.perf_counter())

@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,7 +30,7 @@ import psutil
 import requests
 
 from bench import report, stack_floor, warm
-from bench.episodes import TASK, BenchClient, Floor, pool_episode, runs_api_available, runs_episode
+from bench.episodes import TASK, BenchClient, Floor, pool_episode, run_phase, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
 from devstack import FIXTURES, ROOT, Stack, free_port
@@ -122,41 +121,6 @@ def stack_env(levels: list[int], extra: dict) -> dict:
 
 
 # ---- one measurement ------------------------------------------------------------------------
-def run_phase(concurrency: int, episodes_per_worker: int, make_ctx, episode, close_ctx=None) -> tuple[Recorder, float]:
-    """c threads, each running its episodes back to back; returns the samples and the wall time
-    from the moment every thread was ready to the end of the last episode."""
-    rec = Recorder()
-    started = [0.0]
-    barrier = threading.Barrier(concurrency, action=lambda: started.__setitem__(0, time.perf_counter()))
-
-    def worker(index: int) -> None:
-        ctx = None
-        try:
-            ctx = make_ctx(index)
-        except Exception as exc:
-            rec.error(f"worker setup: {type(exc).__name__}: {exc}")
-        try:
-            barrier.wait(timeout=120)
-        except threading.BrokenBarrierError:
-            rec.error("worker start barrier broken")
-            return
-        if ctx is None:
-            return
-        try:
-            for _ in range(episodes_per_worker):
-                rec.episode_done(episode(ctx, index, rec))
-        finally:
-            if close_ctx:
-                close_ctx(ctx)
-
-    threads = [threading.Thread(target=worker, args=(i,), name=f"bench-{i}", daemon=True) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return rec, time.perf_counter() - (started[0] or time.perf_counter())
-
-
 def phase_record(rec: Recorder, wall: float, **extra) -> dict:
     return {
         "samples": {op: list(v) for op, v in rec.samples.items()},

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.episodes import run_phase
 from bench.monitor import CpuMeter
-from bench.run import run_phase
 from bench.stats import Recorder, percentile
 from devstack import Stack, free_port
 
@@ -181,7 +181,13 @@ def main() -> None:
     p.add_argument("--flower", action="store_true", help="with Flower running (its events on)")
     p.add_argument("--out", help="write the figures as JSON here")
     args = p.parse_args()
-    figures = run([int(c) for c in args.concurrency.split(",")], args.repeats, args.episodes, args.flower)
+    try:
+        levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+    except ValueError:
+        p.error(f"--concurrency must be comma-separated integers, not {args.concurrency!r}")
+    if not levels or min(levels) < 1 or args.repeats < 1 or args.episodes < 1:
+        p.error("concurrency levels, --repeats and --episodes must be positive")
+    figures = run(levels, args.repeats, args.episodes, args.flower)
     print(
         f"minimal Flask + Celery stack, {'with' if args.flower else 'without'} Flower; "
         f"medians of {args.repeats} repeats of {args.episodes} episodes"

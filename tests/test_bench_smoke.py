@@ -82,3 +82,22 @@ def test_bench_quick_run(tmp_path):
     assert (tmp_path / "latest.png").stat().st_size > 10_000
     text = (tmp_path / "latest.md").read_text()
     assert text.startswith("termpool benchmark") and "### termpool against the stack floor" in text
+
+
+def test_stack_floor_alone(tmp_path):
+    """`python -m bench.stack_floor` on its own (bench/README.md): figures, and a clear refusal
+    of bad arguments."""
+    out = tmp_path / "floor.json"
+    argv = [sys.executable, "-m", "bench.stack_floor", "--concurrency", "1,2", "--repeats", "1", "--episodes", "4"]
+    proc = subprocess.run([*argv, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    figures = json.loads(out.read_text())
+    assert sorted(figures["levels"], key=int) == ["1", "2"] and figures["flower"] is False
+    for level, entry in figures["levels"].items():
+        assert entry["errors"] == 0 and entry["episodes"] == 4, (level, entry)
+        assert entry["cpu_s_per_episode"]["facade"] > 0 and entry["cpu_s_per_episode"]["flower"] == 0
+    assert "| 1 |" in proc.stdout and "| 2 |" in proc.stdout
+
+    for bad in (["--concurrency", "x"], ["--concurrency", "0"], ["--repeats", "0"]):
+        refused = subprocess.run([*argv, *bad], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "error:" in refused.stderr, (bad, refused.stderr)
