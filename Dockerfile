@@ -67,7 +67,7 @@ COPY --from=helper /src/tp-session /app/environments/helper/tp-session
 COPY Procfile requirements.txt /app/
 COPY termpool /app/termpool
 COPY environments /app/environments
-COPY jobs /app/jobs
+COPY tasks /app/tasks
 COPY app /app/app
 COPY cli /app/cli
 RUN python3 -m compileall -q /app && test -x /app/environments/helper/tp-session

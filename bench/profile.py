@@ -25,7 +25,7 @@ from bench.run import start_flower
 from bench.stats import Recorder
 from devstack import Stack
 
-OWN_MODULES = ("app/", "jobs/", "termpool/", "environments/")
+OWN_MODULES = ("app/", "tasks/", "termpool/", "environments/")
 # Where a sample's leaf frame lives, by the first matching path fragment.
 PACKAGES = (
     ("celery/", "celery"),

@@ -135,11 +135,11 @@ def phase_record(rec: Recorder, wall: float, **extra) -> dict:
 
 
 def start_flower(stack: Stack) -> None:
-    """Flower on a free loopback port, as the Procfile runs it (python -m jobs.flower), kept in
+    """Flower on a free loopback port, as the Procfile runs it (python -m tasks.flower), kept in
     stack.procs so that the monitor counts it and stack.stop() ends it."""
     port = free_port()
     stack.env.update(FLOWER_PORT=str(port), FLOWER_ADDRESS="127.0.0.1")  # read by Flower only
-    stack._spawn("flower", [sys.executable, "-m", "jobs.flower"])
+    stack._spawn("flower", [sys.executable, "-m", "tasks.flower"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -1,6 +1,6 @@
 """The warm pool's share of a measurement, and which containers left on the host are its spares.
 
-The pool's work runs in the stack's lifecycle worker (jobs/warm_pool.py), which counts it in
+The pool's work runs in the stack's lifecycle worker (tasks/warm_pool.py), which counts it in
 Redis (Store.warm_counters): spares started, their start seconds and the worker's CPU seconds
 for them (thread time: Docker's own share of a start is in the docker CPU column), spares
 trimmed and expired, resets served from the pool or not. A measurement reports the change of

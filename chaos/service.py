@@ -37,15 +37,15 @@ STOP_TIMEOUT = 40.0
 
 
 def role_of(cmdline: list[str]) -> str | None:
-    """Which Procfile process a command line is: `python3 -m jobs.worker build` is "build",
-    `... -m gunicorn ...` is "web", `-m jobs.flower` is "flower". A `sh -c "..."` wrapper has
+    """Which Procfile process a command line is: `python3 -m tasks.worker build` is "build",
+    `... -m gunicorn ...` is "web", `-m tasks.flower` is "flower". A `sh -c "..."` wrapper has
     the whole command in one argument and matches nothing."""
     for i, arg in enumerate(cmdline[:-1]):
-        if arg == "-m" and cmdline[i + 1] == "jobs.worker" and i + 2 < len(cmdline):
+        if arg == "-m" and cmdline[i + 1] == "tasks.worker" and i + 2 < len(cmdline):
             return cmdline[i + 2] if cmdline[i + 2] in WORKER_ROLES else None
         if arg == "-m" and cmdline[i + 1] == "gunicorn":
             return "web"
-        if arg == "-m" and cmdline[i + 1] == "jobs.flower":
+        if arg == "-m" and cmdline[i + 1] == "tasks.flower":
             return "flower"
     if cmdline and os.path.basename(cmdline[0]) == "gunicorn":
         return "web"
@@ -142,7 +142,7 @@ class Service:
         )
 
     def worker_registered(self, kind: str, pid: int) -> bool:
-        from jobs.worker import node_name  # the node name the worker heartbeats under
+        from tasks.worker import node_name  # the node name the worker heartbeats under
 
         try:
             return Store(self.redis).node_alive(node_name(kind, self.host_id, pid))

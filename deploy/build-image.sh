@@ -69,7 +69,7 @@ fi
 base_id=$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")
 inputs=$({
     echo "base $base_id"
-    find Dockerfile .dockerignore requirements.txt Procfile app cli environments jobs termpool "$WHEELHOUSE" \
+    find Dockerfile .dockerignore requirements.txt Procfile app cli environments tasks termpool "$WHEELHOUSE" \
         -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*/.pytest_cache/*' \
         ! -name 'tp-session' ! -name 'tp-session.*' -print0 \
         | LC_ALL=C sort -z | xargs -0 sha256sum

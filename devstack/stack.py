@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 import requests
 
-from jobs.worker import node_name
+from tasks.worker import node_name
 from termpool.client import Pool
 from termpool.state import Store
 
@@ -121,7 +121,7 @@ class Stack:
             proc = self.procs.get(kind)
             if proc is not None and proc.poll() is not None:
                 if kind == "beat":
-                    self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
+                    self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
                 else:
                     self.start_worker(kind)
                 revived.append(kind)
@@ -135,7 +135,7 @@ class Stack:
             for kind in WORKER_KINDS:
                 self.start_worker(kind, wait=False)
             if self.beat:
-                self._spawn("beat", [sys.executable, "-m", "jobs.worker", "beat"])
+                self._spawn("beat", [sys.executable, "-m", "tasks.worker", "beat"])
             self._spawn("web", [sys.executable, "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"])
             self._wait(self.client.healthy, "gunicorn")
             for kind in WORKER_KINDS:
@@ -146,7 +146,7 @@ class Stack:
         return self
 
     def start_worker(self, kind: str, wait: bool = True) -> None:
-        self._spawn(kind, [sys.executable, "-m", "jobs.worker", kind])
+        self._spawn(kind, [sys.executable, "-m", "tasks.worker", kind])
         if wait:
             self.wait_worker(kind)
 
@@ -164,7 +164,7 @@ class Stack:
         host_env = self.extra_hosts.setdefault(host_id, {**self.env, **(env or {}), "POOL_HOST_ID": host_id})
         names = [f"{host_id}:{kind}" for kind in WORKER_KINDS]
         for name, kind in zip(names, WORKER_KINDS):
-            self._spawn(name, [sys.executable, "-m", "jobs.worker", kind], env=host_env)
+            self._spawn(name, [sys.executable, "-m", "tasks.worker", kind], env=host_env)
         for name, kind in zip(names, WORKER_KINDS):
             self.wait_worker(kind, self.procs[name].pid, host_id)
         return names

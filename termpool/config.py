@@ -132,7 +132,7 @@ class Settings:
     api_token: str
     allowed_clients: tuple
     flower_basic_auth: str
-    flower_address: str  # "": 0.0.0.0 with basic auth, else 127.0.0.1 (jobs/flower.py)
+    flower_address: str  # "": 0.0.0.0 with basic auth, else 127.0.0.1 (tasks/flower.py)
     flower_max_tasks: int
     flower_purge_offline_workers: int
     flower_tasks_columns: str
@@ -162,7 +162,7 @@ class Settings:
 
 
 QUEUE_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
-# Flower's task table: the run id is in the kwargs column (jobs/flower.py).
+# Flower's task table: the run id is in the kwargs column (tasks/flower.py).
 FLOWER_TASK_COLUMNS = "name,uuid,state,kwargs,received,started,runtime,worker"
 
 

@@ -154,7 +154,7 @@ def enqueue_episode(
     """A whole episode as one Celery chain: start, the script's tool calls, evaluation, close.
 
     Every step has its own job record. A failing step stops the chain; the error callback
-    (jobs/episode.py) then fails the steps that will never run and, if close was asked for,
+    (tasks/episode.py) then fails the steps that will never run and, if close was asked for,
     tears the run down, so nothing is left queued or running. Returns the job ids by step.
 
     Cost: each step's message carries the rest of the chain (about 1 KB a step plus the tool

@@ -1,7 +1,7 @@
 """Many worker hosts behind one Redis: which are serving, where a run goes, what a lost one means.
 
 A worker process beats every few seconds with its host, its queue kind and its host's capacity
-(jobs/maintenance.py). From those beats:
+(tasks/maintenance.py). From those beats:
 
 * a host serves when every queue kind of it beat within HOST_SILENCE_SECONDS and it is not
   draining; allocate places a run only on a serving host (state.Store.place);

@@ -2,7 +2,7 @@
 
 Imported by both sides: the facade builds its Celery app (to send jobs) from `make_celery`, the
 workers build theirs from it too and add their job modules and the beat schedule
-(jobs/celery_app.py). Nothing here imports worker code.
+(tasks/celery_app.py). Nothing here imports worker code.
 
 Queues are named per worker host and kind of work: ``termpool.<host>.<kind>``. A run's jobs
 always go to the queues of the host its containers live on, so routing reads the ``host``
@@ -55,7 +55,7 @@ def queue_kind(queue: str, host: str) -> str | None:
 # anyway (task_acks_late=False) and run in threads at once (no prefetch), so kombu's copy of
 # each message in Redis' unacked hash until that ack (a round trip on the consumer loop,
 # before the job can start) protects nothing there; lost work is recovered from the job
-# records (jobs/lost_jobs.py). Builds keep it: a prefork child that dies mid-build gets its
+# records (tasks/lost_jobs.py). Builds keep it: a prefork child that dies mid-build gets its
 # message sent again (retry_on_worker_lost).
 UNACKED_KINDS = frozenset(QUEUE_KINDS) - {"build"}
 
@@ -93,11 +93,11 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # A tool call must never run twice: ack on receipt, one message per worker slot.
         task_acks_late=False,
         worker_prefetch_multiplier=1,
-        # Lost work (jobs/lost_jobs.py). Acked when it starts, a job is never replayed after
+        # Lost work (tasks/lost_jobs.py). Acked when it starts, a job is never replayed after
         # its worker dies, not even by Redis' unacked restore (visibility_timeout); and without
         # prefetch a worker holds no message it has not started, so nothing of a dead worker
         # waits unacked for that restore. A build whose prefork child dies is sent again at
-        # once, once; everything else lost is recovered by jobs/lost_jobs.py.
+        # once, once; everything else lost is recovered by tasks/lost_jobs.py.
         worker_disable_prefetch=True,
         task_annotations={
             "pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1, "default_retry_delay": 0}
@@ -130,7 +130,7 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
 
 def follow_monitor(app: Celery, cfg: Settings, store) -> None:
     """With TASK_EVENTS=monitor, publish task-sent events only while a monitor announces
-    itself in the state store (jobs/flower.py does): a daemon thread looks every
+    itself in the state store (tasks/flower.py does): a daemon thread looks every
     MONITOR_POLL seconds. A process calls this once, after any fork."""
     if cfg.task_events != "monitor":
         return

@@ -16,13 +16,13 @@ from chaos.service import ROOT, role_of
 
 
 def test_roles_are_read_from_command_lines():
-    assert role_of(["python3", "-m", "jobs.worker", "build"]) == "build"
-    assert role_of(["/usr/bin/python3", "-m", "jobs.worker", "beat"]) == "beat"
+    assert role_of(["python3", "-m", "tasks.worker", "build"]) == "build"
+    assert role_of(["/usr/bin/python3", "-m", "tasks.worker", "beat"]) == "beat"
     assert role_of(["python3", "-m", "gunicorn", "-c", "app/gunicorn_conf.py", "app:create_app()"]) == "web"
     assert role_of(["/usr/local/bin/gunicorn", "app:create_app()"]) == "web"
-    assert role_of(["python3", "-m", "jobs.flower"]) == "flower"
+    assert role_of(["python3", "-m", "tasks.flower"]) == "flower"
     # a shell wrapper carries the whole command in one argument: not the process itself
-    assert role_of(["/bin/sh", "-c", "python3 -m jobs.worker build"]) is None
+    assert role_of(["/bin/sh", "-c", "python3 -m tasks.worker build"]) is None
     assert role_of(["python3", "-m", "honcho", "start", "-f", "Procfile"]) is None
 
 

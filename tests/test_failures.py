@@ -58,11 +58,11 @@ def test_registering_codes_again_keeps_the_first_and_unknown_codes_are_refused()
 
 
 def test_the_facade_loads_no_worker_or_docker_code():
-    """create_app imports the failure taxonomy, but neither the Celery side (jobs/), the
+    """create_app imports the failure taxonomy, but neither the Celery side (tasks/), the
     Docker side (environments/) nor the docker SDK."""
     code = (
         "import sys, app; app.create_app(); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jobs', 'environments', 'docker'}))"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tasks', 'environments', 'docker'}))"
     )
     env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", "DATASET_DIR": "/tmp", "TBENCH_OUTPUT_ROOT": "/tmp"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

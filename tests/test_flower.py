@@ -1,4 +1,4 @@
-"""Flower (jobs/flower.py) against a real stack: every worker pool and queue, pool tasks by
+"""Flower (tasks/flower.py) against a real stack: every worker pool and queue, pool tasks by
 name with their run id, basic auth on the HTTP API; and the launcher's arguments."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from devstack import ROOT, WORKER_KINDS, free_port
-from jobs.flower import flower_argv
+from tasks.flower import flower_argv
 from termpool.config import FLOWER_TASK_COLUMNS, load_settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from tests.conftest import wait_for
@@ -79,7 +79,7 @@ def flower(stack):
     }
     log = open(stack.workdir / f"{name}.log", "ab")  # noqa: SIM115 (flower writes it until the teardown)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.flower"],
+        [sys.executable, "-m", "tasks.flower"],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -199,7 +199,7 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
 # ---- task events only while a monitor asks for them (TASK_EVENTS=monitor) ----------------------
 @pytest.mark.unit
 def test_task_events_settings():
-    from jobs.worker import worker_argv
+    from tasks.worker import worker_argv
     from termpool.config import load_settings
     from termpool.queues import make_celery
 

@@ -261,7 +261,7 @@ def test_a_second_beat_stands_by_until_the_first_is_gone(pool):
     lock_owner = lambda: store(pool).beat_lock().owner().split(":")  # noqa: E731
     first = pool.procs["beat"].pid
     assert wait_for(lambda: lock_owner()[1:2] == [str(first)], 30)
-    second = pool._spawn("beat2", [sys.executable, "-m", "jobs.worker", "beat"]).pid
+    second = pool._spawn("beat2", [sys.executable, "-m", "tasks.worker", "beat"]).pid
     assert wait_for(lambda: "standing by" in pool.logs("beat2"), 60), pool.logs("beat2")
     assert lock_owner()[1] == str(first)
     pool.kill("beat")

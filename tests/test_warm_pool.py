@@ -17,7 +17,7 @@ from tests.conftest import Router, private_stack, wait_for
 TASK = "hello-file"
 WINDOW = 45  # WARM_DEMAND_WINDOW of the module's stack
 IDLE_TTL = 10  # WARM_IDLE_TTL of the module's stack: shorter, so spares expire while wanted
-PASS = 10  # beat's pool.size_warm period (jobs/warm_pool.py SIZE_SECONDS)
+PASS = 10  # beat's pool.size_warm period (tasks/warm_pool.py SIZE_SECONDS)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Start one worker pool (per queue kind) or the beat scheduler, sized from the settings.
 
-python -m jobs.worker exec        # the exec queue of this host
-python -m jobs.worker beat        # the reaper's schedule
+python -m tasks.worker exec        # the exec queue of this host
+python -m tasks.worker beat        # the reaper's schedule
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import tempfile
 
 from environments import containment
-from jobs.celery_app import celery_app
-from jobs.runtime import store
+from tasks.celery_app import celery_app
+from tasks.runtime import store
 from termpool.config import QUEUE_KINDS, settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from termpool.state import LOCK_TTL
@@ -72,7 +72,7 @@ def hold_beat_lock():
 
 def main(args: list[str]) -> None:
     if len(args) != 1 or args[0] not in (*QUEUE_KINDS, "beat"):
-        sys.exit(f"usage: python -m jobs.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
+        sys.exit(f"usage: python -m tasks.worker {{{'|'.join(QUEUE_KINDS)}|beat}}")
     if args[0] == "beat":
         logging.basicConfig(level=settings().log_level)
         hold_beat_lock()

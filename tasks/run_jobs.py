@@ -24,8 +24,8 @@ from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from jobs import lost_jobs, warm_pool
-from jobs.runtime import remove_env, store
+from tasks import lost_jobs, warm_pool
+from tasks.runtime import remove_env, store
 from termpool import failures
 from termpool.config import settings
 from termpool.paths import resolve_task_path

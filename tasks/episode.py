@@ -12,7 +12,7 @@ import logging
 
 from celery import shared_task
 
-from jobs.run_jobs import _job, store
+from tasks.run_jobs import _job, store
 from termpool import failures
 from termpool.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from celery.signals import worker_process_init, worker_ready
 
-from jobs.warm_pool import SIZE_SECONDS
+from tasks.warm_pool import SIZE_SECONDS
 from termpool.config import settings
 from termpool.queues import follow_monitor, make_celery
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
-JOB_MODULES = ["jobs.run_jobs", "jobs.warm_pool", "jobs.maintenance", "jobs.episode", "jobs.lost_jobs"]
+JOB_MODULES = ["tasks.run_jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode", "tasks.lost_jobs"]
 
 BEAT_SCHEDULE = {
     "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
@@ -29,7 +29,7 @@ celery_app.conf.beat_schedule = BEAT_SCHEDULE
 @worker_ready.connect
 def _follow_monitor(**_):
     """Jobs send their chain's next step, and thread pools send from this process."""
-    from jobs.runtime import store
+    from tasks.runtime import store
 
     follow_monitor(celery_app, settings(), store())
 

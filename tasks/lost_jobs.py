@@ -33,7 +33,7 @@ import threading
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_retry, worker_ready, worker_shutdown
 
-from jobs.runtime import store
+from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
 from termpool.dispatch import EPISODE_FAILED_TASK

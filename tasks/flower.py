@@ -1,6 +1,6 @@
 """Run Flower, Celery's web monitor, against termpool's Celery app.
 
-    python -m jobs.flower          # the Procfile's `flower` process
+    python -m tasks.flower          # the Procfile's `flower` process
 
 Flower sees every worker pool and queue of every host through the broker (REDIS_URL), and
 each pool task by name with its arguments; the `kwargs` column carries the run id (the
@@ -88,7 +88,7 @@ def announce_monitor() -> None:
 
 
 def main() -> None:
-    from jobs.celery_app import celery_app
+    from tasks.celery_app import celery_app
 
     logging.basicConfig(level=settings().log_level, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     argv = flower_argv(settings())

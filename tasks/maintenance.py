@@ -11,7 +11,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
 from environments import lifecycle
-from jobs.runtime import store
+from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
 from termpool.queues import queue_kind
@@ -45,7 +45,7 @@ def reconcile_hosts(self):
     Each message expires after one period, so a host whose teardown queue is stalled gets
     one pending sweep, not a backlog.
     """
-    from jobs.celery_app import RECONCILE_SECONDS
+    from tasks.celery_app import RECONCILE_SECONDS
 
     hosts = store().live_hosts()
     for host in hosts:
@@ -96,7 +96,7 @@ _beating: dict = {}  # node and kind of this process's heartbeat
 
 
 def _worker_kind(worker, host: str) -> str:
-    """The queue kind this worker consumes (every worker of jobs/worker.py consumes one)."""
+    """The queue kind this worker consumes (every worker of tasks/worker.py consumes one)."""
     kinds = {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from} - {None}
     return min(kinds) if kinds else "other"
 

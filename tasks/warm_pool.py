@@ -30,7 +30,7 @@ from environments import artifacts, lifecycle
 from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
 from environments.tools.server_socket import server_answers
-from jobs.runtime import remove_env, store
+from tasks.runtime import remove_env, store
 from termpool import warm_sizing
 from termpool.config import settings
 from termpool.paths import resolve_task_path
