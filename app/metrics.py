@@ -12,7 +12,7 @@ Two kinds of series:
   counters (failed jobs by failure code, automatic retries by task and reason), read from
   Redis by a custom collector at scrape time, so they are right whichever process answers
   and cost a couple of Redis round trips per scrape. Workers count into Redis hashes
-  (termpool/state.py) as they record a job's failure or retry.
+  (termpool/state/counters.py, jobs.py) as they record a job's failure or retry.
 
 Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is

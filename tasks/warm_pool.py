@@ -10,7 +10,7 @@ beyond the target and any pooled longer than WARM_IDLE_TTL, and measures a spare
 a lifecycle worker that stops cleanly removes its host's spares.
 
 Pooled containers carry their warm id as run label (labels cannot change later); their warmid
-key (termpool/state.py) keeps them safe from the reconcile sweep while they are wanted.
+key (termpool/state/warm.py) keeps them safe from the reconcile sweep while they are wanted.
 """
 
 from __future__ import annotations

@@ -33,12 +33,12 @@ def test_the_docstring_lists_every_key_family():
 
     lines = [re.sub(r"<[^>]*>", "<>", line) for line in state.__doc__.splitlines() if line.startswith("  ")]
     listed = {family(state.PREFIX + line.split()[0]) for line in lines}
-    builders = [f for name, f in inspect.getmembers(state, inspect.isfunction) if name.endswith("_key")]
+    builders = [f for name, f in inspect.getmembers(state.keys, inspect.isfunction) if name.endswith("_key")]
     built = {family(f(*["<>"] * len(inspect.signature(f).parameters))) for f in builders}
     constants = {
         family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS, state.MONITOR)
     }
-    assert built | constants <= listed, "a key family missing from state.py's docstring"
+    assert built | constants <= listed, "a key family missing from termpool/state/__init__.py's docstring"
     assert len(builders) >= 19
 
 
@@ -59,14 +59,14 @@ def test_allocate_writes_the_keys_the_key_functions_name(store, redis_server):
 
 
 def test_allocate_takes_the_idempotency_ttl_as_an_argument(store, redis_server, monkeypatch):
-    monkeypatch.setattr(state, "IDEMPOTENCY_TTL", 7)
+    monkeypatch.setattr(state.keys, "IDEMPOTENCY_TTL", 7)
     allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     assert 0 < redis_server.ttl(state.request_key("task-a", "req-1")) <= 7
 
 
 def test_the_scripts_build_keys_under_the_prefix_they_are_given(store, redis_server, monkeypatch):
-    monkeypatch.setattr(state, "PREFIX", "other:")
-    monkeypatch.setattr(state, "RECENT_RUNS", "other:runs:recent")
+    monkeypatch.setattr(state.keys, "PREFIX", "other:")
+    monkeypatch.setattr(state.keys, "RECENT_RUNS", "other:runs:recent")
     run = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     again = allocate(store, "task-a", "req-1", max_tasks=1, max_runs=1)
     assert again.reused and again.run_id == run.run_id  # the reuse path reads the run under the prefix

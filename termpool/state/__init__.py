@@ -1,0 +1,221 @@
+"""Run, lease and job state in Redis: the one package both the facade and the workers use.
+
+The only code that builds a Redis key or holds a Redis client: everything else asks a `Store`.
+Every key termpool writes starts with PREFIX and is built by one function of keys.py (the Lua
+scripts get the prefix and TTLs as arguments and build the same run and host keys):
+
+  run:<id>                   hash: the run record (JSON for structured fields)
+  run:<id>:jobs              list: job ids of the run, oldest first
+  runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
+  req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
+  host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
+  host:<h>:live              zset: live run ids on host h, scored by last use (reaper)
+  host:<h>:closing           set: runs released but not yet torn down
+  host:<h>:workers           hash: token -> JSON facts of the worker processes of host h
+  host:<h>:nodes             hash: worker node -> "<queue kind> <last beat>" (0: stopped cleanly)
+  host:<h>:info              hash: what host h publishes with its heartbeat (its capacity)
+  host:<h>:lost              set: runs of h marked lost (HOST_LOST) until h's reconcile closes them
+  hosts                      zset: worker hosts, scored by their last heartbeat
+  hosts:draining             set: hosts that take no new runs
+  images:<h>                 set: task paths whose images host h has built
+  job:<id>                   hash: a job record
+  job:<id>:done              list, non-empty once the job ended (wakes wait_job)
+  episode:<start job>        list: an episode's job ids in chain order
+  node:<name>                string, NODE_TTL: a worker process (by node name) is alive
+  worker:<token>             string, NODE_TTL: one worker process (incarnation) is alive
+  worker:<token>:jobs        set: jobs that worker process is running now (lost if it dies)
+  sess:<run>                 set: the run's shell session ids
+  sess:<run>:<sid>           hash: read offset and kind of a shell session
+  warm:<h>:<task path>       list: pre-started warm containers (JSON entries), LPOP claims one
+  warmid:<id>                string: a warm container is still wanted ("starting" with a
+                             TTL, "pooled", or the run that claimed it)
+  warm-starting:<h>:<task>   zset: warm ids being started, scored by when their claim lapses
+  warm-demand:<h>:<task>     zset: recent resets of the task on h (run ids by time), trimmed
+                             to WARM_DEMAND_WINDOW: what sizes the pool
+  warm-facts:<h>:<task>      hash: task name, measured spare start seconds and idle bytes
+  warm-tasks:<h>             set: task paths with a pool, starts or recent demand on h
+  warm-counts:<h>            hash: warm pool counters (claimed, missed, started, start and CPU
+                             seconds, trimmed, expired, drained) for the benchmark
+  build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
+  beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
+  count:failures             hash: failure code -> failed jobs (for /metrics)
+  count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
+                             events (tasks/flower.py; termpool/queues.py follow_monitor)
+
+Closed runs and ended jobs expire RECORD_TTL after they end. The same Redis is Celery's broker:
+its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
+termpool only reads a queue's depth: the LLEN of the list named after the queue, which Celery
+documents as its length, and which holds every message because termpool/queues.py gives the
+transport one priority step (Store.queue_depths).
+
+`Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
+runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
+worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
+hosts), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
+and every key builder; codec.py how record fields are stored. Every name is re-exported here.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from termpool.state.codec import INT_FIELDS, JSON_FIELDS
+from termpool.state.counters import CountersState
+from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
+from termpool.state.jobs import _BEGIN_JOB, JobsState
+from termpool.state.keys import (
+    BEAT_LOCK,
+    DRAINING,
+    FAILURE_COUNTS,
+    HOST_ALIVE_SECONDS,
+    HOSTS,
+    IDEMPOTENCY_TTL,
+    LOCK_PATTERNS,
+    MONITOR,
+    NODE_TTL,
+    PREFIX,
+    RECENT_RUNS,
+    RECORD_TTL,
+    RETRY_COUNTS,
+    build_lock_key,
+    episode_key,
+    host_closing_key,
+    host_info_key,
+    host_live_key,
+    host_lost_key,
+    host_nodes_key,
+    host_tasks_key,
+    host_workers_key,
+    images_key,
+    job_done_key,
+    job_key,
+    node_key,
+    request_key,
+    run_jobs_key,
+    run_key,
+    session_key,
+    sessions_key,
+    warm_counts_key,
+    warm_demand_key,
+    warm_facts_key,
+    warm_id_key,
+    warm_key,
+    warm_starting_key,
+    warm_tasks_key,
+    worker_jobs_key,
+    worker_key,
+)
+from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
+from termpool.state.runs import (
+    _RELEASE,
+    _SET_IF_LIVE,
+    _TRANSITION,
+    _USE_RUN,
+    NO_FAILURE,
+    RunsState,
+    UnknownRun,
+    new_run_id,
+)
+from termpool.state.sessions import SessionsState
+from termpool.state.warm import WarmState
+
+# Owned here, not in keys.py: HostsState.place reads it from this module when it runs, so a
+# patch of termpool.state.RECENT_RUNS_KEPT (tests/test_viewer.py) trims the index.
+RECENT_RUNS_KEPT = 5000
+UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
+
+
+class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
+    """Typed access to termpool's Redis keys. Safe to share between threads."""
+
+    def __init__(self, client: redis.Redis):
+        self._r = client
+        self._release = client.register_script(_RELEASE)
+        self._transition = client.register_script(_TRANSITION)
+        self._set_if_live = client.register_script(_SET_IF_LIVE)
+        self._use_run = client.register_script(_USE_RUN)
+        self._begin_job = client.register_script(_BEGIN_JOB)
+        self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
+
+    @classmethod
+    def from_url(cls, url: str, timeout: float = 30) -> Store:
+        """A store on its own client. The socket timeout must exceed wait_job's polls of a few
+        seconds (readers that never block, like /metrics, pass a short one)."""
+        return cls(
+            redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                health_check_interval=30,
+                socket_timeout=timeout,
+                socket_connect_timeout=min(5, timeout),
+            )
+        )
+
+    def ping(self) -> bool:
+        return bool(self._r.ping())
+
+
+__all__ = [
+    # keys.py
+    "PREFIX",
+    "IDEMPOTENCY_TTL",
+    "RECORD_TTL",
+    "HOST_ALIVE_SECONDS",
+    "NODE_TTL",
+    "FAILURE_COUNTS",
+    "RETRY_COUNTS",
+    "RECENT_RUNS",
+    "HOSTS",
+    "MONITOR",
+    "DRAINING",
+    "BEAT_LOCK",
+    "LOCK_PATTERNS",
+    "run_key",
+    "run_jobs_key",
+    "request_key",
+    "host_tasks_key",
+    "host_live_key",
+    "host_closing_key",
+    "host_workers_key",
+    "images_key",
+    "job_key",
+    "job_done_key",
+    "episode_key",
+    "node_key",
+    "worker_key",
+    "worker_jobs_key",
+    "sessions_key",
+    "session_key",
+    "warm_key",
+    "warm_id_key",
+    "warm_starting_key",
+    "warm_demand_key",
+    "warm_facts_key",
+    "warm_tasks_key",
+    "warm_counts_key",
+    "build_lock_key",
+    "host_nodes_key",
+    "host_info_key",
+    "host_lost_key",
+    # codec.py
+    "JSON_FIELDS",
+    "INT_FIELDS",
+    # the families
+    "NO_FAILURE",
+    "UnknownRun",
+    "new_run_id",
+    "HOST_FORGET_SECONDS",
+    "LOST_STATE",
+    "CapacityError",
+    "Allocation",
+    "Placement",
+    "LOCK_TTL",
+    "LOCK_POLL",
+    "OwnedLock",
+    # here
+    "RECENT_RUNS_KEPT",
+    "UNAVAILABLE",
+    "Store",
+]

@@ -1,0 +1,305 @@
+"""Worker hosts and placement: which hosts and worker processes are alive (hosts, host:<h>:nodes,
+:workers, :info, node:<name>, worker:<token>), the images they hold, draining and lost hosts,
+and the placement and host-lost scripts that allocate runs on them (termpool/hosts.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass
+
+import redis
+
+import termpool.state  # RECENT_RUNS_KEPT is read from the package when a run is placed (see place)
+from termpool import failures
+from termpool.state import keys
+from termpool.state.runs import new_run_id
+
+HOST_FORGET_SECONDS = 3600  # a host silent this long is dropped from the hosts list and /status
+LOST_STATE = "lost"
+
+
+class CapacityError(Exception):
+    def __init__(self, code: str):
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class Allocation:
+    run_id: str
+    host: str
+    reused: bool
+
+
+@dataclass
+class Placement:
+    """How allocate weighs hosts (Store.place)."""
+
+    cutoff: float  # a host's workers must have beaten since then
+    kinds: int  # ... with this many queue kinds
+    default_tasks: int  # capacity of a host that has not published its own
+    default_runs: int
+    slack: float  # load difference image affinity may outweigh
+    fallback: str  # the one candidate when no host beats at all
+
+
+# Placement: every argument is in ARGV (ARGV[1] is the key prefix). A host is a candidate when
+# it beat since `cutoff` with every queue kind and is not draining; with no host beating at all
+# (a fresh Redis) the facade's own host id is the one candidate, as before. Among candidates
+# with room for the task key: the least loaded (live runs over its published capacity), unless
+# one within `slack` of that load already holds the task's images (images:<h>), then that one.
+_PLACE = """
+local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local cutoff, affinity, def_tasks, def_runs = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local slack, nkinds, fallback = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
+if req_key ~= '' then
+  local existing = redis.call('GET', req_key)
+  if existing then
+    local state = redis.call('HGET', p .. 'run:' .. existing, 'state')
+    if state and state ~= 'closing' and state ~= 'closed' and state ~= 'lost' then
+      redis.call('HSET', p .. 'run:' .. existing, 'last_used_at', now)
+      local host = redis.call('HGET', p .. 'run:' .. existing, 'host')
+      redis.call('ZADD', p .. 'host:' .. host .. ':live', now, existing)
+      return {'reused', existing, host}
+    end
+  end
+end
+local function serving(h)
+  if redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 then return false end
+  local nodes = redis.call('HVALS', p .. 'host:' .. h .. ':nodes')
+  local kinds, n = {}, 0
+  for _, value in ipairs(nodes) do
+    local kind, at = string.match(value, '^(%S+) (%S+)$')
+    if kind and tonumber(at) >= cutoff and not kinds[kind] then kinds[kind] = true n = n + 1 end
+  end
+  return n >= nkinds
+end
+local beating = redis.call('ZRANGEBYSCORE', p .. 'hosts', cutoff, '+inf')
+local candidates = {}
+for _, h in ipairs(beating) do if serving(h) then table.insert(candidates, h) end end
+if #beating == 0 and fallback ~= '' then candidates = {fallback} end
+if #candidates == 0 then return {'full', 'WORKERS_DOWN'} end
+local fits, code = {}, 'TASK_SLOTS_EXHAUSTED'
+for _, h in ipairs(candidates) do
+  local info = redis.call('HMGET', p .. 'host:' .. h .. ':info', 'max_tasks', 'max_runs_per_task')
+  local max_tasks, max_runs = tonumber(info[1]) or def_tasks, tonumber(info[2]) or def_runs
+  local keys_key = p .. 'host:' .. h .. ':keys'
+  local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
+  local room
+  if n > 0 then
+    room = n < max_runs
+    if not room then code = 'RUN_SLOTS_EXHAUSTED' end
+  else
+    room = redis.call('HLEN', keys_key) < max_tasks
+  end
+  if room then
+    local load = redis.call('ZCARD', p .. 'host:' .. h .. ':live') / math.max(max_tasks * max_runs, 1)
+    table.insert(fits, {h, load, redis.call('SISMEMBER', p .. 'images:' .. h, affinity) == 1})
+  end
+end
+if #fits == 0 then return {'full', code} end
+local least = fits[1]
+for _, f in ipairs(fits) do if f[2] < least[2] then least = f end end
+local chosen = least
+if not least[3] then
+  for _, f in ipairs(fits) do
+    if f[3] and f[2] <= least[2] + slack and (chosen == least or f[2] < chosen[2]) then chosen = f end
+  end
+end
+local host = chosen[1]
+redis.call('HINCRBY', p .. 'host:' .. host .. ':keys', task_key, 1)
+redis.call('ZADD', p .. 'host:' .. host .. ':live', now, run_id)
+redis.call('HSET', p .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', host,
+  'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
+if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', tonumber(ARGV[14])) end
+-- the run viewer's index: the newest runs, expiring with the last record
+local recent = p .. 'runs:recent'
+redis.call('ZADD', recent, now, run_id)
+redis.call('ZREMRANGEBYRANK', recent, 0, -tonumber(ARGV[15]) - 1)
+redis.call('EXPIRE', recent, tonumber(ARGV[16]))
+return {'new', run_id, host}
+"""
+
+# A host is lost: each live run becomes "lost" (HOST_LOST) and leaves the host's capacity count.
+_MARK_LOST = """
+local p, h, now, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local live = redis.call('ZRANGE', p .. 'host:' .. h .. ':live', 0, -1)
+for _, run in ipairs(live) do
+  redis.call('HSET', p .. 'run:' .. run, 'state', 'lost', 'code', 'HOST_LOST', 'error', err,
+    'retryable', 'true', 'lost_at', now)
+  redis.call('SADD', p .. 'host:' .. h .. ':lost', run)
+end
+redis.call('DEL', p .. 'host:' .. h .. ':live', p .. 'host:' .. h .. ':keys')
+return live
+"""
+
+
+class HostsState:
+    """Store's worker hosts, their processes and placement."""
+
+    _r: redis.Redis  # Store.__init__ sets it
+
+    # ---- worker hosts -------------------------------------------------------------------
+    def live_hosts(self) -> list[str]:
+        return self._r.zrangebyscore(keys.HOSTS, time.time() - keys.HOST_ALIVE_SECONDS, "+inf")
+
+    def node_heartbeat(self, node: str) -> None:
+        self._r.set(keys.node_key(node), "1", ex=keys.NODE_TTL)
+
+    def node_alive(self, node: str) -> bool:
+        return bool(self._r.exists(keys.node_key(node)))
+
+    # ---- task images --------------------------------------------------------------------
+    def mark_image_ready(self, host: str, task_path: str, ready: bool = True) -> None:
+        key = keys.images_key(host)
+        if ready:
+            self._r.sadd(key, task_path)
+        else:
+            self._r.srem(key, task_path)
+
+    def image_ready(self, host: str, task_path: str) -> bool:
+        return bool(self._r.sismember(keys.images_key(host), task_path))
+
+    # ---- worker processes (tasks/lost_jobs.py; the jobs they run: JobsState) --------------
+    # A worker process is known by a random token, new for every process, so a restarted
+    # worker that gets its predecessor's node name is still told apart from it.
+    def worker_beat(self, host: str, token: str, facts: dict) -> None:
+        """A worker process is alive (for NODE_TTL seconds); facts say how to check its pid."""
+        pipe = self._r.pipeline()
+        pipe.set(keys.worker_key(token), facts.get("node", ""), ex=keys.NODE_TTL)
+        pipe.hset(keys.host_workers_key(host), token, json.dumps(facts))
+        pipe.execute()
+
+    def worker_alive(self, token: str) -> bool:
+        return bool(self._r.exists(keys.worker_key(token)))
+
+    def worker_stopped(self, token: str) -> None:
+        """A worker process that shuts down cleanly is dead at once, not NODE_TTL later."""
+        self._r.delete(keys.worker_key(token))
+
+    def host_workers(self, host: str) -> dict[str, dict]:
+        return {token: json.loads(facts) for token, facts in self._r.hgetall(keys.host_workers_key(host)).items()}
+
+    def forget_worker(self, host: str, token: str) -> None:
+        pipe = self._r.pipeline()
+        pipe.hdel(keys.host_workers_key(host), token)
+        pipe.delete(keys.worker_key(token), keys.worker_jobs_key(token))
+        pipe.execute()
+
+    def host_watched(self, host: str) -> bool:
+        """Some worker process of the host beat within NODE_TTL: its lost-job scan is running."""
+        score = self._r.zscore(keys.HOSTS, host)
+        return score is not None and score > time.time() - keys.NODE_TTL
+
+    # ---- many hosts: liveness per queue kind, placement, drain, loss (termpool/hosts.py) --------
+    @functools.cached_property
+    def _place(self):
+        return self._r.register_script(_PLACE)
+
+    @functools.cached_property
+    def _mark_lost(self):
+        return self._r.register_script(_MARK_LOST)
+
+    # ---- heartbeats -------------------------------------------------------------------------
+    def host_beat(self, host: str, node: str, kind: str, capacity: dict, now: float | None = None) -> None:
+        """A worker process of `host` consuming queue `kind` is alive (at `now`, default: now);
+        capacity: its host's limits."""
+        now = time.time() if now is None else now
+        pipe = self._r.pipeline()
+        pipe.zadd(keys.HOSTS, {host: now})
+        pipe.hset(keys.host_nodes_key(host), node, f"{kind} {now}")
+        pipe.hset(keys.host_info_key(host), mapping={k: str(v) for k, v in capacity.items()})
+        pipe.execute()
+
+    def host_node_stopped(self, host: str, node: str, kind: str) -> None:
+        """A worker process stopped cleanly: its kind is down at once; the host leaves the hosts
+        list with its last process."""
+        key = keys.host_nodes_key(host)
+        self._r.hset(key, node, f"{kind} 0")
+        if not any(float(value.split()[1]) > 0 for value in self._r.hvals(key)):
+            self._r.zrem(keys.HOSTS, host)
+
+    def host_nodes(self, host: str) -> dict[str, tuple[str, float]]:
+        """node -> (queue kind, last beat; 0 once it stopped)."""
+        out = {}
+        for node, value in self._r.hgetall(keys.host_nodes_key(host)).items():
+            kind, _, at = value.partition(" ")
+            out[node] = (kind, float(at or 0))
+        return out
+
+    def known_hosts(self) -> dict[str, float]:
+        """Every host in the hosts list, with its last heartbeat."""
+        return dict(self._r.zrange(keys.HOSTS, 0, -1, withscores=True))
+
+    def forget_host(self, host: str) -> None:
+        pipe = self._r.pipeline()
+        pipe.zrem(keys.HOSTS, host)
+        pipe.delete(keys.host_nodes_key(host), keys.host_info_key(host))
+        pipe.execute()
+
+    # ---- placement --------------------------------------------------------------------------
+    def place(self, task_key: str, request_id: str, affinity: str, rule: Placement) -> Allocation:
+        """Allocate a run on the best host (see _PLACE); CapacityError when none has room
+        (code WORKERS_DOWN when no host is serving)."""
+        req_key = keys.request_key(task_key, request_id) if request_id else ""
+        now = str(time.time())
+        args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, rule.cutoff, affinity]
+        args += [rule.default_tasks, rule.default_runs, rule.slack, rule.kinds, rule.fallback, keys.IDEMPOTENCY_TTL]
+        reply = self._place(args=args + [termpool.state.RECENT_RUNS_KEPT, keys.RECORD_TTL])
+        if reply[0] == "full":
+            raise CapacityError(reply[1])
+        return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
+
+    def redis_uptime(self, max_age: float = 0.0) -> float:
+        """Seconds since Redis (re)started: no heartbeat could arrive before. With max_age, a
+        start time read at most that many seconds ago answers (one INFO per period, not per call)."""
+        now = time.monotonic()
+        seen = self._redis_started
+        if seen is None or now - seen[0] > max_age:
+            seen = self._redis_started = (now, now - float(self._r.info("server")["uptime_in_seconds"]))
+        return now - seen[1]
+
+    def host_info(self, host: str) -> dict:
+        return self._r.hgetall(keys.host_info_key(host))
+
+    def host_load(self, host: str) -> dict:
+        """Live runs and images cached on the host (for /status and `hosts list`)."""
+        pipe = self._r.pipeline()
+        pipe.zcard(keys.host_live_key(host))
+        pipe.scard(keys.images_key(host))
+        pipe.scard(keys.host_lost_key(host))
+        live, images, lost = pipe.execute()
+        return {"live_runs": live, "images_cached": images, "lost_runs": lost}
+
+    # ---- drain ------------------------------------------------------------------------------
+    def set_draining(self, host: str, draining: bool) -> None:
+        if draining:
+            self._r.sadd(keys.DRAINING, host)
+        else:
+            self._r.srem(keys.DRAINING, host)
+
+    def draining_hosts(self) -> set[str]:
+        return self._r.smembers(keys.DRAINING)
+
+    # ---- loss -------------------------------------------------------------------------------
+    def mark_host_lost(self, host: str, error: str) -> list[str]:
+        """Mark the host's live runs lost and free its capacity; returns those runs."""
+        runs = self._mark_lost(args=[keys.PREFIX, host, time.time(), failures.cap(error)])
+        for run_id in runs:
+            for job_id in self.run_jobs(run_id):
+                self.fail_lost_job(job_id, error, code="HOST_LOST")
+        return runs
+
+    def lost_runs(self, host: str) -> list[str]:
+        return list(self._r.smembers(keys.host_lost_key(host)))
+
+    def settle_lost_runs(self, host: str) -> list[str]:
+        """The host is back: its lost runs are closed, so its reconcile removes their containers."""
+        runs = self.lost_runs(host)
+        for run_id in runs:
+            if self.transition(run_id, (LOST_STATE,), "closed"):
+                self.mark_closed(run_id)
+            self._r.srem(keys.host_lost_key(host), run_id)
+        return runs

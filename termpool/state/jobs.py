@@ -1,0 +1,209 @@
+"""Jobs: job:<id>, its done list, an episode's chain (episode:<start job>) and the jobs a worker
+process is running (worker:<token>:jobs), which tasks/lost_jobs.py recovers when it dies."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from termpool import failures
+from termpool.state import keys
+from termpool.state.codec import _decode, _encode
+
+# A worker process takes a job's message: a queued job starts (its first attempt); unless the
+# job is settled already, it is listed under the process (lost_jobs) with its node and, when
+# it may be sent again after the process dies, how (retry_with).
+_BEGIN_JOB = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'succeeded' or state == 'failed' then return state end
+if state == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1], 'attempts', 1)
+end
+redis.call('HSET', KEYS[1], 'node', ARGV[2], 'worker', ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'retry_with', ARGV[4]) end
+redis.call('SADD', KEYS[2], ARGV[5])
+return state
+"""
+
+
+class JobsState:
+    """Store's jobs."""
+
+    _r: redis.Redis  # Store.__init__ sets it
+
+    def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
+        pipe = self._r.pipeline()
+        pipe.hset(
+            keys.job_key(job_id),
+            mapping=_encode(
+                {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
+            ),
+        )
+        pipe.rpush(keys.run_jobs_key(run_id), job_id)
+        pipe.execute()
+
+    def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
+        """A job's message is being run by worker process `token` on `node`: returns the job's
+        state before. A queued job is now running, its first attempt; a retry only moves it to
+        its new node. Unless it was settled already, the job is listed under the process
+        (lost_jobs) until job_left or job_finished(..., worker=token). One round trip."""
+        encoded = json.dumps(retry_with) if retry_with is not None else ""
+        return self._begin_job(
+            keys=[keys.job_key(job_id), keys.worker_jobs_key(token)], args=[time.time(), node, token, encoded, job_id]
+        )
+
+    def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
+        """A transient failure will be retried: the job stays running, one attempt more."""
+        key = keys.job_key(job_id)
+        pipe = self._r.pipeline()
+        pipe.hincrby(key, "attempts", 1)
+        pipe.hset(key, mapping={"retry_code": code, "retry_error": failures.cap(error)})
+        pipe.hincrby(keys.RETRY_COUNTS, f"{task}|{code}", 1)
+        pipe.execute()
+
+    def job_finished(
+        self,
+        job_id: str,
+        result=None,
+        error: str = "",
+        code: str = "",
+        counted: bool = True,
+        worker: str = "",
+        ready_run: str = "",
+        **extra,
+    ) -> None:
+        """End a job. A failure (an error) carries its code and retryable, and is counted by
+        code for /metrics unless `counted` is false (a step skipped for another's failure).
+        With `worker`, the job also leaves that process's list (job_left); with `ready_run`,
+        that run goes from busy back to ready (a tool call ended), before anyone waiting on
+        the job wakes; all in the same round trip."""
+        state = "failed" if error else "succeeded"
+        fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
+        if error:
+            code = code or "INTERNAL"
+            fields.update(failures.fields(code))
+        pipe = self._r.pipeline()
+        if ready_run:
+            self._transition(keys=[keys.run_key(ready_run)], args=["ready", "busy"], client=pipe)
+        pipe.hset(keys.job_key(job_id), mapping=_encode(fields))
+        if error and counted:
+            pipe.hincrby(keys.FAILURE_COUNTS, code, 1)
+        pipe.rpush(keys.job_done_key(job_id), state)
+        pipe.expire(keys.job_key(job_id), keys.RECORD_TTL)
+        pipe.expire(keys.job_done_key(job_id), keys.RECORD_TTL)
+        if worker:
+            pipe.srem(keys.worker_jobs_key(worker), job_id)
+        pipe.execute()
+
+    def job_state(self, job_id: str) -> str | None:
+        return self._r.hget(keys.job_key(job_id), "state")
+
+    def get_job(self, job_id: str) -> dict | None:
+        raw = self._r.hgetall(keys.job_key(job_id)) if job_id else {}
+        return _decode(raw) if raw else None
+
+    def get_jobs(self, job_ids: list[str]) -> list[dict]:
+        """Several job records in one round trip, in order; expired ones are left out."""
+        pipe = self._r.pipeline()
+        for job_id in job_ids:
+            pipe.hgetall(keys.job_key(job_id))
+        return [_decode(raw) for raw in pipe.execute() if raw]
+
+    def fail_queued_jobs(self, run_id: str, reason: str) -> int:
+        """End the jobs of a run that never started (their queue message was lost or skipped)."""
+        ended = 0
+        for job_id in self.run_jobs(run_id):
+            if self.job_state(job_id) == "queued":
+                self.job_finished(job_id, error=reason, code="RUN_CLOSED")
+                ended += 1
+        return ended
+
+    def claim_start(self, run_id: str, job_id: str) -> bool:
+        """True for exactly one submission of a run (HSETNX is atomic)."""
+        return bool(self._r.hsetnx(keys.run_key(run_id), "start_job", job_id))
+
+    def start_job(self, run_id: str) -> str | None:
+        return self._r.hget(keys.run_key(run_id), "start_job")
+
+    def set_episode_jobs(self, start_job: str, job_ids: list[str]) -> None:
+        """An episode's job ids in chain order, for its error callback."""
+        key = keys.episode_key(start_job)
+        pipe = self._r.pipeline()
+        pipe.rpush(key, *job_ids)
+        pipe.expire(key, keys.RECORD_TTL)
+        pipe.execute()
+
+    def episode_jobs(self, start_job: str) -> list[str]:
+        return self._r.lrange(keys.episode_key(start_job), 0, -1)
+
+    def run_jobs(self, run_id: str) -> list[str]:
+        return self._r.lrange(keys.run_jobs_key(run_id), 0, -1)
+
+    def wait_job(self, job_id: str, timeout: float | None, poll: float = 5.0) -> dict | None:
+        """Block until the job has ended (or timeout seconds pass); return its record.
+
+        BLMOVE of the done list onto itself wakes every waiter without consuming the
+        signal; the record is read in the same round trip (Redis runs a connection's
+        pipelined commands in order, so the read waits for the wake-up). Between wake-ups
+        it checks that the worker running the job is alive, so a killed worker fails the
+        job instead of hanging the client forever.
+        """
+        done_key = keys.job_done_key(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll if deadline is None else min(poll, deadline - time.monotonic())
+            if left <= 0:
+                return self.get_job(job_id)
+            pipe = self._r.pipeline(transaction=False)
+            pipe.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT")
+            pipe.hgetall(keys.job_key(job_id))
+            ended, raw = pipe.execute()
+            job = _decode(raw) if raw else None
+            if ended is not None:
+                return job
+            if job and job.get("state") == "running" and self._abandoned(job):
+                # With its process known, a job is abandoned only when its whole host is silent.
+                code = "HOST_LOST" if job.get("worker") else "WORKER_LOST"
+                self.fail_lost_job(job_id, f"worker {job['node']} was lost while running this job", code=code)
+
+    def _abandoned(self, job: dict) -> bool:
+        """The job's worker process is dead and no worker of its host is left to recover it
+        (tasks/lost_jobs.py retries what it can): the fallback for a host that is gone."""
+        token, node = job.get("worker"), job.get("node") or ""
+        if not token:  # recorded before the step's process was known
+            return bool(node) and not self.node_alive(node)
+        if self.worker_alive(token) or self.host_watched(node.rpartition("@")[2]):
+            return False
+        return self.take_lost_job(token, job["job_id"])
+
+    # ---- the jobs a worker process is running (tasks/lost_jobs.py) -------------------------
+    def job_left(self, job_id: str, token: str) -> None:
+        """The step has returned (whatever its outcome): its process no longer holds the job."""
+        self._r.srem(keys.worker_jobs_key(token), job_id)
+
+    def worker_jobs(self, token: str) -> list[str]:
+        return list(self._r.smembers(keys.worker_jobs_key(token)))
+
+    def take_lost_job(self, token: str, job_id: str) -> bool:
+        """True for exactly one caller: whoever removes the job from its dead process's set."""
+        return bool(self._r.srem(keys.worker_jobs_key(token), job_id))
+
+    def job_lost_retry(self, job_id: str, task: str, error: str) -> int:
+        """A lost step is sent again: one attempt more (the first counts as 1), counted for
+        /metrics as a retry of `task` for WORKER_LOST; returns the attempt."""
+        key = keys.job_key(job_id)
+        pipe = self._r.pipeline()
+        pipe.hsetnx(key, "attempts", 1)
+        pipe.hincrby(key, "attempts", 1)
+        pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
+        pipe.hincrby(keys.RETRY_COUNTS, f"{task}|WORKER_LOST", 1)
+        return pipe.execute()[1]
+
+    def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:
+        """End a job whose process died, unless it ended meanwhile; True when this call ended it."""
+        if self.job_state(job_id) not in ("queued", "running"):
+            return False
+        self.job_finished(job_id, error=error, code=code)
+        return True

@@ -1,0 +1,131 @@
+"""Every Redis key termpool writes: PREFIX, the TTLs, the fixed keys and one builder per family
+(the families are listed in the package docstring, termpool/state/__init__.py).
+
+The Store's families read every name here as ``keys.NAME`` when they run, not as a copy taken at
+import, so a test that patches one here (``keys.PREFIX``) reaches every use.
+"""
+
+from __future__ import annotations
+
+PREFIX = "tp:"
+IDEMPOTENCY_TTL = 300  # seconds a request id keeps naming its run
+RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
+HOST_ALIVE_SECONDS = 30
+NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
+
+FAILURE_COUNTS = PREFIX + "count:failures"
+RETRY_COUNTS = PREFIX + "count:retries"
+RECENT_RUNS = PREFIX + "runs:recent"  # and in the placement script
+HOSTS = PREFIX + "hosts"
+MONITOR = PREFIX + "monitor"
+DRAINING = PREFIX + "hosts:draining"  # and in the placement script
+BEAT_LOCK = PREFIX + "beat-lock"
+LOCK_PATTERNS = (PREFIX + "build-lock:*",)
+
+
+def run_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}"  # the Lua scripts build this one too
+
+
+def run_jobs_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}:jobs"
+
+
+def request_key(task_key: str, request_id: str) -> str:
+    return f"{PREFIX}req:{task_key}:{request_id}"
+
+
+def host_tasks_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:keys"  # and in the Lua scripts
+
+
+def host_live_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:live"  # and in the Lua scripts
+
+
+def host_closing_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:closing"  # and in the Lua scripts
+
+
+def host_workers_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:workers"
+
+
+def images_key(host: str) -> str:
+    return f"{PREFIX}images:{host}"
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def job_done_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:done"
+
+
+def episode_key(start_job: str) -> str:
+    return f"{PREFIX}episode:{start_job}"
+
+
+def node_key(node: str) -> str:
+    return f"{PREFIX}node:{node}"
+
+
+def worker_key(token: str) -> str:
+    return f"{PREFIX}worker:{token}"
+
+
+def worker_jobs_key(token: str) -> str:
+    return f"{PREFIX}worker:{token}:jobs"
+
+
+def sessions_key(run_id: str) -> str:
+    return f"{PREFIX}sess:{run_id}"
+
+
+def session_key(run_id: str, sid: str) -> str:
+    return f"{PREFIX}sess:{run_id}:{sid}"
+
+
+def warm_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm:{host}:{task_path}"
+
+
+def warm_id_key(warm_id: str) -> str:
+    return f"{PREFIX}warmid:{warm_id}"
+
+
+def warm_starting_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-starting:{host}:{task_path}"
+
+
+def warm_demand_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-demand:{host}:{task_path}"
+
+
+def warm_facts_key(host: str, task_path: str) -> str:
+    return f"{PREFIX}warm-facts:{host}:{task_path}"
+
+
+def warm_tasks_key(host: str) -> str:
+    return f"{PREFIX}warm-tasks:{host}"
+
+
+def warm_counts_key(host: str) -> str:
+    return f"{PREFIX}warm-counts:{host}"
+
+
+def build_lock_key(host: str, image: str) -> str:
+    return f"{PREFIX}build-lock:{host}:{image}"
+
+
+def host_nodes_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:nodes"  # and in the placement script
+
+
+def host_info_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:info"  # and in the placement script
+
+
+def host_lost_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:lost"  # and in the host-lost script

@@ -1,0 +1,235 @@
+"""Runs and their leases: run:<id>, run:<id>:jobs, the host's capacity and liveness sets a run
+moves through (host:<h>:keys, :live, :closing) and the run viewer's index (runs:recent)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import redis
+
+from termpool.state import keys
+from termpool.state.codec import _decode, _encode
+
+NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
+
+
+class UnknownRun(KeyError):
+    pass
+
+
+# The scripts build run:<id> and host:<h>:{keys,live,closing} from the prefix they are given.
+_RELEASE = """
+local prefix, run_id = ARGV[1], ARGV[2]
+local run_key = prefix .. 'run:' .. run_id
+local state = redis.call('HGET', run_key, 'state')
+if not state or state == 'closing' or state == 'closed' then return false end
+if ARGV[5] ~= '' and state ~= ARGV[5] then return false end
+local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
+if state == 'lost' then  -- it left its host's capacity when the host was lost
+  redis.call('SREM', prefix .. 'host:' .. host .. ':lost', run_id)
+else
+  local keys_key = prefix .. 'host:' .. host .. ':keys'
+  if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
+  redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
+end
+redis.call('SADD', prefix .. 'host:' .. host .. ':closing', run_id)
+redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[3], 'last_used_at', ARGV[4])
+return host
+"""
+
+
+# A live run's record, marked as used; with ARGV[4] == 'busy' also marked busy when it was
+# ready (a tool call begins). The record is returned as it was.
+_USE_RUN = """
+local run_key, now = KEYS[1], ARGV[2]
+local state = redis.call('HGET', run_key, 'state')
+if not state or state == 'closing' or state == 'closed' then return false end
+redis.call('HSET', run_key, 'last_used_at', now)
+local host = redis.call('HGET', run_key, 'host')
+if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
+local record = redis.call('HGETALL', run_key)
+if ARGV[4] == 'busy' and (state == 'ready' or state == 'evaluated') then
+  redis.call('HSET', run_key, 'state', 'busy')
+end
+return record
+"""
+
+_SET_IF_LIVE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'closing' or state == 'closed' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+_TRANSITION = """
+local state = redis.call('HGET', KEYS[1], 'state')
+for i = 2, #ARGV do
+  if state == ARGV[i] then redis.call('HSET', KEYS[1], 'state', ARGV[1]) return 1 end
+end
+return 0
+"""
+
+
+def new_run_id() -> str:
+    return "run-" + secrets.token_hex(8)
+
+
+class RunsState:
+    """Store's runs: allocation itself is placement (HostsState.place)."""
+
+    _r: redis.Redis  # Store.__init__ sets it
+
+    def get_run(self, run_id: str) -> dict | None:
+        raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
+        return _decode(raw) if raw else None
+
+    def require_run(self, run_id: str) -> dict:
+        run = self.get_run(run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        return run
+
+    def update_run(self, run_id: str, **fields) -> None:
+        if fields:
+            self._r.hset(keys.run_key(run_id), mapping=_encode(fields))
+
+    def touch(self, run_id: str) -> bool:
+        """Record use of a live run; False when the lease is unknown or released."""
+        key = keys.run_key(run_id)
+        state, host = self._r.hmget(key, "state", "host")
+        if state is None or state in ("closing", "closed"):
+            return False
+        now = time.time()
+        pipe = self._r.pipeline()
+        pipe.hset(key, "last_used_at", now)
+        pipe.zadd(keys.host_live_key(host), {run_id: now}, xx=True)
+        pipe.execute()
+        return True
+
+    def use_run(self, run_id: str, busy: bool = False) -> dict | None:
+        """A live run's record, marked as used (touch) in the same round trip; None when the
+        lease is unknown or released. With busy, a ready run is also marked busy (a tool call
+        begins); the record is returned as it was."""
+        if not run_id:
+            return None
+        raw = self._use_run(
+            keys=[keys.run_key(run_id)], args=[keys.PREFIX, time.time(), run_id, "busy" if busy else ""]
+        )
+        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
+
+    def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
+        """Change a run's state unless it has been released meanwhile (close wins): one
+        atomic round trip, so a close landing between the check and the write cannot be undone."""
+        flat = [item for pair in _encode({"state": state, **fields}).items() for item in pair]
+        return bool(self._set_if_live(keys=[keys.run_key(run_id)], args=flat))
+
+    def transition(self, run_id: str, from_states: tuple, to_state: str) -> bool:
+        """Atomically move a run to to_state only if it is in one of from_states."""
+        return bool(self._transition(keys=[keys.run_key(run_id)], args=[to_state, *from_states]))
+
+    def release(self, run_id: str, reason: str = "closed", only_state: str = "") -> bool:
+        """Free the run's capacity slot and mark it closing; False if already released (or,
+        with only_state, when the run is no longer in that state)."""
+        return self.release_on_host(run_id, reason, only_state) is not None
+
+    def release_on_host(self, run_id: str, reason: str = "closed", only_state: str = "") -> str | None:
+        """release() in one round trip, returning the run's host (None when nothing was
+        released). A lost run, already out of its host's capacity, becomes closing too: its
+        teardown waits in its host's queue."""
+        return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state]) or None
+
+    def mark_closed(self, run_id: str, error: str = "") -> None:
+        host = self._r.hget(keys.run_key(run_id), "host")
+        pipe = self._r.pipeline()
+        pipe.hset(keys.run_key(run_id), mapping=_encode({"state": "closed", "closed_at": time.time()}))
+        if error:
+            pipe.hset(keys.run_key(run_id), "teardown_error", error)
+        if host:
+            pipe.srem(keys.host_closing_key(host), run_id)
+        pipe.expire(keys.run_key(run_id), keys.RECORD_TTL)
+        pipe.expire(keys.run_jobs_key(run_id), keys.RECORD_TTL)
+        pipe.execute()
+        self.drop_sessions(run_id)
+
+    def idle_runs(self, host: str, idle_ttl: float) -> list[str]:
+        return self._r.zrangebyscore(keys.host_live_key(host), "-inf", time.time() - idle_ttl)
+
+    def never_reset_runs(self, host: str, older_than: float) -> list[str]:
+        """Runs allocated more than older_than seconds ago that were never reset or started."""
+        runs = self.live_runs(host)
+        if not runs:
+            return []
+        pipe = self._r.pipeline()
+        for run_id in runs:
+            pipe.hmget(keys.run_key(run_id), "state", "created_at", "start_job")
+        cutoff = time.time() - older_than
+        return [
+            run_id
+            for run_id, (state, created, start_job) in zip(runs, pipe.execute())
+            if state == "allocated" and not start_job and created is not None and float(created) < cutoff
+        ]
+
+    def live_runs(self, host: str) -> list[str]:
+        return self._r.zrange(keys.host_live_key(host), 0, -1)
+
+    def closing_runs(self, host: str) -> list[str]:
+        return list(self._r.smembers(keys.host_closing_key(host)))
+
+    def stale_closing_runs(self, host: str, older_than: float) -> list[str]:
+        """Runs released more than older_than seconds ago whose teardown has not ended."""
+        runs = self.closing_runs(host)
+        if not runs:
+            return []
+        pipe = self._r.pipeline()
+        for run_id in runs:
+            pipe.hget(keys.run_key(run_id), "last_used_at")
+        cutoff = time.time() - older_than
+        return [run_id for run_id, at in zip(runs, pipe.execute()) if at is None or float(at) < cutoff]
+
+    def host_status(self, host: str) -> dict:
+        task_runs = self._r.hgetall(keys.host_tasks_key(host))  # not `keys`: that names the keys module
+        return {
+            "active_tasks": len(task_runs),
+            "total_active_runs": sum(int(v) for v in task_runs.values()),
+            "pending_closes": self._r.scard(keys.host_closing_key(host)),
+            "tasks": {key: {"active_runs": int(n)} for key, n in sorted(task_runs.items())},
+        }
+
+    # ---- recent runs (the run viewer) ------------------------------------------------------
+    def recent_runs(self, fields: tuple, count: int, before: float | None = None) -> tuple[list[dict], float | None]:
+        """Up to `count` indexed runs created before `before` (all when None), newest first,
+        with the given fields of their records; and where to continue (None at the end).
+        Ids whose record has expired are dropped from the index."""
+        upper = "+inf" if before is None else f"({before!r}"
+        page = self._r.zrevrangebyscore(keys.RECENT_RUNS, upper, "-inf", start=0, num=count, withscores=True)
+        pipe = self._r.pipeline()
+        for run_id, _ in page:
+            pipe.hmget(keys.run_key(run_id), "state", *fields)
+        runs, gone = [], []
+        for (run_id, _), values in zip(page, pipe.execute()):
+            if values[0] is None:
+                gone.append(run_id)
+                continue
+            found = {field: value for field, value in zip(("state", *fields), values) if value is not None}
+            runs.append(_decode({**found, "run_id": run_id}))
+        if gone:
+            self._r.zrem(keys.RECENT_RUNS, *gone)
+        return runs, (page[-1][1] if len(page) == count else None)
+
+    def first_jobs(self, run_ids: list[str], fields: tuple) -> dict[str, dict]:
+        """The first job of each run (its start job, if it was ever started), by run id."""
+        pipe = self._r.pipeline()
+        for run_id in run_ids:
+            pipe.lindex(keys.run_jobs_key(run_id), 0)
+        job_ids = dict(zip(run_ids, pipe.execute()))
+        pipe = self._r.pipeline()
+        for job_id in filter(None, job_ids.values()):
+            pipe.hmget(keys.job_key(job_id), "kind", *fields)
+        values = iter(pipe.execute())
+        jobs = {}
+        for run_id, job_id in job_ids.items():
+            if job_id:
+                record = dict(zip(("kind", *fields), next(values)))
+                jobs[run_id] = _decode({k: v for k, v in record.items() if v is not None} | {"job_id": job_id})
+        return jobs

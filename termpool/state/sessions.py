@@ -1,0 +1,27 @@
+"""Shell sessions of a run: sess:<run> and sess:<run>:<sid>."""
+
+from __future__ import annotations
+
+import redis
+
+from termpool.state import keys
+
+
+class SessionsState:
+    """Store's shell sessions."""
+
+    _r: redis.Redis  # Store.__init__ sets it
+
+    def session(self, run_id: str, sid: str) -> dict:
+        return self._r.hgetall(keys.session_key(run_id, sid))
+
+    def update_session(self, run_id: str, sid: str, **fields) -> None:
+        key = keys.session_key(run_id, sid)
+        self._r.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        self._r.sadd(keys.sessions_key(run_id), sid)
+
+    def drop_sessions(self, run_id: str) -> None:
+        sids = self._r.smembers(keys.sessions_key(run_id))
+        if sids:
+            self._r.delete(*[keys.session_key(run_id, sid) for sid in sids])
+        self._r.delete(keys.sessions_key(run_id))
