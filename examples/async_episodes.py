@@ -4,8 +4,8 @@ Each episode starts a task of examples/tasks, lets a "policy" act (here a fixed 
 command standing in for a model's tool calls), runs the task's tests for the reward and
 closes the run. An infrastructure failure (retryable) is run again; a task failure counts.
 
-    pip install . && python3 examples/async_episodes.py [http://127.0.0.1:18081]
-    PYTHONPATH=. python3 examples/async_episodes.py [http://127.0.0.1:18081]    # from a checkout
+    PYTHONPATH=. python3 examples/async_episodes.py [http://127.0.0.1:18081]    # from the checkout's root
+    python3 examples/async_episodes.py [http://127.0.0.1:18081]    # once the client is installed (pip install .)
 """
 
 import asyncio

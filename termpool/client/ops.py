@@ -1,0 +1,264 @@
+"""The protocol, written once for both drivers (drivers.py): each operation of a job, a run or a
+lease is a generator that says what I/O it needs and is sent the outcome, so it does no I/O
+itself (pool_ops.py has the pool's own operations and its retry policy)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from termpool.client.calls import Evaluation, exec_call, task_meta, tool_call, write_file_call
+from termpool.client.errors import TermpoolError, WaitTimeout, _job_error
+
+if TYPE_CHECKING:
+    from termpool.client.pool_ops import _PoolOps
+
+MAX_LONG_POLL = 60.0  # the runs API's upper bound for ?wait=
+JOB_ENDED = ("succeeded", "failed")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One HTTP request. `idempotent`: sending it twice does the work once."""
+
+    method: str
+    path: str
+    body: dict | None = None
+    params: dict | None = None
+    idempotent: bool = False
+    long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
+
+
+@dataclass(frozen=True)
+class _Hangup:
+    """Close the pool's HTTP connections (not its runs)."""
+
+
+# An operation is a generator that yields what to do (an HTTP request: a _Call; a pause: a
+# number of seconds; closing the connections: a _Hangup) and is sent the outcome (an
+# httpx.Response, or has the transport error thrown in); it returns its result. Pool drives
+# operations with blocking I/O, AsyncPool with awaited I/O (drivers.py), so the protocol,
+# retries included, is written once.
+Op = Generator[Any, Any, Any]
+
+
+def _request(pool: _PoolOps, call: _Call) -> Op:
+    """One request, sent again after retryable failures (pool._retry_delay); its JSON reply."""
+    attempt = 0
+    while True:
+        try:
+            outcome = pool._outcome(call, (yield call))
+        except httpx.TransportError as exc:
+            outcome = pool._unreachable(call, exc)
+        if not isinstance(outcome, TermpoolError):
+            return outcome
+        delay = pool._retry_delay(call, outcome, attempt)
+        if delay is None:
+            raise outcome
+        yield delay
+        attempt += 1
+
+
+def _wait_job(pool: _PoolOps, job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
+    """Long-poll a job until it ends; its record. A failed job raises its typed error."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = MAX_LONG_POLL if deadline is None else deadline - time.monotonic()
+        wait = round(max(0.0, min(MAX_LONG_POLL, left)), 1)
+        reply = yield from _request(
+            pool, _Call("GET", f"/v1/jobs/{job_id}", params={"wait": wait}, idempotent=True, long_poll=wait)
+        )
+        job = reply["job"]
+        if job.get("state") == "failed" and raise_failed:
+            raise _job_error(job)
+        if job.get("state") in JOB_ENDED:
+            return job
+        if left <= 0:
+            raise WaitTimeout(f"job {job_id} ({job.get('kind')}) is still {job.get('state')} after {timeout:g} s")
+
+
+def _options(run_ctx: dict | None, task_timeouts: dict | None) -> dict:
+    """A start's optional fields, when given (both faces take them the same way)."""
+    return {k: v for k, v in (("run_ctx", run_ctx), ("task_timeouts", task_timeouts)) if v}
+
+
+class _Ops:
+    """Base of the objects whose methods are operations; `_pool` drives them."""
+
+    _pool: _PoolOps
+
+    def _call(self, method: str, path: str, **options) -> Op:
+        return (yield from _request(self._pool, _Call(method, path, **options)))
+
+    def _enter(self) -> Op:
+        """Entering a `with` (`async with`) block: no I/O, the object itself."""
+        yield from ()
+        return self
+
+
+class _JobOps(_Ops):
+    def __init__(self, pool, job_id: str):
+        self._pool = pool
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    def wait(self, timeout: float | None = None) -> Op:
+        """The job's result once it has succeeded (observation text, {score, tests}, ...);
+        raises its typed error when it failed, WaitTimeout after `timeout` (default: the
+        pool's job_timeout)."""
+        job = yield from _wait_job(self._pool, self.id, self._pool.job_timeout if timeout is None else timeout)
+        return job.get("result")
+
+    def record(self) -> Op:
+        """The job's record as it is now: state, result, error, code, retryable, times."""
+        return (yield from self._call("GET", f"/v1/jobs/{self.id}", idempotent=True))["job"]
+
+
+class _SessionOps(_Ops):
+    """The tools of one task environment, whichever face carries them (`_tool`)."""
+
+    id: str
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    def _tool(self, call: dict) -> Op:
+        """Run one tool call (tool_call's dict); its observation text."""
+        raise NotImplementedError
+
+    def _close(self) -> Op:
+        """The close operation (not the driver's method of the same name, which wraps it)."""
+        raise NotImplementedError
+
+    def _exit(self, exc_type, exc, tb) -> Op:
+        """Leaving a `with` (`async with`) block: close. Returns None, so the block's own
+        error goes on."""
+        try:
+            yield from self._close()
+        except TermpoolError:
+            if exc_type is None:  # never hide the error that ended the block
+                raise
+
+    def tool(self, name: str, **arguments) -> Op:
+        """Run any tool call and return its observation text."""
+        return (yield from self._tool(tool_call(name, **arguments)))
+
+    def exec(self, command: str, *, id: str = "main", block: bool | None = True, timeout: float | None = 20.0) -> Op:
+        """shell_exec: the command's output (blocking), or the session-started text (block=False)."""
+        return (yield from self._tool(exec_call(command, id=id, block=block, timeout=timeout)))
+
+    def view(self, id: str = "main") -> Op:
+        """shell_view: the output of session `id` since the last view."""
+        return (yield from self._tool(tool_call("shell_view", id=id)))
+
+    def write_to_process(self, id: str, text: str) -> Op:
+        """shell_write_to_process: send `text` and a newline to session `id`; what it printed."""
+        return (yield from self._tool(tool_call("shell_write_to_process", id=id, command=text)))
+
+    def write_file(self, path: str, content: str) -> Op:
+        """shell_write_content_to_file: write `content` to `path` in the task container."""
+        return (yield from self._tool(write_file_call(path, content)))
+
+
+class _RunOps(_SessionOps):
+    def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
+        self._pool = pool
+        self.id = run_id
+        self.start_job = start_job
+        start = start or {}
+        self.user_msg: str | None = start.get("user_msg")  # the task's prompt, once started
+        self.tool_schemas: list | None = start.get("tool_schemas")  # the four tools' schemas
+
+    def _submit(self, call: dict) -> Op:
+        reply = yield from self._call("POST", f"/v1/runs/{self.id}/tool_calls", body=call)
+        return self._pool._job_class(self._pool, reply["job_id"])
+
+    def submit(self, name: str, **arguments) -> Op:
+        """Submit any tool call without waiting: its Job (call .wait() for the observation)."""
+        return (yield from self._submit(tool_call(name, **arguments)))
+
+    def _tool(self, call: dict) -> Op:
+        job = yield from self._submit(call)
+        return (yield from _wait_job(self._pool, job.id, self._pool.job_timeout))["result"]
+
+    def evaluate(self) -> Op:
+        """Run the task's tests: an Evaluation (score, per-test results)."""
+        reply = yield from self._call("POST", f"/v1/runs/{self.id}/evaluation")
+        result = (yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout))["result"] or {}
+        return Evaluation(score=float(result.get("score") or 0.0), tests=result.get("tests") or {})
+
+    def wait_ready(self) -> Op:
+        """Wait for the start job (after Pool.start(wait=False)); raises its error if it failed."""
+        result = (yield from _wait_job(self._pool, self.start_job, self._pool.job_timeout))["result"] or {}
+        self.user_msg, self.tool_schemas = result.get("user_msg"), result.get("tool_schemas")
+        return self
+
+    def info(self) -> Op:
+        """The run record: state, host, score, tests, error, code, job ids, ..."""
+        return (yield from self._call("GET", f"/v1/runs/{self.id}", idempotent=True))["run"]
+
+    def close(self, wait: bool = False) -> Op:
+        """Release the run (its capacity slot frees at once) and queue its teardown; with
+        wait=True, return only once its containers are gone. Closing twice is harmless."""
+        reply = yield from self._call("DELETE", f"/v1/runs/{self.id}", idempotent=True)
+        if wait and reply.get("job_id"):
+            yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout, raise_failed=False)
+
+    _close = close
+
+
+class _LeaseOps(_SessionOps):
+    """One lease of the blocking pool API: each call is one request that returns when its job
+    is done (so its reply may take up to the pool's job_timeout, a reset with a build)."""
+
+    def __init__(self, pool, lease_id: str, reused: bool = False):
+        self._pool = pool
+        self.id = lease_id
+        self.reused = reused  # /allocate gave back the lease of the same request_id
+        self.user_msg: str | None = None  # the task's prompt, once reset
+        self.tool_schemas: list | None = None
+
+    def _post(self, path: str, fields: dict | None = None, idempotent: bool = False) -> Op:
+        body = {"lease_id": self.id, **(fields or {})}
+        return (yield from self._call("POST", path, body=body, idempotent=idempotent, long_poll=self._pool.job_timeout))
+
+    def reset(
+        self,
+        task: str,
+        *,
+        task_path: str | None = None,
+        instruction: str | None = None,
+        run_ctx: dict | None = None,
+        task_timeouts: dict | None = None,
+    ) -> Op:
+        """(Re)start the lease's environment for `task` (POST /reset; a second reset replaces
+        the first environment); the lease, with user_msg and tool_schemas set."""
+        fields = {"task_meta": task_meta(task, task_path, instruction), **_options(run_ctx, task_timeouts)}
+        reply = yield from self._post("/reset", fields)
+        self.user_msg, self.tool_schemas = reply.get("user_msg"), reply.get("tool_schemas")
+        return self
+
+    def _tool(self, call: dict) -> Op:
+        return (yield from self._post("/exec_tool", {"tool_call": call}))["observation"]
+
+    def evaluate(self) -> Op:
+        """Run the task's tests (POST /evaluate): an Evaluation (tests: {} when the reply has none)."""
+        reply = yield from self._post("/evaluate")
+        return Evaluation(score=float(reply.get("score") or 0.0), tests=reply.get("tests") or {})
+
+    def heartbeat(self) -> Op:
+        """Mark the lease as used, so the idle reaper leaves it (POST /heartbeat)."""
+        yield from self._post("/heartbeat", idempotent=True)
+
+    def close(self) -> Op:
+        """Release the lease and queue its teardown (POST /close); whether it was still live
+        (False when unknown or closed before: closing twice is harmless)."""
+        return (yield from self._post("/close", idempotent=True)).get("found") is True
+
+    _close = close
