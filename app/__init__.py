@@ -26,13 +26,16 @@ def celery_init_app(app: Flask, cfg: Settings) -> Celery:
     return celery
 
 
+PROBES = ("/healthz", "/readyz")  # what an orchestrator asks, without a token
+
+
 def _guard(app: Flask, cfg: Settings) -> None:
-    """Optional bearer token and client allow-list (docs/settings.md); /healthz stays open."""
+    """Optional bearer token and client allow-list (docs/settings.md); the probes stay open."""
     networks = [ipaddress.ip_network(c, strict=False) for c in cfg.allowed_clients]
 
     @app.before_request
     def check_client():
-        if request.path == "/healthz":
+        if request.path in PROBES:
             return None
         if networks and not _allowed(_client_address(), networks):
             return fail("FORBIDDEN", "client address not allowed", 403)

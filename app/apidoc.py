@@ -127,7 +127,7 @@ def _operation(path: str, op: Operation, arguments: list[str], refs: dict) -> di
         out["requestBody"] = {"required": True, "description": BODY_NOTE, "content": {JSON: {"schema": schema}}}
         responses.setdefault("400", _reply(BAD_INPUT, refs))
         responses.setdefault("413", _reply(TOO_LARGE, refs))
-    if path != "/healthz":  # the optional guard (app/__init__.py) answers everything else
+    if path not in ("/healthz", "/readyz"):  # the optional guard (app/__init__.py) answers everything else
         for status, text in GUARD.items():
             responses.setdefault(str(status), _reply(text, refs))
     if path not in ("/healthz", "/openapi.json"):  # everything else reads state in Redis

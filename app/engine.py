@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from termpool import dispatch, hosts
+from termpool import dispatch, hosts, liveness
 from termpool.config import Settings
 from termpool.state import LOST_STATE, NO_FAILURE, Allocation, Store
 
@@ -67,16 +67,16 @@ class Engine:
     cfg: Settings
     store: Store
     celery: Celery
-    beats: hosts.RecentBeats = field(init=False)
+    watch: liveness.Watch = field(init=False)
 
     def __post_init__(self):
-        self.beats = hosts.RecentBeats(self.store)
+        self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
 
     # ---- leases -----------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
         """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
         preferring one that has the task's images (known by task_path, else the task key)."""
-        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg, self.store))
+        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg, self.watch))
 
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases,
@@ -91,12 +91,15 @@ class Engine:
     def require_serving(self, run: dict, job_kind: str) -> None:
         """HostUnavailable unless the run's host has live workers for this kind of job."""
         kinds = hosts.JOB_QUEUE_KINDS[job_kind]
-        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence, self.beats)
+        code, error = hosts.check(self.store, self.watch, run["host"], kinds)
         if code:
             raise HostUnavailable(code, error)
 
     def host_overview(self) -> dict[str, dict]:
-        return hosts.overview(self.store, self.cfg)
+        return hosts.overview(self.store, self.cfg, self.watch)
+
+    def readiness(self) -> tuple[bool, str]:
+        return hosts.readiness(self.watch)
 
     def status(self) -> dict:
         overview = self.host_overview()
@@ -179,7 +182,7 @@ class Engine:
         if not run or not run.get("host"):
             return job
         kinds = hosts.JOB_QUEUE_KINDS[job["kind"]]
-        code, error = hosts.check(self.store, run["host"], kinds, self.cfg.host_silence, self.beats)
+        code, error = hosts.check(self.store, self.watch, run["host"], kinds)
         if code:
             self.store.fail_lost_job(job["job_id"], error, code=code)
             return self.store.get_job(job["job_id"])

@@ -26,12 +26,20 @@ CLIENT_STATUS = {
     "RUN_SLOTS_EXHAUSTED": (429, 429),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
-UNAVAILABLE = ("BACKEND_UNAVAILABLE", "HOST_LOST", "WORKERS_DOWN")
+UNAVAILABLE = ("BACKEND_UNAVAILABLE", "HOST_LOST", "WORKERS_DOWN", "NOT_READY")
 # The runs API answers a job failure 200 with the failed job record; the facade itself
 # answers these when it cannot do its own part (Redis away, an unexpected error).
-RUNS_FACADE_STATUS = {"BACKEND_UNAVAILABLE": 503, "HOST_LOST": 503, "WORKERS_DOWN": 503, "INTERNAL": 500}
+RUNS_FACADE_STATUS = {
+    "BACKEND_UNAVAILABLE": 503,
+    "HOST_LOST": 503,
+    "WORKERS_DOWN": 503,
+    "NOT_READY": 503,
+    "INTERNAL": 500,
+}
 # Client errors a worker can also end a job with (the run changed under a queued job).
 CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED")
+# Codes only a probe answers (GET /readyz): no request or job ever fails with them.
+PROBE_CODES = ("NOT_READY",)
 
 
 def pool_status(code: str) -> int:
@@ -49,7 +57,7 @@ def runs_status(code: str) -> int | None:
 
 
 def in_job_records(code: Code) -> bool:
-    return code.kind != "client" or code.name in CLIENT_JOB_CODES
+    return (code.kind != "client" or code.name in CLIENT_JOB_CODES) and code.name not in PROBE_CODES
 
 
 def rows() -> list[dict]:

@@ -43,6 +43,17 @@ def healthz():
     return ok()
 
 
+@bp.get("/readyz")
+@operation(
+    "Readiness: 200 once a worker host serves every queue kind (an orchestrator's readiness "
+    "probe; /healthz is liveness).",
+    {200: ("Ready", models.Reply), 503: "No worker host serves every queue kind yet (code NOT_READY), with the reason"},
+)
+def readyz():
+    ready, reason = engine().readiness()
+    return ok() if ready else fail("NOT_READY", reason)
+
+
 @bp.get("/status")
 @operation(
     "Capacity and live runs per task key.",

@@ -105,6 +105,11 @@ class Service:
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self) -> None:
+        self.launch()
+        self.wait_ready(READY_TIMEOUT)
+
+    def launch(self) -> None:
+        """serve.sh, in the background: returns at once (wait_ready or wait_healthy after)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 (serve.sh writes to it for the life of the service)
         self.proc = subprocess.Popen(
             ["bash", "scripts/serve.sh"],
@@ -116,7 +121,34 @@ class Service:
             start_new_session=True,
         )
         log.close()
-        self.wait_ready(READY_TIMEOUT)
+
+    def wait_healthy(self, timeout: float = READY_TIMEOUT, poll: float = 0.05) -> float:
+        """Wait for the first 200 of /healthz, as an impatient client polls it; the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if not self.alive():
+                raise RuntimeError(f"serve.sh exited ({self.proc.returncode}); see {self.log_path}")
+            if self.healthy():
+                return time.monotonic() - started
+            time.sleep(poll)
+        raise RuntimeError(f"/healthz did not answer within {timeout:g} s; see {self.log_path}")
+
+    def kill_everything(self) -> list[int]:
+        """kill -9 of the whole stack at once, Redis included, as a crash or a power loss would
+        (containers of live runs stay: they are dockerd's). Returns the pids killed."""
+        procs = self.tree()
+        redis_pid = self.redis_pid()
+        if redis_pid:
+            procs.append(psutil.Process(redis_pid))
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+        return [proc.pid for proc in procs]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -168,7 +200,10 @@ class Service:
                 pass
         time.sleep(1)
         left, procs = [], []
+        redis_pid = self.redis_pid()
         for pid, (created, role) in sorted(self.seen.items()):
+            if pid == redis_pid:
+                continue  # the Redis, seen in the tree as it daemonized: stop_redis shuts it down
             try:
                 proc = psutil.Process(pid)
                 if start_ticks(pid) != created or proc.status() == psutil.STATUS_ZOMBIE:

@@ -13,6 +13,8 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from termpool.hosts import look
+
 hosts_cli = AppGroup("hosts", help="List worker hosts, drain one or put it back in service.")
 
 
@@ -28,6 +30,7 @@ def _age(at: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the hosts as JSON (as /status has them).")
 def list_hosts(as_json: bool) -> None:
     """Every known worker host: state, capacity, live runs, images cached, last heartbeat."""
+    look(_engine().watch)  # judge only what this process saw: a heartbeat's time
     hosts = _engine().host_overview()
     if as_json:
         click.echo(json.dumps(hosts, indent=2))

@@ -140,6 +140,7 @@ class Stack:
             self._wait(self.client.healthy, "gunicorn")
             for kind in WORKER_KINDS:
                 self.wait_worker(kind)
+            self.wait_serving(self.host_id)
         except BaseException:
             self.stop()
             raise
@@ -167,7 +168,25 @@ class Stack:
             self._spawn(name, [sys.executable, "-m", "tasks.worker", kind], env=host_env)
         for name, kind in zip(names, WORKER_KINDS):
             self.wait_worker(kind, self.procs[name].pid, host_id)
+        self.wait_serving(host_id)
         return names
+
+    def wait_serving(self, host: str, timeout: float = 60) -> None:
+        """Wait until the facade has seen every queue kind of the host alive: it judges only
+        workers it saw beat (termpool/liveness.py), so a test that stops one right after a start
+        sees it judged. Each gunicorn worker process watches on its own: several answers in a
+        row, each on a new connection, so that they likely come from more than one of them."""
+        in_a_row = [0]
+        token = self.env.get("POOL_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+        def serving() -> bool:
+            reply = requests.get(self.url + "/status", headers=headers, timeout=5)
+            state = reply.json()["pool"]["hosts"].get(host, {}).get("state")
+            in_a_row[0] = in_a_row[0] + 1 if state == "serving" else 0
+            return in_a_row[0] >= 2 * int(self.env.get("WEB_CONCURRENCY", "2"))
+
+        self._wait(serving, f"host {host} serving", timeout)
 
     def kill_host(self, host_id: str, sig=signal.SIGKILL) -> None:
         """Signal every worker process of a host started by start_host (SIGKILL: the host is lost)."""

@@ -28,4 +28,17 @@ python3 deploy/supervisord_conf.py --procfile Procfile --run-dir "$run_dir" --lo
   > "$run_dir/supervisord.conf"
 echo "termpool: serving $DATASET_DIR on port ${ENV_SERVER_PORT:-18081}" >&2
 echo "termpool: logs in $log_dir; python3 -m supervisor.supervisorctl -c $run_dir/supervisord.conf status" >&2
+# One "ready" line once /readyz answers 200 (a worker host serves every queue kind). Work sent
+# earlier, from the first /healthz on, is not refused: it waits in its queue.
+python3 - "${ENV_SERVER_PORT:-18081}" >&2 <<'EOF' &
+import sys, time, urllib.request as u
+opener, url = u.build_opener(u.ProxyHandler({})), f"http://127.0.0.1:{sys.argv[1]}/readyz"
+for _ in range(1200):  # ten minutes at most
+    try:
+        opener.open(url, timeout=2)
+        print(f"termpool: ready on port {sys.argv[1]} (GET /readyz answers 200)", flush=True)
+        break
+    except Exception:
+        time.sleep(0.5)
+EOF
 exec python3 -m supervisor.supervisord -c "$run_dir/supervisord.conf"

@@ -10,7 +10,9 @@ A job is lost in one of two ways:
   registers itself under a random token with the facts needed to check its pid, beats every
   SCAN_SECONDS, and lists the jobs it runs while it runs them (run_jobs._job). Every worker
   process of the host scans the others on each beat; one whose pid is gone (same pid
-  namespace: at once) or whose beat is older than state.NODE_TTL (elsewhere) is dead, and
+  namespace: at once, and only then: a live pid is a hung process, not a dead one) or whose
+  beat is older than state.NODE_TTL (elsewhere, judged only after NODE_TTL seconds of unbroken
+  contact with Redis, so an outage or partition kills nobody) is dead, and
   each job it held is recovered exactly once (Store.take_lost_job): sent again if it may be
   (below), else failed with WORKER_LOST. A restarted worker scans at once when it is ready.
 
@@ -29,6 +31,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_retry, worker_ready, worker_shutdown
@@ -37,6 +40,7 @@ from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
 from termpool.dispatch import EPISODE_FAILED_TASK
+from termpool.state import NODE_TTL
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +99,18 @@ def _child_lost_failed(sender=None, exception=None, kwargs=None, **_):
 
 
 # ---- a whole worker process died: the others notice ---------------------------------------
-def scan(app, host: str) -> list[str]:
+def dead(token: str, facts: dict, judge_beats: bool) -> bool:
+    """Whether another worker process is dead (module docstring)."""
+    if processes.visible(facts):
+        return processes.known_dead(facts)
+    return judge_beats and not store().worker_alive(token)
+
+
+def scan(app, host: str, judge_beats: bool = True) -> list[str]:
     """Recover the jobs of this host's dead worker processes; return the jobs recovered."""
     recovered = []
     for token, facts in store().host_workers(host).items():
-        if token == TOKEN or (store().worker_alive(token) and not processes.known_dead(facts)):
+        if token == TOKEN or not dead(token, facts, judge_beats):
             continue
         for job_id in store().worker_jobs(token):
             if store().take_lost_job(token, job_id):
@@ -171,13 +182,16 @@ def _settle_episode(app, job: dict) -> None:
 
 # ---- this process's beat and scan ----------------------------------------------------------
 def _watch(app, host: str, facts: dict) -> None:
+    contact_since = None  # monotonic: since when every scan reached Redis
     while True:
         try:
             store().worker_beat(host, TOKEN, facts)
-            recovered = scan(app, host)
+            contact_since = contact_since or time.monotonic()
+            recovered = scan(app, host, judge_beats=time.monotonic() - contact_since > NODE_TTL)
             if recovered:
                 log.warning("recovered jobs of dead worker processes: %s", recovered)
         except Exception:  # Redis away: keep trying
+            contact_since = None
             log.exception("lost-job scan failed")
         if _stop.wait(SCAN_SECONDS):
             return

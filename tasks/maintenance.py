@@ -15,6 +15,7 @@ from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
 from termpool.queues import queue_kind
+from termpool.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def reap(self):
     from termpool.dispatch import enqueue_close  # the same path the facade uses
 
     cfg = settings()
-    lost = hosts.sweep(store(), cfg.host_silence)
+    lost = hosts.sweep(store(), hosts.process_watch())
     if lost:
         log.warning("runs marked lost (HOST_LOST), by host: %s", lost)
     reaped = []
@@ -80,15 +81,23 @@ def reap(self):
 
 
 # ---- worker liveness ------------------------------------------------------------------------
+BEAT_RETRY_SECONDS = 0.5  # while Redis is away: beat again as soon as it answers
+
+
 def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
+    """Beat from a thread of its own on a Redis client of its own with short timeouts: no job
+    holds it up, and a Redis that hangs costs a beat, not the next 30 s of them."""
     capacity = hosts.capacity(settings())
+    beats = Store.from_url(settings().redis_url, timeout=hosts.WATCH_TIMEOUT)
     while not stop.is_set():
         try:
-            store().node_heartbeat(node)
-            store().host_beat(host, node, kind, capacity)
-        except Exception:  # Redis away: keep trying, the facade reports 503 meanwhile
-            log.exception("heartbeat failed")
-        stop.wait(hosts.HEARTBEAT_SECONDS)
+            beats.node_heartbeat(node)
+            beats.host_beat(host, node, kind, capacity)
+            wait = hosts.HEARTBEAT_SECONDS
+        except Exception as exc:  # Redis away: the watches judge nothing meanwhile (termpool/liveness.py)
+            log.warning("heartbeat failed: %s", exc)
+            wait = BEAT_RETRY_SECONDS
+        stop.wait(wait)
 
 
 _stop_heartbeat = threading.Event()

@@ -29,7 +29,7 @@ from tasks.runtime import remove_env, store
 from termpool import failures
 from termpool.config import settings
 from termpool.paths import resolve_task_path
-from termpool.state import NO_FAILURE
+from termpool.state import NO_FAILURE, UNREACHABLE
 from termpool.task_spec import TaskError, load_task_cached
 
 
@@ -134,11 +134,11 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
                 if on_failure:
                     on_failure(run_id, error, code)
                 ended = True
-                store().job_finished(job_id, error=error, code=code, **settle)
+                _record_end(job_id, error=error, code=code, **settle)
                 raise
             if final:
                 ended = True
-                store().job_finished(job_id, result=result, **settle)
+                _record_end(job_id, result=result, **settle)
             return result
         finally:
             if not ended:  # handed over, retried, or a step that does not end the job
@@ -146,6 +146,26 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
             _run_deferred(deferred)
 
     return wrapper
+
+
+END_WRITE_SECONDS = 60.0  # a job's end is written again this long while Redis cannot be reached
+
+
+def _record_end(job_id: str, **fields) -> None:
+    """Write a job's end, again while Redis cannot be reached (an outage, a partition): the work
+    is done and its caller waits for exactly this write; nothing else would ever end the job,
+    since its live process still holds it. Writing twice is harmless (the second is a late end)."""
+    deadline, delay = time.monotonic() + END_WRITE_SECONDS, 0.25
+    while True:
+        try:
+            store().job_finished(job_id, **fields)
+            return
+        except UNREACHABLE as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("job %s: its end not written yet (%s); trying again", job_id, exc)
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
 
 
 def _describe(exc: BaseException) -> str:

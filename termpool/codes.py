@@ -1,6 +1,6 @@
 """The failure codes: which failures exist, their kind, and whether a retry can help.
 
-Pure data with no dependencies, so the client (termpool/client.py) can use it on a trainer
+Pure data with no dependencies, so the client (termpool/client/) can use it on a trainer
 machine that has none of the server's packages; termpool/failures.py (the server side)
 builds its exceptions and classifier on it.
 """
@@ -49,6 +49,7 @@ CODES: dict[str, Code] = {
         Code("TIMEOUT", "infrastructure", True, "an operation of termpool's did not finish within its time limit"),
         Code("HOST_LOST", "infrastructure", True, "the worker host of the run stopped answering"),
         Code("WORKERS_DOWN", "infrastructure", True, "no live worker consumes the queue this job needs"),
+        Code("NOT_READY", "infrastructure", True, "no worker host serves every queue kind yet (GET /readyz only)"),
         Code("INTERNAL", "infrastructure", True, "an unexpected error in termpool (a bug: please report it)"),
     )
 }

@@ -1,33 +1,33 @@
 """Many worker hosts behind one Redis: which are serving, where a run goes, what a lost one means.
 
 A worker process beats every few seconds with its host, its queue kind and its host's capacity
-(tasks/maintenance.py). From those beats:
+(tasks/maintenance.py). Each judging process reads those beats through its own watch
+(termpool/liveness.py: only workers it saw alive, only time it could reach Redis). From it:
 
-* a host serves when every queue kind of it beat within HOST_SILENCE_SECONDS and it is not
-  draining; allocate places a run only on a serving host (state.Store.place);
-* a call on a run whose host has no worker that beat within the limit fails at once with
-  HOST_LOST (the host's live runs are marked lost, its capacity freed); when only the call's
-  queue kind is silent, with WORKERS_DOWN;
-* a host with no beat at all on record (never seen, or a Redis that lost its data a moment
-  ago) is not judged, nor is any host while Redis has been up for less than the limit (it
-  restarted: the workers could not beat meanwhile): calls wait for their time limits as before.
+* allocate prefers the hosts that serve every queue kind and are not draining; when there is
+  none, any known host not judged lost or draining (one starting, or with a kind down: its
+  other kinds serve, jobs for the missing kind wait in their queue or fail WORKERS_DOWN); with
+  no host known at all (a fresh Redis), the facade's own host id (state.Store.place);
+* a call on a run whose host is judged lost fails at once with HOST_LOST (the host's live runs
+  are marked lost, its capacity freed); when a queue kind the call needs is down, with
+  WORKERS_DOWN. A host or kind that is starting is not judged: calls wait in its queue for
+  their usual time limits, as any Celery job waits for a worker;
+* /readyz answers 200 once some host serves every queue kind (`readiness`).
 
 Used by the facade (app/engine.py), the reaper and the CLI; imports nothing Docker-side.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
-from termpool.config import QUEUE_KINDS, Settings
+from termpool import liveness
+from termpool.config import QUEUE_KINDS, Settings, settings
 from termpool.state import HOST_FORGET_SECONDS, Placement, Store
 
 HEARTBEAT_SECONDS = 3.0  # how often every worker process beats; well under HOST_SILENCE_SECONDS
-# Allocate reads Redis's uptime at most this often (INFO is no cheap call); a restart is
-# noticed that much later, while every call fails on the restart itself anyway.
-UPTIME_READ_SECONDS = 1.0
-# A call's check of its host reuses a read of the host's beats this young (RecentBeats).
-BEATS_READ_SECONDS = 1.0
+WATCH_TIMEOUT = 2.0  # a watch's reads give up this soon: a hung Redis is an outage, not a pause
 
 # Image affinity: a host that already has the task's images wins over the least loaded one
 # when its load (live runs over capacity) is at most this much higher; one cold start (a
@@ -43,14 +43,42 @@ JOB_QUEUE_KINDS = {
 }
 
 
-def placement(cfg: Settings, store: Store, now: float | None = None) -> Placement:
-    """How allocate weighs hosts now. While Redis is younger than the silence limit (it
-    restarted: no worker could beat meanwhile) a host's last beats count however old, as
-    `unavailable` judges no host then: allocations go on through a Redis restart."""
-    settled = store.redis_uptime(max_age=UPTIME_READ_SECONDS) >= cfg.host_silence
+def make_watch(cfg: Settings, reader: Store | None = None) -> liveness.Watch:
+    """A watch of every host (not started), reading through `reader`, by default a Redis client
+    of its own with short timeouts."""
+    reader = reader or Store.from_url(cfg.redis_url, timeout=WATCH_TIMEOUT)
+
+    def read(also: set) -> liveness.Snapshot:
+        return liveness.Snapshot(*reader.beats_snapshot(also))
+
+    return liveness.Watch(read, silence=cfg.host_silence, recent=2 * HEARTBEAT_SECONDS)
+
+
+@functools.lru_cache(maxsize=1)
+def process_watch() -> liveness.Watch:
+    """The one watch of a worker process (the reaper's judgement), polling from its first use."""
+    return make_watch(settings()).start()
+
+
+def look(watch: liveness.Watch, seconds: float = HEARTBEAT_SECONDS + 1) -> None:
+    """Wait a heartbeat's time: a running watch of a process that just started (the CLI) has
+    then seen every live worker's beat advance, and judges like a facade that ran all along."""
+    time.sleep(seconds)
+
+
+def placement(cfg: Settings, watch: liveness.Watch) -> Placement:
+    """How allocate weighs hosts now (module docstring)."""
+    snap = watch.snapshot()
+    preferred, excluded = [], []
+    for host in snap.hosts:
+        judged = watch.judgement(host)
+        if judged.lost:
+            excluded.append(host)
+        elif judged.state(QUEUE_KINDS) == "serving":
+            preferred.append(host)
     return Placement(
-        cutoff=(now or time.time()) - cfg.host_silence if settled else 0.0,
-        kinds=len(QUEUE_KINDS),
+        preferred=preferred,
+        excluded=excluded,
         default_tasks=cfg.max_tasks,
         default_runs=cfg.max_runs_per_task,
         slack=AFFINITY_SLACK,
@@ -63,27 +91,13 @@ def capacity(cfg: Settings) -> dict:
     return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task}
 
 
-def judge(nodes: dict, now: float, silence: float) -> tuple[set, bool]:
-    """The queue kinds of a host heard from within `silence`, and whether the host is lost:
-    none heard from, or some kind silent while no worker of it beat for two heartbeats (a
-    whole host that stopped goes silent kind by kind, up to a heartbeat apart)."""
-    alive = {kind for kind, at in nodes.values() if at >= now - silence}
-    recent = any(at >= now - 2 * HEARTBEAT_SECONDS for _, at in nodes.values())
-    return alive, not alive or (len(alive) < len(QUEUE_KINDS) and not recent)
-
-
-def unavailable(store: Store, host: str, kinds: tuple, silence: float) -> str:
-    """'' when the host's workers of these queue kinds beat within `silence` seconds, else the
-    failure code: HOST_LOST when none of its workers did, WORKERS_DOWN when some kind is silent."""
-    nodes = store.host_nodes(host)
-    if not nodes:
-        return ""  # nothing on record: not judged (see the module docstring)
-    alive, lost = judge(nodes, time.time(), silence)
-    missing = set(kinds) - alive
-    code = "HOST_LOST" if lost else "WORKERS_DOWN" if missing else ""
-    if code and store.redis_uptime() < silence:
-        return ""  # Redis itself was away (a restart): every worker was silent, none is lost
-    return code
+def unavailable(watch: liveness.Watch, host: str, kinds: tuple) -> str:
+    """'' when the call may go (the kinds serve, or are not judged yet), else the failure code:
+    HOST_LOST when the host is judged lost, WORKERS_DOWN when a kind it needs is down."""
+    judged = watch.judgement(host)
+    if judged.lost:
+        return "HOST_LOST"
+    return "WORKERS_DOWN" if judged.down & set(kinds) else ""
 
 
 def message(code: str, host: str, kinds: tuple, silence: float) -> str:
@@ -92,76 +106,45 @@ def message(code: str, host: str, kinds: tuple, silence: float) -> str:
     return f"no live worker of host {host} consumes its {'/'.join(kinds)} queue (silent for {silence:g} s)"
 
 
-class RecentBeats:
-    """Each host's worker beats as last read, reread when older than BEATS_READ_SECONDS: a call
-    on a serving host needs no read of its own. Beats only move forward, so an old read can
-    only make a host look more silent; whatever it shows that is not serving is read again. (A
-    host's clean stop, which zeroes its beats, is seen up to max_age late.)"""
-
-    def __init__(self, store: Store, max_age: float | None = None):
-        self.store = store
-        self.max_age = BEATS_READ_SECONDS if max_age is None else max_age
-        self._seen: dict[str, tuple[float, dict]] = {}  # host -> (read at, monotonic; nodes)
-
-    def serving(self, host: str, kinds: tuple, silence: float) -> bool:
-        now = time.monotonic()
-        seen = self._seen.get(host)
-        if seen is None or now - seen[0] > self.max_age:
-            seen = self._seen[host] = (now, self.store.host_nodes(host))
-        alive, lost = judge(seen[1], time.time(), silence)
-        return not lost and set(kinds) <= alive
-
-
-def check(store: Store, host: str, kinds: tuple, silence: float, beats: RecentBeats | None = None) -> tuple[str, str]:
+def check(store: Store, watch: liveness.Watch, host: str, kinds: tuple) -> tuple[str, str]:
     """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
     A lost host's runs are marked lost on the way (idempotent)."""
-    if beats is not None and beats.serving(host, kinds, silence):
-        return "", ""
-    code = unavailable(store, host, kinds, silence)
+    code = unavailable(watch, host, kinds)
     if not code:
         return "", ""
-    error = message(code, host, kinds, silence)
+    error = message(code, host, kinds, watch.silence)
     if code == "HOST_LOST":
         store.mark_host_lost(host, error)
     return code, error
 
 
-def sweep(store: Store, silence: float) -> dict[str, list[str]]:
-    """The reaper's pass: mark every silent host's runs lost; forget hosts silent for an hour.
-    Returns the runs marked lost, by host."""
+def sweep(store: Store, watch: liveness.Watch) -> dict[str, list[str]]:
+    """The reaper's pass: mark the runs of every host judged lost as lost; forget hosts silent
+    for an hour. Returns the runs marked lost, by host."""
     now = time.time()
     marked = {}
-    if store.redis_uptime() < silence:
-        return marked  # Redis restarted: the workers could not beat meanwhile
     for host, last in store.known_hosts().items():
-        if last >= now - silence:
-            continue
         if last < now - HOST_FORGET_SECONDS and not store.lost_runs(host):
             store.forget_host(host)
             continue
-        runs = store.mark_host_lost(host, message("HOST_LOST", host, (), silence))
-        if runs:
-            marked[host] = runs
+        if watch.judgement(host).lost:
+            runs = store.mark_host_lost(host, message("HOST_LOST", host, (), watch.silence))
+            if runs:
+                marked[host] = runs
     return marked
 
 
-def overview(store: Store, cfg: Settings) -> dict[str, dict]:
-    """Per host: state (serving / draining / workers_down / lost), capacity, live runs, images
-    cached, last heartbeat and the queue kinds heard from (for /status and `hosts list`)."""
-    now = time.time()
-    draining = store.draining_hosts()
-    known = store.known_hosts()
+def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, dict]:
+    """Per host: state (serving / starting / draining / workers_down / lost), capacity, live
+    runs, images cached, last heartbeat and the queue kinds serving (for /status and `hosts list`)."""
+    snap = watch.snapshot()
+    draining = snap.draining
     out = {}
-    for host in sorted(set(known) | draining):
-        alive, lost = judge(store.host_nodes(host), now, cfg.host_silence)
-        if lost:
-            state = "lost"
-        elif host in draining:
+    for host in sorted(set(snap.hosts) | draining):
+        judged = watch.judgement(host)
+        state = judged.state(QUEUE_KINDS)
+        if host in draining and state != "lost":
             state = "draining"
-        elif len(alive) < len(QUEUE_KINDS):
-            state = "workers_down"
-        else:
-            state = "serving"
         info = store.host_info(host)
         out[host] = {
             "state": state,
@@ -171,7 +154,25 @@ def overview(store: Store, cfg: Settings) -> dict[str, dict]:
                 "max_runs_per_task": int(info.get("max_runs_per_task", cfg.max_runs_per_task)),
             },
             **store.host_load(host),
-            "last_heartbeat": known.get(host),
-            "live_queue_kinds": sorted(alive),
+            "last_heartbeat": snap.hosts.get(host),
+            "live_queue_kinds": sorted(judged.serving),
         }
     return out
+
+
+def readiness(watch: liveness.Watch) -> tuple[bool, str]:
+    """Ready once some host not draining serves every queue kind; else why not."""
+    snap = watch.snapshot()
+    if not snap.hosts:
+        return False, "no worker host has sent a heartbeat yet"
+    reasons = []
+    for host in sorted(snap.hosts):
+        judged = watch.judgement(host)
+        state = judged.state(QUEUE_KINDS)
+        if state == "serving" and host not in snap.draining:
+            return True, f"host {host} serves every queue kind"
+        waiting = sorted(set(QUEUE_KINDS) - judged.serving)
+        reasons.append(
+            f"host {host} is {'draining' if host in snap.draining else state}, waiting for {', '.join(waiting) or 'nothing'}"
+        )
+    return False, "; ".join(reasons)

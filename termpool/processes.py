@@ -56,9 +56,14 @@ def this_process() -> dict:
 _WALL_CLOCK_SLACK = 2.0
 
 
+def visible(facts: dict) -> bool:
+    """The process is in this pid namespace: its pid says whether it lives (known_dead)."""
+    return bool(facts.get("pidns")) and facts["pidns"] == pid_namespace()
+
+
 def known_dead(facts: dict) -> bool:
     """True when the process is certainly gone: its pid is free, reused, or a zombie."""
-    if not facts.get("pidns") or facts["pidns"] != pid_namespace():
+    if not visible(facts):
         return False
     try:
         proc = psutil.Process(int(facts["pid"]))

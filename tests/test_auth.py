@@ -1,4 +1,4 @@
-"""POOL_API_TOKEN and POOL_ALLOWED_CLIENTS guard every endpoint but /healthz."""
+"""POOL_API_TOKEN and POOL_ALLOWED_CLIENTS guard every endpoint but the probes, /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def call(stack, method, path, body=None, token=None, source="127.0.0.1"):
 
 def test_token_required(guarded_stack):
     assert call(guarded_stack, "GET", "/healthz") == (200, {"ok": True})
+    assert call(guarded_stack, "GET", "/readyz") == (200, {"ok": True})  # a probe, open like /healthz
     status, body = call(guarded_stack, "GET", "/status")
     assert status == 401 and body["ok"] is False and "token" in body["error"]
     assert call(guarded_stack, "POST", "/allocate", {"task_key": "x"}, token="wrong")[0] == 401
@@ -45,3 +46,4 @@ def test_client_outside_allowed_networks(guarded_stack):
     status, body = call(guarded_stack, "GET", "/status", token=TOKEN, source="127.0.0.2")
     assert status == 403 and "not allowed" in body["error"]
     assert call(guarded_stack, "GET", "/healthz", source="127.0.0.2")[0] == 200
+    assert call(guarded_stack, "GET", "/readyz", source="127.0.0.2")[0] == 200

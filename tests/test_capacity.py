@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from termpool.config import QUEUE_KINDS
 from termpool.state import IDEMPOTENCY_TTL, CapacityError, Placement, Store, request_key
 from tests.conftest import wait_for
 
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.unit
 def allocate(store: Store, task_key: str, request_id: str, host: str = "h1", *, max_tasks: int, max_runs: int):
     """Store.place with one host (no worker beats: the fallback host, with these limits)."""
     rule = Placement(
-        cutoff=0.0, kinds=len(QUEUE_KINDS), default_tasks=max_tasks, default_runs=max_runs, slack=0.1, fallback=host
+        preferred=[], excluded=[], default_tasks=max_tasks, default_runs=max_runs, slack=0.1, fallback=host
     )
     return store.place(task_key, request_id, task_key, rule)
 

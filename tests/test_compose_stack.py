@@ -1,6 +1,7 @@
 """The whole stack from docker-compose.yml: build termpool's image (deploy/build-image.sh, from
-the local test base image, nothing pulled), `up`, one full episode through the pool API, the
-Docker socket only in the workers, then `down -v` leaves nothing behind.
+the local test base image, nothing pulled), `up`, four whole episodes through the pool API sent
+the moment /healthz answers, the api healthy by /readyz, the Docker socket only in the workers,
+then `down -v` leaves nothing behind.
 
 Set TERMPOOL_SKIP_COMPOSE=1 to skip it (it builds an image: about a minute cold, seconds warm).
 """
@@ -19,8 +20,9 @@ import requests
 
 from devstack import FIXTURES, ROOT, WORKER_KINDS, free_port
 from environments.docker_client import compose_command
-from termpool.client import Pool, TermpoolError
+from termpool.client import Pool
 from tests.conftest import wait_for
+from tests.test_startup import episodes_at_once
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"), reason="TERMPOOL_SKIP_COMPOSE is set"
@@ -104,6 +106,13 @@ def _host_state(stack: ComposeStack) -> str:
         return ""
 
 
+def _health(docker_client, stack: ComposeStack, service: str) -> str:
+    label = [f"com.docker.compose.project={stack.project}", f"com.docker.compose.service={service}"]
+    for container in docker_client.containers.list(filters={"label": label}):
+        return container.attrs["State"].get("Health", {}).get("Status", "")
+    return ""
+
+
 def _remove_rules(host_id: str) -> None:
     """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
     their bridge is gone); removed here so no other test ever meets them."""
@@ -128,29 +137,21 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
         started = time.monotonic()
         proc = stack.compose("up", "-d")
         assert proc.returncode == 0, f"compose up failed:\n{proc.stderr[-4000:]}"
-        assert wait_for(stack.client.healthy, 180, 0.3), f"/healthz never answered:\n{stack.logs()}"
-        # Ready once the host serves: every queue kind's workers beat (each installs its
-        # containment rules first). Until then allocate answers 503 WORKERS_DOWN, retryable.
-        assert wait_for(lambda: _host_state(stack) == "serving", 180, 0.5), f"never serving:\n{stack.logs()}"
-        timings["up"] = time.monotonic() - started
+        assert wait_for(stack.client.healthy, 180, 0.1), f"/healthz never answered:\n{stack.logs()}"
+        timings["healthz"] = time.monotonic() - started
 
-        # One full episode on hello-file, as a router drives it.
+        # Four whole episodes on hello-file the moment /healthz answers, as an impatient
+        # router sends them: the workers may still be starting, and their jobs wait for them.
         started = time.monotonic()
-        try:
-            lease = stack.client.allocate("hello-file")
-            assert "hello-file" in lease.reset("hello-file", instruction="solve hello-file").user_msg
-            lease.write_file("/tmp/solution.sh", (FIXTURES / "hello-file" / "solution.sh").read_text())
-            lease.exec("bash /tmp/solution.sh", timeout=60)
-            score = lease.evaluate().score
-            assert score == 1.0, score
-            print(f"compose stack episode: run {lease.id} on hello-file scored {score}")
-            assert lease.close() is True
-        except TermpoolError as exc:
-            raise AssertionError(f"{exc!r}\n{stack.logs()}") from exc
-        assert wait_for(lambda: not _names(docker_client, f"termpool.run={lease.id}"), 120), (
-            "the run's containers outlived its close"
+        failed = episodes_at_once(stack.url)
+        assert not failed, f"{failed}\n{stack.logs()}"
+        timings["episodes"] = time.monotonic() - started
+        assert wait_for(lambda: _host_state(stack) == "serving", 60, 0.5), f"never serving:\n{stack.logs()}"
+        # The api's healthcheck is /readyz: healthy once a host serves every queue kind.
+        assert wait_for(lambda: _health(docker_client, stack, "api") == "healthy", 120, 1.0), stack.logs()
+        assert wait_for(lambda: not _names(docker_client, f"termpool.host={stack.host_id}"), 120), (
+            "the runs' containers outlived their close"
         )
-        timings["episode"] = time.monotonic() - started
         # The run's logs landed in the bind-mounted output root, at the host's path.
         assert list((tmp_path / "outputs").rglob("*")), "no run logs under TBENCH_OUTPUT_ROOT"
 
@@ -201,3 +202,24 @@ def test_compose_up_episode_and_down(termpool_image, docker_client, tmp_path):
     assert not left_project, f"containers of the compose project remain: {left_project}"
     assert not left_tasks, f"task containers of {stack.host_id} remain: {left_tasks}"
     assert not docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack.project}"})
+
+
+def test_compose_fresh_starts_serve_work_sent_at_the_first_healthz(termpool_image, docker_client, tmp_path):
+    """Four more fresh `up`s (five with the test above), each sent four episodes the moment
+    /healthz answers; each `down -v` leaves nothing."""
+    for start in range(4):
+        (tmp_path / f"outputs{start}").mkdir()
+        stack = ComposeStack(termpool_image, tmp_path / f"outputs{start}")
+        try:
+            proc = stack.compose("up", "-d")
+            assert proc.returncode == 0, f"compose up failed:\n{proc.stderr[-4000:]}"
+            assert wait_for(stack.client.healthy, 180, 0.1), f"/healthz never answered:\n{stack.logs()}"
+            failed = episodes_at_once(stack.url)
+            assert not failed, f"start {start}: {failed}\n{stack.logs()}"
+        finally:
+            down = stack.compose("down", "-v", "--remove-orphans", "-t", "20", timeout=300)
+            for name in _names(docker_client, f"termpool.host={stack.host_id}"):
+                docker_client.api.remove_container(name, force=True, v=True)
+            _remove_rules(stack.host_id)
+        assert down.returncode == 0, down.stderr[-4000:]
+        assert not _names(docker_client, f"com.docker.compose.project={stack.project}")

@@ -47,6 +47,7 @@ from termpool.client.errors import (
     InternalError,
     MethodNotAllowed,
     NotFound,
+    NotReady,
     OperationTimeout,
     PayloadTooLarge,
     RunClosed,
@@ -124,6 +125,7 @@ __all__ = [
     "OperationTimeout",
     "HostLost",
     "WorkersDown",
+    "NotReady",
     "InternalError",
     "DEFAULT_URL",
 ]

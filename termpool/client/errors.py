@@ -160,6 +160,10 @@ class WorkersDown(InfrastructureError):
     code = "WORKERS_DOWN"  # noqa: E701
 
 
+class NotReady(InfrastructureError):
+    code = "NOT_READY"  # noqa: E701
+
+
 class InternalError(InfrastructureError):
     code = "INTERNAL"  # noqa: E701
 

@@ -238,6 +238,15 @@ class _PoolOps(_Ops):
             return False
         return True
 
+    def ready(self) -> Op:
+        """True when /readyz answers 200: a worker host serves every queue kind. Asked once,
+        without retries, as a probe asks. Work sent before is not refused: it waits in its queue."""
+        try:
+            reply = yield _Call("GET", "/readyz")
+        except httpx.TransportError:
+            return False
+        return reply.status_code == 200
+
     def close(self) -> Op:
         """Close the HTTP connections (not the runs)."""
         yield _Hangup()

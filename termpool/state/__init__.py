@@ -64,7 +64,7 @@ import redis
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
-from termpool.state.jobs import _BEGIN_JOB, JobsState
+from termpool.state.jobs import _BEGIN_JOB, _FINISH_JOB, JobsState
 from termpool.state.keys import (
     BEAT_LOCK,
     DRAINING,
@@ -125,6 +125,7 @@ from termpool.state.warm import WarmState
 # patch of termpool.state.RECENT_RUNS_KEPT (tests/test_viewer.py) trims the index.
 RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 
 
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
@@ -137,7 +138,7 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
         self._set_if_live = client.register_script(_SET_IF_LIVE)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
-        self._redis_started: tuple[float, float] | None = None  # (read at, Redis start), monotonic
+        self._finish_job = client.register_script(_FINISH_JOB)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
@@ -217,5 +218,6 @@ __all__ = [
     # here
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",
+    "UNREACHABLE",
     "Store",
 ]

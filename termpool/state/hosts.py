@@ -37,23 +37,25 @@ class Allocation:
 class Placement:
     """How allocate weighs hosts (Store.place)."""
 
-    cutoff: float  # a host's workers must have beaten since then
-    kinds: int  # ... with this many queue kinds
+    preferred: list  # hosts judged to serve every queue kind (termpool/hosts.py)
+    excluded: list  # hosts judged lost: never a candidate
     default_tasks: int  # capacity of a host that has not published its own
     default_runs: int
     slack: float  # load difference image affinity may outweigh
-    fallback: str  # the one candidate when no host beats at all
+    fallback: str  # the one candidate when no host is known at all
 
 
-# Placement: every argument is in ARGV (ARGV[1] is the key prefix). A host is a candidate when
-# it beat since `cutoff` with every queue kind and is not draining; with no host beating at all
-# (a fresh Redis) the facade's own host id is the one candidate, as before. Among candidates
+# Placement: every argument is in ARGV (ARGV[1] is the key prefix). The candidates are the
+# preferred hosts (judged to serve every queue kind) that are not draining; when there are
+# none, every host in the hosts list that is neither excluded (judged lost) nor draining (one
+# starting serves once its workers are up; its jobs wait in their queues); with no host known
+# at all (a fresh Redis) the facade's own host id is the one candidate. Among candidates
 # with room for the task key: the least loaded (live runs over its published capacity), unless
 # one within `slack` of that load already holds the task's images (images:<h>), then that one.
 _PLACE = """
 local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local cutoff, affinity, def_tasks, def_runs = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
-local slack, nkinds, fallback = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
+local preferred, affinity, def_tasks, def_runs = cjson.decode(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local slack, excluded, fallback = tonumber(ARGV[11]), cjson.decode(ARGV[12]), ARGV[13]
 if req_key ~= '' then
   local existing = redis.call('GET', req_key)
   if existing then
@@ -66,20 +68,16 @@ if req_key ~= '' then
     end
   end
 end
-local function serving(h)
-  if redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 then return false end
-  local nodes = redis.call('HVALS', p .. 'host:' .. h .. ':nodes')
-  local kinds, n = {}, 0
-  for _, value in ipairs(nodes) do
-    local kind, at = string.match(value, '^(%S+) (%S+)$')
-    if kind and tonumber(at) >= cutoff and not kinds[kind] then kinds[kind] = true n = n + 1 end
-  end
-  return n >= nkinds
-end
-local beating = redis.call('ZRANGEBYSCORE', p .. 'hosts', cutoff, '+inf')
+local function draining(h) return redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 end
 local candidates = {}
-for _, h in ipairs(beating) do if serving(h) then table.insert(candidates, h) end end
-if #beating == 0 and fallback ~= '' then candidates = {fallback} end
+for _, h in ipairs(preferred) do if not draining(h) then table.insert(candidates, h) end end
+if #candidates == 0 then
+  local out = {}
+  for _, h in ipairs(excluded) do out[h] = true end
+  local known = redis.call('ZRANGE', p .. 'hosts', 0, -1)
+  for _, h in ipairs(known) do if not out[h] and not draining(h) then table.insert(candidates, h) end end
+  if #known == 0 and fallback ~= '' then candidates = {fallback} end
+end
 if #candidates == 0 then return {'full', 'WORKERS_DOWN'} end
 local fits, code = {}, 'TASK_SLOTS_EXHAUSTED'
 for _, h in ipairs(candidates) do
@@ -221,14 +219,6 @@ class HostsState:
         if not any(float(value.split()[1]) > 0 for value in self._r.hvals(key)):
             self._r.zrem(keys.HOSTS, host)
 
-    def host_nodes(self, host: str) -> dict[str, tuple[str, float]]:
-        """node -> (queue kind, last beat; 0 once it stopped)."""
-        out = {}
-        for node, value in self._r.hgetall(keys.host_nodes_key(host)).items():
-            kind, _, at = value.partition(" ")
-            out[node] = (kind, float(at or 0))
-        return out
-
     def known_hosts(self) -> dict[str, float]:
         """Every host in the hosts list, with its last heartbeat."""
         return dict(self._r.zrange(keys.HOSTS, 0, -1, withscores=True))
@@ -242,24 +232,31 @@ class HostsState:
     # ---- placement --------------------------------------------------------------------------
     def place(self, task_key: str, request_id: str, affinity: str, rule: Placement) -> Allocation:
         """Allocate a run on the best host (see _PLACE); CapacityError when none has room
-        (code WORKERS_DOWN when no host is serving)."""
+        (code WORKERS_DOWN when every known host is lost or draining)."""
         req_key = keys.request_key(task_key, request_id) if request_id else ""
         now = str(time.time())
-        args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, rule.cutoff, affinity]
-        args += [rule.default_tasks, rule.default_runs, rule.slack, rule.kinds, rule.fallback, keys.IDEMPOTENCY_TTL]
+        preferred, excluded = json.dumps(rule.preferred), json.dumps(rule.excluded)
+        args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, preferred, affinity]
+        args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
         reply = self._place(args=args + [termpool.state.RECENT_RUNS_KEPT, keys.RECORD_TTL])
         if reply[0] == "full":
             raise CapacityError(reply[1])
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
-    def redis_uptime(self, max_age: float = 0.0) -> float:
-        """Seconds since Redis (re)started: no heartbeat could arrive before. With max_age, a
-        start time read at most that many seconds ago answers (one INFO per period, not per call)."""
-        now = time.monotonic()
-        seen = self._redis_started
-        if seen is None or now - seen[0] > max_age:
-            seen = self._redis_started = (now, now - float(self._r.info("server")["uptime_in_seconds"]))
-        return now - seen[1]
+    def beats_snapshot(self, also: set) -> tuple[dict, set, dict]:
+        """What a liveness watch reads (termpool/liveness.py), in two round trips: the hosts list
+        with last beats, the draining hosts, and node -> (kind, beat) of those hosts and `also`."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zrange(keys.HOSTS, 0, -1, withscores=True)
+        pipe.smembers(keys.DRAINING)
+        listed, draining = pipe.execute()
+        listed = dict(listed)
+        names = sorted(set(listed) | set(also))
+        pipe = self._r.pipeline(transaction=False)
+        for host in names:
+            pipe.hgetall(keys.host_nodes_key(host))
+        nodes = {host: _nodes(raw) for host, raw in zip(names, pipe.execute())}
+        return listed, draining, nodes
 
     def host_info(self, host: str) -> dict:
         return self._r.hgetall(keys.host_info_key(host))
@@ -303,3 +300,12 @@ class HostsState:
                 self.mark_closed(run_id)
             self._r.srem(keys.host_lost_key(host), run_id)
         return runs
+
+
+def _nodes(raw: dict) -> dict[str, tuple[str, float]]:
+    """A host's nodes hash as node -> (queue kind, last beat; 0 once it stopped)."""
+    out = {}
+    for node, value in raw.items():
+        kind, _, at = value.partition(" ")
+        out[node] = (kind, float(at or 0))
+    return out

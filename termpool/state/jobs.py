@@ -27,6 +27,20 @@ redis.call('SADD', KEYS[2], ARGV[5])
 return state
 """
 
+# A job's end is written unless the job ended already: a job the facade failed (its worker
+# silent past the limit, WORKERS_DOWN / HOST_LOST) keeps the outcome its caller was given, and
+# a late end from a worker that resumes is kept beside it as late_state. KEYS: job. ARGV: the
+# end's state, then field, value pairs.
+_FINISH_JOB = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'succeeded' or state == 'failed' then
+  redis.call('HSET', KEYS[1], 'late_state', ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+
 
 class JobsState:
     """Store's jobs."""
@@ -87,7 +101,8 @@ class JobsState:
         pipe = self._r.pipeline()
         if ready_run:
             self._transition(keys=[keys.run_key(ready_run)], args=["ready", "busy"], client=pipe)
-        pipe.hset(keys.job_key(job_id), mapping=_encode(fields))
+        pairs = [item for pair in _encode(fields).items() for item in pair]
+        self._finish_job(keys=[keys.job_key(job_id)], args=[state, *pairs], client=pipe)
         if error and counted:
             pipe.hincrby(keys.FAILURE_COUNTS, code, 1)
         pipe.rpush(keys.job_done_key(job_id), state)
