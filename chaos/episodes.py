@@ -39,12 +39,17 @@ class Log:
     """Every request of a scenario's episodes (thread-safe): durations and failures."""
 
     requests: list = field(default_factory=list)  # (step, seconds, ok)
+    # Every failed request, retried ones and tool calls too: (when it ended, monotonic; step;
+    # code; its message), so a scenario can count what failed after its fault ended.
+    failures: list = field(default_factory=list)
     episodes: list = field(default_factory=list)  # {"ok", "step", "code", "detail", "lost_tool_calls"}
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def request(self, step: str, seconds: float, ok: bool) -> None:
+    def request(self, step: str, seconds: float, ok: bool, code: str = "", detail: str = "") -> None:
         with self.lock:
             self.requests.append((step, round(seconds, 3), ok))
+            if not ok:
+                self.failures.append((time.monotonic(), step, code, detail))
 
     def episode(self, record: dict) -> None:
         with self.lock:
@@ -76,14 +81,15 @@ class Client:
         try:
             result = request()
         except TermpoolError as error:
-            self._log(step, start, False)
-            raise StepFailed(step, failure_code(error), error.message[:200], error.retryable) from error
+            failed = StepFailed(step, failure_code(error), error.message[:200], error.retryable)
+            self._log(step, start, False, failed.code, failed.detail)
+            raise failed from error
         self._log(step, start, True)
         return result
 
-    def _log(self, step: str, start: float, ok: bool) -> None:
+    def _log(self, step: str, start: float, ok: bool, code: str = "", detail: str = "") -> None:
         if self.log is not None:
-            self.log.request(step, time.monotonic() - start, ok)
+            self.log.request(step, time.monotonic() - start, ok, code, detail)
 
     def close(self) -> None:
         self.pool.close()
@@ -91,7 +97,9 @@ class Client:
 
 class Retrying:
     """Sends an idempotent step again while its failure is retryable and keep_trying(seconds
-    since the step's first failure) says so; counts the retries."""
+    since the step's first failure) says so; counts the retries. No reply at all (connection
+    refused or reset while the stack restarts) is retryable too (ServiceUnreachable), as a
+    router resends to a facade that is coming back."""
 
     def __init__(self, client: Client, keep_trying):
         self.client, self.keep_trying, self.retries = client, keep_trying, 0

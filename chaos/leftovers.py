@@ -3,6 +3,7 @@ scenario, and the shared machine, start clean whatever the service failed to rem
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 
@@ -10,6 +11,7 @@ import docker
 import docker.errors
 import redis
 
+from chaos import faults
 from chaos.service import Service
 from environments.session_helper import HELPER_DIR_SUFFIX, VERSIONS_DIR
 from termpool.client import TermpoolError
@@ -124,9 +126,22 @@ def temp_files(service: Service) -> list[str]:
     )
 
 
+def packet_rules(service: Service) -> list[str]:
+    """This service's partition rules still in place (`iptables -S` lines carrying its tag);
+    none where iptables is missing or not ours to read."""
+    if shutil.which("iptables") is None:
+        return []
+    tag = f"--comment {faults.partition_tag(service)}"
+    lines = []
+    for chain in ("INPUT", "OUTPUT"):
+        listing = faults.iptables("-S", chain)
+        lines += [line for line in listing.stdout.splitlines() if tag in line] if listing.returncode == 0 else []
+    return lines
+
+
 def count(left: dict) -> int:
     total = 0
-    for key in ("containers", "networks", "socket_dirs", "redis_locks", "temp_files", "processes"):
+    for key in ("containers", "networks", "socket_dirs", "redis_locks", "temp_files", "processes", "packet_rules"):
         total += len(left.get(key) or [])
     total += (left.get("slots_held") or 0) + (left.get("closes_pending") or 0)
     return total
@@ -157,6 +172,11 @@ def cleanup(service: Service) -> dict:
         except docker.errors.APIError:
             pass  # in use by a container that is being removed: harmless, reported by count
     removed["containment"] = _remove_containment(service)
+    # The partition removes its rules itself; this is the backstop for a harness cut short.
+    rules = packet_rules(service)
+    for line in rules:
+        faults.iptables(*shlex.split(line.replace("-A ", "-D ", 1)))
+    removed["packet_rules"] = len(rules)
     shutil.rmtree(service.workdir, ignore_errors=True)
     return removed
 

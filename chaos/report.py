@@ -11,6 +11,7 @@ LEFTOVER_LABELS = (  # key in the leftovers record -> how the table names it
     ("redis_locks", "Redis locks"),
     ("temp_files", "temp files"),
     ("processes", "processes"),
+    ("packet_rules", "packet-filter rules"),
 )
 COLUMNS = (
     "scenario",
@@ -21,6 +22,7 @@ COLUMNS = (
     "failed by code (step)",
     "steps retried",
     "tool calls lost",
+    "requests failed (after the fault's end)",
     "longest request",
     "recover",
     "not running after",
@@ -61,6 +63,32 @@ def longest_cell(result: dict) -> str:
     return cell
 
 
+def _counts(by_code: dict) -> str:
+    return ", ".join(f"{n}x {code}" for code, n in by_code.items()) or "-"
+
+
+def fault_cell(result: dict) -> str:
+    """The fault, with what it did (pids stopped, seconds to /healthz) or why it was not applied."""
+    detail = result.get("fault_detail") or {}
+    cell = result["fault"]
+    if detail.get("note"):
+        cell += f" ({detail['note']})"
+    if detail.get("error"):
+        cell += f" [fault failed: {detail['error'][:100]}]"
+    return cell
+
+
+def requests_failed_cell(result: dict) -> str:
+    """Every failed request by code; after the fault's end (its mark), by code and step."""
+    cell = _counts(result.get("request_failures_by_code") or {})
+    mark = result.get("failed_after")
+    if mark:
+        cell += f"; after {mark}: {_counts(result.get(f'failed_after_{mark}_by_code') or {})}"
+        if result.get("last_failure_after_s") is not None:
+            cell += f" (the last {result['last_failure_after_s']:g} s after)"
+    return cell
+
+
 def row(result: dict) -> list[str]:
     if result.get("error"):
         return [
@@ -75,18 +103,19 @@ def row(result: dict) -> list[str]:
             "-",
             "-",
             "-",
+            "-",
             leftovers_cell(result.get("leftovers", {})),
         ]
-    failed = ", ".join(f"{n}x {code}" for code, n in result["failed_by_code"].items()) or "-"
     return [
         result["scenario"],
-        result["fault"],
+        fault_cell(result),
         f"{result['episodes_ok']}/{result['episodes']}",
         str(result["runs_lost"]),
         str(result["refused"]),
-        failed,
+        _counts(result["failed_by_code"]),
         str(result.get("step_retries", 0)),
         str(result["lost_tool_calls"]),
+        requests_failed_cell(result),
         longest_cell(result),
         recover_cell(result),
         ", ".join(result.get("not_running_after") or []) or "-",

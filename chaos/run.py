@@ -28,6 +28,7 @@ from pathlib import Path
 from chaos import faults, leftovers, report
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
+from termpool.config import QUEUE_KINDS
 
 FAULT_AFTER = 3.0  # seconds after the episodes start
 RECOVER_LIMIT = 120.0  # a service not serving a fresh episode this long after the fault "never" recovered
@@ -40,33 +41,61 @@ REQUEST_TIMEOUT = 60.0  # client timeout of one request: a hung request counts a
 class Scenario:
     name: str
     fault: str  # what the table says
-    role: str | None = None  # kill -9 of this role's main process
+    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops (inject)
+    role: str | None = None  # the role a kill or a SIGSTOP hits
     slow_build: bool = False  # episodes use a fresh task whose image build is slow
+    concurrency: int | None = None  # episodes at once, instead of --concurrency
+    busy_loops: int = 0  # CPU busy loops running for the whole episode run
 
+
+# Recovery is timed from the start of these faults (the time down is part of it); of the
+# others from their end (a kill is instant; a SIGSTOP or a partition is timed once lifted).
+RECOVER_FROM_START = ("redis-restart", "restart-stack")
 
 SCENARIOS = {
     s.name: s
     for s in (
         Scenario("baseline", "none"),
-        Scenario("kill-build", "kill -9 build worker (mid-build)", "build", slow_build=True),
-        Scenario("kill-build-child", "kill -9 build prefork child (mid-build)", "build-child", slow_build=True),
-        Scenario("kill-lifecycle", "kill -9 lifecycle worker", "lifecycle"),
-        Scenario("kill-exec", "kill -9 exec worker", "exec"),
-        Scenario("kill-eval", "kill -9 eval worker", "eval"),
-        Scenario("kill-teardown", "kill -9 teardown worker", "teardown"),
-        Scenario("kill-beat", "kill -9 beat (scheduler)", "beat"),
-        Scenario("kill-web-master", "kill -9 gunicorn master", "web"),
-        Scenario("redis-restart", "Redis SHUTDOWN NOSAVE, back after 5 s", "redis"),
+        Scenario("kill-build", "kill -9 build worker (mid-build)", "kill", "build", slow_build=True),
+        Scenario("kill-build-child", "kill -9 build prefork child (mid-build)", "kill", "build-child", slow_build=True),
+        Scenario("kill-lifecycle", "kill -9 lifecycle worker", "kill", "lifecycle"),
+        Scenario("kill-exec", "kill -9 exec worker", "kill", "exec"),
+        Scenario("kill-eval", "kill -9 eval worker", "kill", "eval"),
+        Scenario("kill-teardown", "kill -9 teardown worker", "kill", "teardown"),
+        Scenario("kill-beat", "kill -9 beat (scheduler)", "kill", "beat"),
+        Scenario("kill-web-master", "kill -9 gunicorn master", "kill", "web"),
+        Scenario("redis-restart", "Redis SHUTDOWN NOSAVE, back after 5 s", "redis-restart"),
+        *(
+            Scenario(
+                f"sigstop-{kind}",
+                f"SIGSTOP {kind} worker and its children {faults.FREEZE_SECONDS:g} s, then SIGCONT",
+                "sigstop",
+                kind,
+                slow_build=kind == "build",  # so the stop hits a build in flight
+            )
+            for kind in QUEUE_KINDS
+        ),
+        Scenario("restart-stack", "kill -9 whole stack + Redis, relaunch at once", "restart-stack"),
+        Scenario(
+            "cpu-saturated", "4 CPU busy loops all along, 8 episodes at once", "busy-loops", busy_loops=4, concurrency=8
+        ),
+        Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
     )
 }
 
 
-def inject(scenario: Scenario, service: Service) -> dict:
-    if scenario.role is None:
-        return {"action": "none"}
-    if scenario.role == "redis":
+def inject(scenario: Scenario, service: Service, undo: faults.Undo) -> dict:
+    if scenario.action in ("none", "busy-loops"):  # the busy loops run around the episodes
+        return {"action": scenario.action}
+    if scenario.action == "redis-restart":
         return faults.restart_redis(service)
+    if scenario.action == "restart-stack":
+        return faults.restart_stack(service)
+    if scenario.action == "partition":
+        return faults.partition_redis(service, undo)
     app = service.celery()
+    if scenario.action == "sigstop":
+        return faults.freeze_role(service, scenario.role, app, undo)
     if scenario.role == "build-child":
         return faults.kill_build_child(service, app)
     return faults.kill_role(service, scenario.role, app)
@@ -98,6 +127,7 @@ def run_scenario(
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
     service = Service(scratch_dir())
+    concurrency = scenario.concurrency or concurrency
     result: dict = {
         "scenario": scenario.name,
         "fault": scenario.fault,
@@ -107,6 +137,8 @@ def run_scenario(
     }
     started = time.monotonic()
     try:
+        if scenario.action == "partition":
+            faults.check_partition(service)  # no iptables: an error, not a run without its fault
         service.start()
         result["startup_s"] = round(time.monotonic() - started, 1)
         ok, why = probe(service.url, BASE_TASK, 120)  # also builds the base task's image on this host
@@ -133,6 +165,8 @@ def run_episodes(
     clients: list[Client] = []
     fault_info: dict = {}
     recovery: dict = {}
+    marks: list = []  # (name, monotonic) of the fault's end, when it has one
+    undo = faults.Undo()
     gave_up = threading.Event()  # the service will not recover: stop waiting for a lease
 
     def keep_trying(waited: float) -> bool:
@@ -151,11 +185,15 @@ def run_episodes(
         service.snapshot()
         at = time.monotonic()
         try:
-            fault_info.update(inject(scenario, service))
+            fault_info.update(inject(scenario, service, undo))
         except Exception as exc:
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
-        t0 = time.monotonic() if scenario.role != "redis" else at
+        t0 = at if scenario.action in RECOVER_FROM_START else time.monotonic()
         fault_info["at_s"] = round(t0 - begin, 1)
+        if "mark_at" in fault_info:  # the fault's end, monotonic: kept as seconds into the run
+            mark_at = fault_info.pop("mark_at")
+            marks.append((fault_info["mark"], mark_at))
+            fault_info["mark_at_s"] = round(mark_at - begin, 1)
         try:
             measure_recovery(service, t0, recovery)
         except Exception as exc:  # the harness's own failure: recorded, and the episodes stop waiting
@@ -163,19 +201,41 @@ def run_episodes(
         if recovery.get("recover_s") is None:
             gave_up.set()
 
-    begin = time.monotonic()
     chaos_thread = threading.Thread(target=fault_then_recover, daemon=True)
-    chaos_thread.start()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(one, range(episodes)))
-    episodes_s = round(time.monotonic() - begin, 1)
-    chaos_thread.join()
+    try:
+        with faults.busy_loops(scenario.busy_loops) as loops:
+            if loops:
+                fault_info["busy_loop_pids"] = loops
+            begin = time.monotonic()
+            chaos_thread.start()
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                list(pool.map(one, range(episodes)))
+            episodes_s = round(time.monotonic() - begin, 1)
+            chaos_thread.join()
+    finally:
+        undo.close()  # a fault cut short (the harness failed) is lifted here
     for client in clients:
         client.close()
-    return {"episodes_s": episodes_s, "fault_detail": fault_info, **recovery, **summarize(log)}
+    return {"episodes_s": episodes_s, "fault_detail": fault_info, **recovery, **summarize(log, marks)}
 
 
-def summarize(log: Log) -> dict:
+def failures_after(log: Log, marks) -> dict:
+    """Failed requests (every try, tool calls too) by code, and by code (step) after the
+    fault's end when it has one: `failed_after_<mark>_by_code`, with one message of each."""
+    out = {"request_failures_by_code": dict(collections.Counter(f[2] for f in log.failures).most_common())}
+    for name, at in marks:
+        after = [(ended, f"{code} ({step})", detail) for ended, step, code, detail in log.failures if ended >= at]
+        out.update(
+            failed_after=name,
+            **{f"failed_after_{name}_by_code": dict(collections.Counter(key for _, key, _ in after).most_common())},
+            failed_after_examples={key: detail for _, key, detail in reversed(after)},  # the first message of each
+            # a detector's lag right after the end, or failures that go on: the last one tells
+            last_failure_after_s=round(after[-1][0] - at, 1) if after else None,
+        )
+    return out
+
+
+def summarize(log: Log, marks=()) -> dict:
     failed = collections.Counter(f"{e['code']} ({e['step']})" for e in log.episodes if not e["ok"])
     longest = max(log.requests, key=lambda r: r[1], default=(None, 0.0, True))
     examples = {}
@@ -195,6 +255,7 @@ def summarize(log: Log) -> dict:
         "longest_request_s": longest[1],
         "longest_request_step": longest[0],
         "requests_over_20s": sum(1 for r in log.requests if r[1] > 20),
+        **failures_after(log, marks),
     }
 
 
@@ -202,6 +263,7 @@ def _finish(service: Service, result: dict, logs: Path, started: float) -> None:
     left = result.setdefault("leftovers", {})
     left["processes"] = service.stop()
     service.stop_redis()
+    left["packet_rules"] = leftovers.packet_rules(service)
     left["temp_files"] = leftovers.temp_files(service)
     result["leftover_count"] = leftovers.count(left)
     keep = logs / result["scenario"]

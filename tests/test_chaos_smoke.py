@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import docker
+import psutil
+import pytest
 
-from chaos import report
+from chaos import faults, report
 from chaos.service import ROOT, role_of
 
 
@@ -48,6 +50,61 @@ def test_table_names_failures_and_leftovers():
     row = report.table([result]).splitlines()[2]
     assert "| 3/4 | 1 | 0 |" in row and "1x WORKER_LOST (reset)" in row and "21.5 s (reset); 1 > 20 s" in row
     assert "never (service exited)" in row and "1 containers, 2 slots held" in row
+
+
+def test_table_counts_failures_after_the_fault_ends():
+    result = {
+        "scenario": "restart-stack",
+        "fault": "kill -9 whole stack + Redis, relaunch at once",
+        "fault_detail": {"note": "/healthz 4.7 s, /readyz 11.3 s after relaunch"},
+        "episodes": 8,
+        "episodes_ok": 8,
+        "runs_lost": 0,
+        "refused": 0,
+        "failed_by_code": {},
+        "lost_tool_calls": 5,
+        "requests": 80,
+        "longest_request_s": 3.3,
+        "longest_request_step": "write",
+        "request_failures_by_code": {"ConnectError": 21, "WORKERS_DOWN": 2},
+        "failed_after": "healthz",
+        "failed_after_healthz_by_code": {"WORKERS_DOWN (reset)": 2},
+        "last_failure_after_s": 1.5,
+        "recover_s": 12.8,
+        "not_running_after": [],
+        "leftovers": {"packet_rules": ["-A INPUT ..."]},
+    }
+    row = report.table([result]).splitlines()[2]
+    assert "relaunch at once (/healthz 4.7 s, /readyz 11.3 s after relaunch)" in row
+    assert "21x ConnectError, 2x WORKERS_DOWN; after healthz: 2x WORKERS_DOWN (reset) (the last 1.5 s after)" in row
+    assert row.endswith("| 1 packet-filter rules |")
+
+
+def test_partition_drops_one_port_both_ways_on_loopback():
+    rules = faults.partition_rules(41234, "chaos-partition-x")
+    assert [rule[0] for rule in rules] == ["INPUT", "OUTPUT"]
+    assert rules[0][rules[0].index("--dport") + 1] == "41234" and rules[0][rules[0].index("-i") + 1] == "lo"
+    assert rules[1][rules[1].index("--sport") + 1] == "41234" and rules[1][rules[1].index("-o") + 1] == "lo"
+    assert all(rule[-2:] == ["-j", "DROP"] and "chaos-partition-x" in rule for rule in rules)
+
+
+def test_a_fault_is_undone_once_and_none_starts_after_the_end():
+    undo, done = faults.Undo(), []
+    handle = undo.apply(lambda: done.append("stop"), lambda: done.append("cont"))
+    undo.undo(handle)
+    undo.apply(lambda: done.append("drop"), lambda: done.append("accept"))
+    undo.close()  # the scenario's finally: lifts what is still in place, once
+    undo.undo(handle)
+    with pytest.raises(RuntimeError):
+        undo.apply(lambda: done.append("late"), lambda: None)
+    assert done == ["stop", "cont", "drop", "accept"]
+
+
+def test_busy_loops_are_killed_whatever_happens():
+    with pytest.raises(KeyboardInterrupt), faults.busy_loops(2) as pids:
+        assert all(psutil.Process(pid).is_running() for pid in pids)
+        raise KeyboardInterrupt
+    assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
 def test_baseline_scenario_runs_clean(tmp_path):
