@@ -102,6 +102,8 @@ def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
     except (TaskInvalid, TaskError) as exc:
         return [_strip(exc, task_dir)]
     problems = compose_config.unsupported(resolved, task_dir) + compose_config.check_only_problems(resolved, task_dir)
+    client = compose_config.client_problem(resolved, compose_config.BUILD_CLIENT_NAME)  # build_env's client name
+    problems += [client] if client else []
     for name, service in resolved["services"].items():
         if "build" in service:
             problems += _build_problems(name, service["build"], task_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import secrets
 from pathlib import Path
 
 from environments.docker_client import ComposeError, run_compose
@@ -17,7 +18,11 @@ from termpool.config import Settings
 from termpool.failures import TaskInvalid, TaskUnsupported
 from termpool.task_spec import TaskError, compose_file, image_name, name_prefix
 
-CLIENT_SERVICE = "client"
+CLIENT_SERVICE = "client"  # the agent's service when none has the client container name
+CLIENT_NAME_VAR = "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME"
+# The client container name in builds and checks, where no run exists. Random per process, so
+# no task file can name it: the client is the service whose container_name resolved to it.
+BUILD_CLIENT_NAME = "tpclient" + secrets.token_hex(8)
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 # Capabilities that let a container reach past its namespaces (mounts, modules, raw devices,
 # the host clock, reading any host file by handle, LSM policy, BPF programs).
@@ -45,7 +50,7 @@ def compose_env(task_name: str, container: str, run_dir: Path, client_image: str
     """The variables a task's compose file may use (docs/task-format.md)."""
     return {
         "T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME": client_image,
-        "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME": container,
+        CLIENT_NAME_VAR: container,
         "T_BENCH_TASK_DOCKER_NAME_PREFIX": name_prefix(task_name),
         "T_BENCH_TEST_DIR": "/tests",
         "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
@@ -59,8 +64,8 @@ NO_RUN_DIR = Path("/nonexistent/termpool-run")  # the run folder in builds and c
 
 
 def build_env(task_name: str, cfg: Settings) -> dict:
-    """The variables for builds and checks, with a placeholder run folder."""
-    return {**compose_env(task_name, "build", NO_RUN_DIR, client_image(task_name, cfg)), **cfg.proxy_env}
+    """The variables for builds and checks, with placeholders for the run's name and folder."""
+    return {**compose_env(task_name, BUILD_CLIENT_NAME, NO_RUN_DIR, client_image(task_name, cfg)), **cfg.proxy_env}
 
 
 def task_files(task_dir: Path, cfg: Settings) -> list[str]:
@@ -76,18 +81,79 @@ def task_files(task_dir: Path, cfg: Settings) -> list[str]:
 
 def resolve(task_dir: Path, files: list[str], project: str, env: dict, timeout: float) -> dict:
     """The compose model after interpolation and merging; TaskInvalid when compose rejects it."""
+    config = ["-p", project, *files, "config", "--format", "json"]
     try:
-        out = run_compose(["-p", project, *files, "config", "--format", "json"], env, timeout, task_dir)
+        out = run_compose(config, env, timeout, task_dir)
     except ComposeError as exc:
-        raise TaskInvalid(f"{files[1]}: {exc.stderr_tail}", output=exc.stderr_tail) from None
+        shared = _shared_names(config, env, timeout, task_dir) if "already in use by service" in exc.stderr_tail else ""
+        raise TaskInvalid(f"{files[1]}: {shared or exc.stderr_tail}", output=exc.stderr_tail) from None
     resolved = json.loads(out)
     if not resolved.get("services"):
         raise TaskInvalid(f"{files[1]}: the compose file has no services")
     return resolved
 
 
-def client_service(resolved: dict) -> str:
-    return CLIENT_SERVICE if CLIENT_SERVICE in resolved["services"] else next(iter(resolved["services"]))
+def _shared_names(config: list[str], env: dict, timeout: float, task_dir: Path) -> str:
+    """Which services share a container_name, when compose refused the file for it: its own
+    message names only one of them. "" when that cannot be told."""
+    try:
+        services = json.loads(run_compose([*config, "--no-consistency"], env, timeout, task_dir))["services"]
+    except (ComposeError, TimeoutError, ValueError, KeyError):
+        return ""
+    by_name: dict[str, list[str]] = {}
+    for name, svc in services.items():
+        if svc.get("container_name"):
+            by_name.setdefault(svc["container_name"], []).append(name)
+    shared = [(value, names) for value, names in by_name.items() if len(names) > 1]
+    if not shared:
+        return ""
+    value, names = shared[0]
+    if value == env.get(CLIENT_NAME_VAR):
+        return _ambiguous(names)
+    return f"services {_listed(names)} all set container_name {value!r}; a container name is one service's"
+
+
+def _listed(names) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def _ambiguous(names: list[str]) -> str:
+    return (
+        f"services {_listed(names)} all set container_name: ${{{CLIENT_NAME_VAR}}}; "
+        "the agent's container must be exactly one service"
+    )
+
+
+# ---- the agent's service --------------------------------------------------------------------
+def client_candidates(resolved: dict, client_name: str) -> list[str]:
+    """The services that may be the agent's, as terminal-bench finds it: those whose
+    container_name resolved to `client_name` (the value this resolution passed for
+    T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME), else the service named `client`."""
+    services = resolved["services"]
+    named = [name for name, svc in services.items() if svc.get("container_name") == client_name]
+    return named or ([CLIENT_SERVICE] if CLIENT_SERVICE in services else [])
+
+
+def client_problem(resolved: dict, client_name: str) -> str:
+    """Why no single service is the agent's ("" when one is)."""
+    candidates = client_candidates(resolved, client_name)
+    if len(candidates) > 1:
+        return _ambiguous(candidates)
+    if candidates:
+        return ""
+    return (
+        f"no service for the agent's container: none sets container_name: ${{{CLIENT_NAME_VAR}}} "
+        f"and none is named {CLIENT_SERVICE!r} (services: {_listed(resolved['services'])})"
+    )
+
+
+def client_service(resolved: dict, client_name: str, task_dir: Path | None = None) -> str:
+    """The agent's service (client_candidates); TaskInvalid naming the services (and the task's
+    compose file, given its folder) when there is not exactly one."""
+    problem = client_problem(resolved, client_name)
+    if problem:
+        raise TaskInvalid(f"{compose_file(Path(task_dir).resolve())}: {problem}" if task_dir else problem)
+    return client_candidates(resolved, client_name)[0]
 
 
 def service_images(task_name: str, resolved: dict) -> dict:
@@ -128,6 +194,9 @@ def unsupported(resolved: dict, task_dir: Path) -> list[str]:
             for source in _socket_mounts(svc.get("volumes") or [])
         ]
         problems += _build_context_problems(where, svc.get("build"), task_dir)
+    for key, volume in (resolved.get("volumes") or {}).items():
+        if volume.get("external"):  # another run's (or the host's) volume, outside any teardown
+            problems.append(f"volume {key!r} is external: a task may only use its own volumes")
     for key, net in (resolved.get("networks") or {}).items():
         if net.get("external"):
             problems.append(f"network {key!r} is external: a task may only use its own networks")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from docker.utils import parse_bytes, split_command
 
-from environments.compose_config import CLIENT_SERVICE, client_service, service_images
+from environments.compose_config import client_candidates, client_service, service_images
 from termpool.config import Settings
 
 # Keys of a resolved client service that the SDK fast path reproduces exactly.
@@ -120,8 +120,9 @@ def run_override(
 ) -> dict:
     """The compose file termpool layers over the task's for one run (or, without a name, a build);
     `mounts` are termpool's own binds on the client ("src:dst:mode"), `client_entry` more of
-    its keys (entrypoint and command)."""
-    client = client_service(resolved)
+    its keys (entrypoint and command). The client is the agent's service of a model resolved
+    with `name` as the client container name (compose_config.client_service)."""
+    client = client_service(resolved, name) if name else ""
     images = service_images(task_name, resolved)
     services = {}
     for svc_name, svc in resolved["services"].items():
@@ -137,11 +138,12 @@ def run_override(
         if mounts:
             services[client]["volumes"] = list(mounts)
         _run_scoped_names(resolved, services, client, name)
-        override["networks"] = {
-            key: _network(resolved["name"], key, net, labels)
-            for key, net in (resolved.get("networks") or {}).items()
-            if not net.get("external")
-        }
+        for kind in ("networks", "volumes"):
+            override[kind] = {
+                key: _run_scoped(resolved["name"], key, item, labels)
+                for key, item in (resolved.get(kind) or {}).items()
+                if not item.get("external")
+            }
     return override
 
 
@@ -177,18 +179,23 @@ def _run_scoped_names(resolved: dict, services: dict, client: str, project: str)
             }
 
 
-def _network(project: str, key: str, net: dict, labels: dict) -> dict:
-    """Labels on every network of the run; a fixed `name:` becomes the run's own (as above)."""
+def _run_scoped(project: str, key: str, item: dict, labels: dict) -> dict:
+    """Labels on every network and volume of the run, so its teardown and the reconcile sweep
+    find them; a fixed `name:` becomes the run's own (as above): two live runs would otherwise
+    share it, and the first teardown would remove it from under the second."""
     own = f"{project}_{key}"
-    return {"labels": labels} if net.get("name", own) == own else {"labels": labels, "name": own}
+    return {"labels": labels} if item.get("name", own) == own else {"labels": labels, "name": own}
 
 
 # ---- the SDK fast path ----------------------------------------------------------------------
-def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
-    """True when the resolved file is one `client` service that create+start reproduces: no
-    settings beyond DIRECT_SERVICE_KEYS, the default network only, plain bind mounts, and a
-    build of the task folder into the client image."""
-    if set(resolved) - {"name", "networks", "services"} or list(resolved["services"]) != [CLIENT_SERVICE]:
+def direct_eligible(resolved: dict, task_dir: Path, image: str, client_name: str) -> bool:
+    """True when the resolved file is one service, the agent's (compose_config.client_candidates;
+    whatever its name), that create+start reproduces: no settings beyond DIRECT_SERVICE_KEYS,
+    the default network only, plain bind mounts, and a build of the task folder into the client
+    image. `client_name` is the client container name the model was resolved with."""
+    if set(resolved) - {"name", "networks", "services"} or list(resolved["services"]) != client_candidates(
+        resolved, client_name
+    ):
         return False
     networks = resolved.get("networks") or {}
     if (
@@ -197,7 +204,7 @@ def direct_eligible(resolved: dict, task_dir: Path, image: str) -> bool:
         or (networks.get("default") or {}).get("ipam")
     ):
         return False
-    svc = resolved["services"][CLIENT_SERVICE]
+    [svc] = resolved["services"].values()
     build = svc.get("build")
     return (
         not set(svc) - DIRECT_SERVICE_KEYS
@@ -227,9 +234,10 @@ def unescaped(value):
     return _map_strings(value, lambda text: text.replace("$$", "$"))
 
 
-def direct_options(resolved: dict, cfg: Settings, mounts: list[str], max_cpus: float) -> dict:
-    """containers.create() keyword arguments equal to what compose does with run_override."""
-    svc = resolved["services"][CLIENT_SERVICE]
+def direct_options(resolved: dict, client: str, cfg: Settings, mounts: list[str], max_cpus: float) -> dict:
+    """containers.create() keyword arguments equal to what compose does with run_override for
+    the agent's service `client`."""
+    svc = resolved["services"][client]
     svc = {
         **svc,
         **unescaped({k: svc[k] for k in ("command", "entrypoint", "environment", "working_dir", "user") if k in svc}),

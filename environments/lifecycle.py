@@ -1,11 +1,13 @@
 """A run's container set: task images, start, teardown and the reconcile sweep.
 
 Every start first asks compose for the task's resolved file (environments/compose_config.py; once
-per task, environments/compose_cache.py) and refuses what termpool never runs. A file that is one
-plain `client` service is then started straight through the docker SDK (one create+start, no
+per task, environments/compose_cache.py) and refuses what termpool never runs. The agent's
+container is the service terminal-bench would use (compose_config.client_service). A file that
+is that one plain service is then started straight through the docker SDK (one create+start, no
 compose process); any other goes through `docker compose up` with a generated override
 (environments/container_spec.py) that adds termpool's labels, limits and mounts (the tool server's
-socket folder, the session helper read-only) to whatever the task sets.
+socket folder, the session helper read-only) to whatever the task sets. A run's teardown removes
+its containers, networks and volumes (named and anonymous).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import yaml
 from environments import container_spec
 from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
-    CLIENT_SERVICE,
+    BUILD_CLIENT_NAME,
     build_env,
     check_supported,
     client_image,
@@ -91,9 +93,12 @@ def load_compose(task_name: str, task_dir: Path, cfg: Settings, timeout: float) 
     )
 
 
-def is_template(compose: dict, cfg: Settings, task_dir: Path, task_name: str) -> bool:
-    """True when the SDK can start the task's one service without compose."""
-    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg))
+def is_template(
+    compose: dict, cfg: Settings, task_dir: Path, task_name: str, client_name: str = BUILD_CLIENT_NAME
+) -> bool:
+    """True when the SDK can start the task's one service without compose. `client_name` is the
+    client container name `compose` was resolved with: load_compose's unless told otherwise."""
+    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg), client_name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,6 +114,7 @@ def ensure_image(
     """Build (or pull) the task's images once per host; concurrent callers wait for that one:
     build_lock(image) is the host's lock on building that image (Store.build_lock)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
+    client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
     image = client_image(task_name, cfg)
     if cfg.image_source == "pull":
         _pull_if_absent(image, timeout)
@@ -159,7 +165,8 @@ def _pull_if_absent(image: str, timeout: float) -> None:
 
 
 def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float) -> None:
-    build = compose["services"][CLIENT_SERVICE].get("build") or {}
+    [service] = compose["services"].values()  # the fast path's one service
+    build = service.get("build") or {}
     dockerfile = build.get("dockerfile", "Dockerfile")
     deadline = time.monotonic() + timeout
     log = []
@@ -220,12 +227,13 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     deadline = time.monotonic() + timeout  # one time limit for resolving and starting
     resolved = resolve_run(task_dir, task_files(task_dir, cfg), name, run_dir, make_env, timeout)
     check_supported(resolved, task_dir)
+    client = client_service(resolved, name, task_dir)  # `name` is this resolution's client container name
     ctl = make_ctl_dir(cfg, run["run_id"])
     try:
         mounts = [f"{ctl}:{CTL_MOUNT}:rw", helper_mount(ctl)]
-        boot = _boot_server(resolved, task_name)
-        if not force_compose and is_template(resolved, cfg, task_dir, task_name):
-            options = container_spec.direct_options(resolved, cfg, mounts, engine_cpus())
+        boot = _boot_server(resolved, client, task_name)
+        if not force_compose and is_template(resolved, cfg, task_dir, task_name, name):
+            options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
             container = _start_direct(image, {**options, **boot}, labels, name)
             mode = "direct"
         else:
@@ -244,12 +252,11 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user, booted=bool(boot)), container
 
 
-def _boot_server(resolved: dict, task_name: str) -> dict:
+def _boot_server(resolved: dict, client: str, task_name: str) -> dict:
     """The client's entrypoint and command when it runs as root: tp-session boot starts the
     tool server, then becomes the container's own command, exactly as Docker would have run
     it. One docker exec less per start, and the server listens before the task's command
     runs. Empty for another user, whose folders only an exec as root can make."""
-    client = client_service(resolved)
     svc = resolved["services"][client]
     image = service_images(task_name, resolved).get(client) or svc.get("image")
     config = docker_client().api.inspect_image(image).get("Config") or {}
@@ -354,7 +361,9 @@ def _raise_if_failed(containers: list, stderr: str, client: str) -> None:
 
 # ---- teardown -------------------------------------------------------------------------------
 def remove_run_resources(run_id: str, project: str = "") -> int:
-    """Remove every container and network of a run (found by labels); return containers removed."""
+    """Remove every container, network and volume of a run (found by labels); return containers
+    removed. Anonymous volumes (an image's VOLUME, a service's `- /path`) go with their container
+    (`v=True`); named ones carry the run's labels (container_spec.run_override)."""
     client = docker_client()
     removed = 0
     for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True):
@@ -376,7 +385,22 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
                 network.remove()
             except docker.errors.NotFound:
                 pass
+    for flt in filters:
+        for volume in client.volumes.list(filters=flt):
+            _remove_volume(volume)
     return removed
+
+
+def _remove_volume(volume) -> None:
+    try:
+        volume.remove()
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        # In use: by a container of the run another caller is still removing, say. The
+        # reconcile sweep finds it again by its labels once the run is gone.
+        if exc.status_code != 409:
+            raise
 
 
 def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
@@ -392,17 +416,17 @@ def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
 
 
 def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
-    """Remove termpool containers and networks of this host whose run no longer exists."""
+    """Remove termpool containers, networks and volumes of this host whose run no longer exists."""
     client = docker_client()
     orphans = set()
-    for container in client.containers.list(
-        all=True, filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}, ignore_removed=True
-    ):  # one may vanish between list and inspect
+    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
+    for container in client.containers.list(all=True, filters=mine, ignore_removed=True):
+        # ignore_removed: one may vanish between list and inspect
         run_id = container.labels.get(RUN_LABEL, "")
         if not is_live(run_id):
             orphans.add(run_id)
-    for network in client.networks.list(filters={"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}):
-        run_id = network.attrs.get("Labels", {}).get(RUN_LABEL, "")
+    for item in [*client.networks.list(filters=mine), *client.volumes.list(filters=mine)]:
+        run_id = (item.attrs.get("Labels") or {}).get(RUN_LABEL, "")
         if not is_live(run_id):
             orphans.add(run_id)
     for run_id in orphans:

@@ -38,6 +38,10 @@ FAST_PATH = {
     "broken-dockerfile",
     "compose-env",
     "slow-build",
+    "compose-agent-alone",  # one service, the agent's, not named `client`
+    "nginx-sshd-services",
+    "fifo-repl",
+    "tmux-detached",
 }
 
 
@@ -287,7 +291,9 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
     assert seen["direct"] == seen["compose"]
 
 
-@pytest.mark.parametrize("task", ["sidecar-kv", "compose-limits", "compose-healthy-sidecar"])
+@pytest.mark.parametrize(
+    "task", ["sidecar-kv", "compose-limits", "compose-healthy-sidecar", "redis-db-sidecar", "compose-dockerfile-names"]
+)
 def test_other_files_fall_back_to_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
     lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))

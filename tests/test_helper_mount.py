@@ -49,7 +49,7 @@ def images(cfg, redis_server, base_image):
 def unbooted(monkeypatch):
     """Root containers started as before tp-session boot (an older worker's): the server is
     started by an exec."""
-    monkeypatch.setattr(lifecycle, "_boot_server", lambda resolved, task_name: {})
+    monkeypatch.setattr(lifecycle, "_boot_server", lambda resolved, client, task_name: {})
 
 
 def start(cfg, task: str, tmp_path: Path):

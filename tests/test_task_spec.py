@@ -30,6 +30,14 @@ FIXTURE_NAMES = [
     "compose-limits",
     "compose-healthy-sidecar",
     "compose-env",
+    "compose-agent-service",
+    "compose-agent-alone",
+    "compose-volumes",
+    "redis-db-sidecar",
+    "nginx-sshd-services",
+    "compose-dockerfile-names",
+    "fifo-repl",
+    "tmux-detached",
 ]
 
 

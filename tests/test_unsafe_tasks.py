@@ -23,6 +23,7 @@ UNSAFE = {
     "socket-client": CLIENT + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n",
     "sysadmin-sidecar": CLIENT + "  helper:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n"
     '    command: [ "sh", "-c", "sleep infinity" ]\n    cap_add: [ SYS_ADMIN ]\n',
+    "external-volume": CLIENT + "    volumes:\n      - shared:/data\nvolumes:\n  shared:\n    external: true\n",
 }
 
 
@@ -39,7 +40,12 @@ def unsafe_stack(base_image, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "task, word",
-    [("privileged-client", "privileged"), ("socket-client", "Docker socket"), ("sysadmin-sidecar", "SYS_ADMIN")],
+    [
+        ("privileged-client", "privileged"),
+        ("socket-client", "Docker socket"),
+        ("sysadmin-sidecar", "SYS_ADMIN"),
+        ("external-volume", "external"),
+    ],
 )
 def test_unsafe_compose_is_refused(unsafe_stack, docker_client, task, word):
     router = Router(unsafe_stack)
