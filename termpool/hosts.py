@@ -66,8 +66,9 @@ def look(watch: liveness.Watch, seconds: float = HEARTBEAT_SECONDS + 1) -> None:
     time.sleep(seconds)
 
 
-def placement(cfg: Settings, watch: liveness.Watch) -> Placement:
-    """How allocate weighs hosts now (module docstring)."""
+def placement(cfg: Settings, watch: liveness.Watch, runs_per_host: int = 0) -> Placement:
+    """How allocate weighs hosts now (module docstring); runs_per_host > 0 caps the task key's
+    runs on any one host (a task that allows one live run per host: TaskSpec.one_per_host)."""
     snap = watch.snapshot()
     preferred, excluded = [], []
     for host in snap.hosts:
@@ -83,6 +84,7 @@ def placement(cfg: Settings, watch: liveness.Watch) -> Placement:
         default_runs=cfg.max_runs_per_task,
         slack=AFFINITY_SLACK,
         fallback=cfg.host_id,
+        runs_per_host=runs_per_host,
     )
 
 
@@ -110,6 +112,9 @@ def check(store: Store, watch: liveness.Watch, host: str, kinds: tuple) -> tuple
     """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
     A lost host's runs are marked lost on the way (idempotent)."""
     code = unavailable(watch, host, kinds)
+    if code:  # read again before refusing: a worker may have beaten since the watch's last read
+        watch.poll()
+        code = unavailable(watch, host, kinds)
     if not code:
         return "", ""
     error = message(code, host, kinds, watch.silence)

@@ -13,7 +13,8 @@ beats once a second on a Redis client of its own, and judges only by what it saw
   a worker restarted by a deploy or its supervisor beats again well within the limit.
   A Redis outage, restart or partition is nobody's death: the time Redis could not be reached
   does not count, and once it answers again every worker has `silence` seconds to beat;
-* a queue kind of a host is *down* when each of its workers that was seen alive is silent; a
+* a queue kind of a host is *down* when each of its workers that was seen alive is silent and
+  no new one of it has appeared within the limit (a restarted worker has a new name); a
   host is *lost* when every worker of it seen alive is silent, or some kind is down while none
   of its workers beat within `recent` seconds (a whole host that stopped crosses the limit
   kind by kind, up to a heartbeat apart).
@@ -43,6 +44,7 @@ class Seen:
     beat: float  # the last beat read (0: stopped cleanly)
     changed_at: float  # monotonic: when this watch first read that beat
     alive: bool = False  # its beat advanced while watched
+    appeared: bool = False  # new since this watch first read its host: a worker (re)starting
 
 
 @dataclass
@@ -64,16 +66,17 @@ class HostJudgement:
         return "workers_down" if self.down else "starting"
 
 
-def observe(known: dict[str, Seen], nodes: dict[str, tuple[str, float]], now: float) -> dict[str, Seen]:
-    """A host's nodes as read now (node -> (kind, beat)), folded into what was seen before. A
-    node gone from the hash (Redis lost its data, or the host was forgotten) is forgotten too."""
+def observe(known: dict[str, Seen] | None, nodes: dict[str, tuple[str, float]], now: float) -> dict[str, Seen]:
+    """A host's nodes as read now (node -> (kind, beat)), folded into what was seen before
+    (None: the host's first read, whose nodes may be a previous incarnation's). A node gone
+    from the hash (Redis lost its data, or the host was forgotten) is forgotten too."""
     seen = {}
     for node, (kind, beat) in nodes.items():
-        before = known.get(node)
+        before = (known or {}).get(node)
         if before is None:
-            seen[node] = Seen(kind, beat, now)
+            seen[node] = Seen(kind, beat, now, appeared=known is not None)
         elif beat != before.beat:
-            seen[node] = Seen(kind, beat, now, alive=before.alive or beat != 0)  # a live writer
+            seen[node] = Seen(kind, beat, now, alive=before.alive or beat != 0, appeared=before.appeared)
         else:
             seen[node] = before
     return seen
@@ -92,9 +95,12 @@ def judge(seen: dict[str, Seen], now: float, silence: float, contact_since: floa
             out.down.add(node.kind)
         else:
             out.serving.add(node.kind)
-    out.down -= out.serving
+    # A worker that appeared while watched and has beaten once is its kind's replacement
+    # starting (a restart gives a new node name): the kind waits for it, within the limit.
+    starting = {n.kind for n in seen.values() if n.appeared and not n.alive and now - n.changed_at <= silence}
+    out.down -= out.serving | starting
     beating = any(now - node.changed_at < recent for node in watched)
-    out.lost = bool(watched) and (not out.serving or (bool(out.down) and not beating))
+    out.lost = bool(watched) and not starting and (not out.serving or (bool(out.down) and not beating))
     return out
 
 
@@ -117,7 +123,8 @@ class Watch:
         self.silence = silence
         self.recent = recent
         self.period = period
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the state below, read by callers
+        self._polling = threading.Lock()  # one read at a time
         self._seen: dict[str, dict[str, Seen]] = {}
         self._snapshot = Snapshot({}, set(), {})
         self._contact_since: float | None = None  # monotonic; None while Redis is unreachable
@@ -138,20 +145,22 @@ class Watch:
             self._stop.wait(self.period)
 
     def poll(self) -> None:
-        """One read of every host's beats (the thread's step; tests call it directly)."""
-        try:
-            snap = self._read(set(self._seen))
-        except Exception as exc:  # Redis away: nothing is judged until contact is back
-            if self._contact_since is not None:
-                log.warning("liveness watch lost contact with Redis: %s", exc)
-            self._contact_since = None
-            return
-        now = time.monotonic()
-        with self._lock:
-            if self._contact_since is None:
-                self._contact_since = now
-            self._seen = {host: observe(self._seen.get(host, {}), nodes, now) for host, nodes in snap.nodes.items()}
-            self._snapshot = snap
+        """One read of every host's beats: the thread's step, and a caller's about to refuse
+        a call (hosts.check). One at a time, so reads are folded in in the order they were made."""
+        with self._polling:
+            try:
+                snap = self._read(set(self._seen))
+            except Exception as exc:  # Redis away: nothing is judged until contact is back
+                if self._contact_since is not None:
+                    log.warning("liveness watch lost contact with Redis: %s", exc)
+                self._contact_since = None
+                return
+            now = time.monotonic()
+            with self._lock:
+                if self._contact_since is None:
+                    self._contact_since = now
+                self._seen = {host: observe(self._seen.get(host), nodes, now) for host, nodes in snap.nodes.items()}
+                self._snapshot = snap
 
     # ---- what callers ask ---------------------------------------------------------------------
     def judgement(self, host: str) -> HostJudgement:

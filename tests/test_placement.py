@@ -255,3 +255,19 @@ def test_a_whole_host_going_silent_kind_by_kind_is_lost_not_workers_down():
     serving = {**seen, **{f"{k}@h": liveness.Seen(k, 2.0, changed_at=7.0, alive=True) for k in others}}
     judged = liveness.judge(serving, now=8.0, silence=7.0, contact_since=0.0, recent=6.0)
     assert judged.down == {"exec"} and not judged.lost and judged.state(QUEUE_KINDS) == "workers_down"
+
+
+def test_a_restarted_worker_is_its_kind_starting_not_down(store, cfg, watch):
+    """A worker restarted by its supervisor beats under a new node name (its pid is in it): once
+    the old one is silent past the limit, the new one's first beat keeps the kind starting until
+    its second makes it serving; a new node that never beats again is judged after the limit."""
+    see(store, watch, "a")
+    silent_for(watch, cfg.host_silence + 0.5)
+    assert watch.judgement("a").lost
+    store.host_beat("a", "eval-x-2@a", "eval", {"max_tasks": 4, "max_runs_per_task": 5})
+    watch.poll()
+    judged = watch.judgement("a")
+    assert not judged.lost and "eval" not in judged.down and hosts.unavailable(watch, "a", ("eval",)) == ""
+    assert hosts.unavailable(watch, "a", ("exec",)) == "WORKERS_DOWN"
+    silent_for(watch, cfg.host_silence + 0.5)
+    assert watch.judgement("a").lost

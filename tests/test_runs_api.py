@@ -363,6 +363,7 @@ def test_capacity_is_429_like_allocate(stack, router):
 # ---- the API document --------------------------------------------------------------------------
 EXPECTED_PATHS = {
     "/healthz": {"get"},
+    "/readyz": {"get"},
     "/status": {"get"},
     "/allocate": {"post"},
     "/heartbeat": {"post"},
