@@ -416,7 +416,10 @@ Retryable = Annotated[
         "capacity); false for client and task errors."
     ),
 ]
-RunState = Literal["allocated", "starting", "ready", "busy", "evaluating", "evaluated", "closing", "closed", "failed"]
+# "lost": its worker host was lost, or its containers died with the host's last incarnation.
+RunState = Literal[
+    "allocated", "starting", "ready", "busy", "evaluating", "evaluated", "closing", "closed", "failed", "lost"
+]
 JobState = Literal["queued", "running", "succeeded", "failed"]
 
 

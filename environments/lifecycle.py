@@ -415,6 +415,12 @@ def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
     raise TimeoutError(f"container {container_id[:12]} was still being removed after {limit:.0f} s")
 
 
+def running_containers(host: str) -> set[str]:
+    """Names of this host's termpool containers that are running."""
+    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
+    return {c.name for c in docker_client().containers.list(filters=mine, ignore_removed=True)}
+
+
 def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     """Remove termpool containers, networks and volumes of this host whose run no longer exists."""
     client = docker_client()

@@ -27,16 +27,37 @@ def _run_is_live(run_id: str) -> bool:
     return bool(run) and run.get("state") not in ("closed", "lost")
 
 
+STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose containers should run
+LOST_SHOWN_SECONDS = 30.0  # a lost run answers HOST_LOST at least this long before its host closes it
+
+
 @shared_task(name="pool.reconcile", bind=True)
-def reconcile(self, *, host):
-    """Remove this host's leftovers; runs marked lost while it was away are closed first."""
-    settled = store().settle_lost_runs(host)
+def reconcile(self, *, host, at_start=False):
+    """Remove this host's leftovers; runs marked lost while it was away are closed first (once
+    their callers have had LOST_SHOWN_SECONDS of HOST_LOST). At a worker's start, runs whose containers
+    died with the host's previous incarnation become lost."""
+    settled = store().settle_lost_runs(host, older_than=LOST_SHOWN_SECONDS)
     if settled:
         log.warning("host %s is back: closing its %d runs marked lost", host, len(settled))
+    if at_start:
+        _lose_runs_without_containers(host)
     removed = lifecycle.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
     return removed
+
+
+def _lose_runs_without_containers(host: str) -> None:
+    """A crash or reboot took these runs' containers (a restart of only termpool's processes
+    leaves them running, and their runs go on): calls on them answer HOST_LOST from now on."""
+    running = lifecycle.running_containers(host)
+    for run_id in store().live_runs(host):
+        run = store().get_run(run_id) or {}
+        client = (run.get("env") or {}).get("client")
+        if run.get("state") in STARTED_STATES and client and client not in running:
+            error = f"run {run_id} died with its worker host {host}: its container {client} no longer runs"
+            if store().mark_run_lost(run_id, error, STARTED_STATES):
+                log.warning("%s", error)
 
 
 @shared_task(name="pool.reconcile_hosts", bind=True)
@@ -120,7 +141,7 @@ def _on_worker_ready(sender=None, **_):
         daemon=True,
         name="termpool-heartbeat",
     ).start()
-    sender.app.send_task("pool.reconcile", kwargs={"host": host})
+    sender.app.send_task("pool.reconcile", kwargs={"host": host, "at_start": True})
 
 
 @worker_shutdown.connect

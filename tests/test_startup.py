@@ -12,8 +12,8 @@ import pytest
 
 from chaos import leftovers
 from chaos.service import BASE_TASK, Service, scratch_dir
-from termpool.client import Pool, TermpoolError, write_file_call
-from tests.conftest import wait_for
+from termpool.client import HostLost, Pool, TermpoolError, write_file_call
+from tests.conftest import run_containers, wait_for
 
 AT_ONCE = 4
 FRESH_STARTS = 5
@@ -81,21 +81,30 @@ def test_readyz_answers_503_until_a_host_serves(service):
     assert service.client.request("GET", "/readyz").json() == {"ok": True}
 
 
-def test_a_restart_after_kill_9_of_everything_serves_at_once(service):
+def test_a_restart_after_kill_9_of_everything_serves_at_once(service, docker_client):
     """A crash or power loss: kill -9 of every process, Redis too, then the same host id and
-    Redis's append-only file. The old incarnation's records never make the new one look lost,
-    and runs that were live go on (their containers are dockerd's)."""
+    Redis's append-only file. The old incarnation's records never make the new one look lost;
+    runs that were live go on (their containers are dockerd's), and a run whose container died
+    with the old incarnation is lost (HOST_LOST) once the new workers have reconciled."""
     service.start()
     assert not episodes_at_once(service.url)
     with Pool(service.url, timeout=300, job_timeout=300, retries=0) as pool:
         survivor = pool.allocate(BASE_TASK)
         survivor.reset(BASE_TASK, instruction="lives through a restart")
+        doomed = pool.allocate(BASE_TASK)
+        doomed.reset(BASE_TASK, instruction="dies with the host")
+        [container] = run_containers(docker_client, service.store(), doomed.id)
         time.sleep(1.5)  # the append-only file is fsynced every second
         service.kill_everything()
+        container.kill()  # the crash took this run's container too
         service.launch()
         service.wait_healthy()
         failed = episodes_at_once(service.url)
         assert not failed, f"after the restart: {failed}; log {service.log_path}"
         assert "restart-ok" in str(survivor.exec("echo restart-ok", timeout=20))
         assert survivor.close() is True
+        assert wait_for(lambda: pool.run(doomed.id).info()["state"] == "lost", 60)
+        with pytest.raises(HostLost):
+            doomed.exec("echo gone", timeout=20)
+        doomed.close()
     assert wait_for(lambda: ready_line(service), 60)

@@ -109,6 +109,7 @@ from termpool.state.keys import (
 )
 from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
 from termpool.state.runs import (
+    _MARK_RUN_LOST,
     _RELEASE,
     _SET_IF_LIVE,
     _TRANSITION,
@@ -134,6 +135,7 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
     def __init__(self, client: redis.Redis):
         self._r = client
         self._release = client.register_script(_RELEASE)
+        self._mark_run_lost = client.register_script(_MARK_RUN_LOST)
         self._transition = client.register_script(_TRANSITION)
         self._set_if_live = client.register_script(_SET_IF_LIVE)
         self._use_run = client.register_script(_USE_RUN)

@@ -292,14 +292,19 @@ class HostsState:
     def lost_runs(self, host: str) -> list[str]:
         return list(self._r.smembers(keys.host_lost_key(host)))
 
-    def settle_lost_runs(self, host: str) -> list[str]:
-        """The host is back: its lost runs are closed, so its reconcile removes their containers."""
-        runs = self.lost_runs(host)
-        for run_id in runs:
+    def settle_lost_runs(self, host: str, older_than: float = 0.0) -> list[str]:
+        """The host is back: its runs lost more than `older_than` seconds ago are closed, so its
+        reconcile removes their containers (younger ones still answer HOST_LOST meanwhile)."""
+        cutoff = time.time() - older_than
+        settled = []
+        for run_id in self.lost_runs(host):
+            if float(self._r.hget(keys.run_key(run_id), "lost_at") or 0) > cutoff:
+                continue
             if self.transition(run_id, (LOST_STATE,), "closed"):
                 self.mark_closed(run_id)
             self._r.srem(keys.host_lost_key(host), run_id)
-        return runs
+            settled.append(run_id)
+        return settled
 
 
 def _nodes(raw: dict) -> dict[str, tuple[str, float]]:
