@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from termpool import dispatch, hosts, liveness
+from termpool import dispatch, hosts, liveness, task_spec
 from termpool.config import Settings
-from termpool.state import LOST_STATE, NO_FAILURE, Allocation, Store
+from termpool.paths import resolve_task_path
+from termpool.state import LOST_STATE, NO_FAILURE, Allocation, CapacityError, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -44,11 +45,28 @@ class RunClosed(RuntimeError):
 TOOL_STATES = ("ready", "busy", "evaluating", "evaluated")  # states with a started environment
 
 
-def capacity_message(task_key: str, code: str) -> str:
+REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
+
+
+def capacity_message(task_key: str, code: str, one_per_host: tuple = ()) -> str:
+    """The error text of a full pool; one_per_host: why the task allows one live run per host."""
     if code == "WORKERS_DOWN":
         return f"no worker host takes new runs for task {task_key!r}: none is live and not draining"
-    limit = "WORKER_MAX_TASKS" if code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
-    return f"no capacity for task {task_key!r}: {limit} reached"
+    if not one_per_host:
+        limit = "WORKER_MAX_TASKS" if code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
+        return f"no capacity for task {task_key!r}: {limit} reached"
+    why = "; ".join(one_per_host[:REASONS_SHOWN])
+    if len(one_per_host) > REASONS_SHOWN:
+        why += f"; and {len(one_per_host) - REASONS_SHOWN} more"
+    if code == "RUN_SLOTS_EXHAUSTED":
+        return (
+            f"no capacity for task {task_key!r}: it allows one live run per host ({why}); every host "
+            "taking runs holds one already (live, or its teardown still running) or is full"
+        )
+    return (
+        f"no capacity for task {task_key!r}: WORKER_MAX_TASKS reached on every host without one of "
+        f"its runs (it allows one live run per host: {why})"
+    )
 
 
 @dataclass
@@ -75,8 +93,29 @@ class Engine:
     # ---- leases -----------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
         """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
-        preferring one that has the task's images (known by task_path, else the task key)."""
-        return self.store.place(task_key, request_id, task_path or task_key, hosts.placement(self.cfg, self.watch))
+        preferring one that has the task's images (known by task_path, else the task key). A
+        task that allows one live run per host gets a host without one (CapacityError carries
+        the reasons when none is left)."""
+        task = task_path or task_key
+        reasons = self.one_per_host(task)
+        rule = hosts.placement(self.cfg, self.watch, runs_per_host=1 if reasons else 0)
+        try:
+            return self.store.place(task_key, request_id, task, rule)
+        except CapacityError as exc:
+            exc.one_per_host = reasons
+            raise
+
+    def one_per_host(self, task_path: str) -> tuple[str, ...]:
+        """Why the task folder DATASET_DIR/<task_path> allows one live run per host (read from
+        its compose file, cached: termpool/task_spec.py); () for most tasks, and when no task
+        folder has that name (a pool API task key is only a key; routers use the task name)."""
+        try:
+            task_dir = resolve_task_path(self.cfg.dataset_dir, task_path)
+            if not (task_dir / "task.yaml").is_file():
+                return ()
+        except (ValueError, OSError):  # PathError, or a name the file system refuses
+            return ()
+        return task_spec.one_per_host_reasons(task_dir)
 
     def lease(self, run_id: str) -> dict:
         """A live run, marked as used; UnknownLease for unknown or released leases,

@@ -77,7 +77,7 @@ def allocate(body: models.AllocateRequest):
     try:
         lease = engine().allocate(body.task_key, models.text_id(body.request_id))
     except CapacityError as exc:
-        return fail(exc.code, capacity_message(body.task_key, exc.code))
+        return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host))
     return ok(models.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
 
 

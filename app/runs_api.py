@@ -111,7 +111,7 @@ def create_run(body: models.RunRequest):
     try:
         sub = engine().submit(task_key, models.text_id(body.request_id), start, episode)
     except CapacityError as exc:
-        return fail(exc.code, capacity_message(task_key, exc.code))
+        return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host))
     return _submission_reply(sub)
 
 

@@ -9,7 +9,16 @@ from pathlib import Path
 
 from termpool.config import Settings
 from termpool.failures import TaskInvalid
-from termpool.task_spec import COMPOSE_FILE_NAMES, NoGrader, TaskError, compose_file, image_name, load_task, name_prefix
+from termpool.task_spec import (
+    COMPOSE_FILE_NAMES,
+    NoGrader,
+    TaskError,
+    compose_file,
+    image_name,
+    load_task,
+    name_prefix,
+    one_per_host_reasons,
+)
 
 MAX_DEPTH = 3  # dataset/collection/sub-collection/task at most
 CHECK_JOBS = 4  # tasks checked at once
@@ -71,6 +80,8 @@ class TaskReport:
     path: Path
     label: str
     problems: list[str] = field(default_factory=list)
+    # Not problems: why the task allows one live run per host (TaskSpec.one_per_host)
+    one_per_host: list[str] = field(default_factory=list)
 
 
 def _strip(message: str, task_dir: Path) -> str:
@@ -144,6 +155,7 @@ def check_task(task_dir: Path, root: Path, cfg: Settings) -> TaskReport:
     if not (task_dir / "tests").is_dir():
         problems.append("no tests/ folder")
     problems += _compose_problems(task_dir, cfg)
+    report.one_per_host += one_per_host_reasons(task_dir)  # what placement reads: the raw file
     return report
 
 

@@ -115,13 +115,15 @@ def check_command(directory, as_json):
     Dockerfiles exist, and nothing termpool refuses (privileged, the Docker socket, host
     namespaces or devices, dangerous capabilities, builds from outside the task) or cannot
     honour for two runs at once (fixed container or network names, published host ports).
-    Exits 1 when any task has problems.
+    Also lists, apart and not as problems, the tasks that allow one live run per host (a fixed
+    subnet, a static address, a published host port) and why. Exits 1 when any task has problems.
     """
     root = _dataset_dir(directory)
     tasks = _tasks(root)
     with progress(len(tasks), "checking", hidden=as_json or len(tasks) < 50) as bar:
         reports = check_tasks(root, tasks, _cfg(), on_done=lambda _: bar.update(1))
     bad = [r for r in reports if r.problems]
+    single = [r for r in reports if r.one_per_host]
     if as_json:
         emit_json(
             {
@@ -130,14 +132,20 @@ def check_command(directory, as_json):
                 "tasks_with_problems": len(bad),
                 "ok": not bad,
                 "problems": [{"task": r.label, "problem": p} for r in bad for p in r.problems],
+                "one_per_host": [{"task": r.label, "reason": why} for r in single for why in r.one_per_host],
             }
         )
     else:
         if bad:
             table(["TASK", "PROBLEM"], [[r.label, p] for r in bad for p in r.problems], max_width=160)
             click.echo("")
+        if single:
+            rows = [[r.label, why] for r in single for why in r.one_per_host]
+            table(["TASK", "ONE LIVE RUN PER HOST (not a problem)"], rows, max_width=160)
+            click.echo("")
         click.echo(
             f"{len(reports)} tasks checked in {root}: {len(reports) - len(bad)} clean, {len(bad)} with problems."
+            + (f" {len(single)} allow one live run per host." if single else "")
         )
     if bad:
         _fail_tasks()

@@ -245,7 +245,8 @@ def check_supported(resolved: dict, task_dir: Path) -> None:
 def check_only_problems(resolved: dict, task_dir: Path) -> list[str]:
     """What termpool runs but `dataset check` points out: host paths outside the task and run
     folders that a service would see, and what two live runs of a task cannot share (fixed
-    container and network names termpool makes run-specific; a published host port it cannot)."""
+    container and network names termpool makes run-specific; a published host port, which
+    placement keeps to one live run of the task per host but which the rest of the host shares)."""
     problems = []
     inside = (Path(task_dir).resolve(), NO_RUN_DIR)
     for name, svc in resolved["services"].items():
@@ -258,8 +259,8 @@ def check_only_problems(resolved: dict, task_dir: Path) -> list[str]:
         for port in svc.get("ports") or []:
             if isinstance(port, dict) and port.get("published"):
                 problems.append(
-                    f"service {name!r} publishes host port {port['published']}: two runs of the "
-                    "task at once would collide"
+                    f"service {name!r} publishes host port {port['published']}: reachable from outside "
+                    "the host, and taken from every other task and service there"
                 )
     for kind in ("secrets", "configs"):
         for key, item in (resolved.get(kind) or {}).items():

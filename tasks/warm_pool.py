@@ -36,6 +36,7 @@ from termpool.config import settings
 from termpool.paths import resolve_task_path
 from termpool.queues import queue_kind
 from termpool.state import UNAVAILABLE
+from termpool.task_spec import one_per_host_reasons
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,20 @@ def demanded(app, run: dict, host: str, served: bool) -> None:
     app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
 
 
+_NOT_POOLED: set[str] = set()  # tasks this process logged as never pooled (one run per host)
+
+
 def target_size(host: str, task_path: str) -> int:
-    """The size the task's pool on this host should have now (termpool/warm_sizing.py)."""
+    """The size the task's pool on this host should have now (termpool/warm_sizing.py); 0 for a
+    task that allows one live run per host: a spare would hold what its compose file pins (a
+    subnet, an address, a host port) and the run placed there would fail to start."""
     cfg = settings()
+    reasons = _one_per_host(cfg, task_path)
+    if reasons:
+        if task_path not in _NOT_POOLED:
+            _NOT_POOLED.add(task_path)
+            log.info("no warm spares of %s: it allows one live run per host (%s)", task_path, "; ".join(reasons))
+        return 0
     facts = store().warm_facts(host, task_path)
     others = {path: len(entries) for path, entries in store().warm_pools(host).items() if path != task_path and entries}
     limits = warm_sizing.Limits(
@@ -96,6 +108,13 @@ def target_size(host: str, task_path: str) -> int:
     start_s = facts.get("start_s") or warm_sizing.DEFAULT_START_SECONDS
     resets = store().warm_resets(host, task_path, cfg.warm_demand_window)
     return warm_sizing.target(resets, time.time(), cfg.warm_demand_window, start_s, limits)
+
+
+def _one_per_host(cfg, task_path: str) -> tuple[str, ...]:
+    try:
+        return one_per_host_reasons(resolve_task_path(cfg.dataset_dir, task_path))
+    except (ValueError, OSError):  # no such task folder: its start says so
+        return ()
 
 
 def _idle_bytes(facts: dict) -> int:

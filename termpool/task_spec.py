@@ -35,6 +35,9 @@ class TaskSpec:
     parser_name: str = DEFAULT_PARSER
     max_agent_timeout_sec: float = DEFAULT_AGENT_TIMEOUT_SEC
     max_test_timeout_sec: float = DEFAULT_TEST_TIMEOUT_SEC
+    # Why two live runs of the task cannot share one Docker daemon (see one_per_host); empty
+    # for most tasks. Placement then allows one live run of its key per host.
+    one_per_host: tuple[str, ...] = ()
 
     def test_time_limit(self, eval_timeout: float) -> float:
         """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec)."""
@@ -121,6 +124,7 @@ def load_task(task_dir: Path | str) -> TaskSpec:
         parser_name=parser_name.strip(),
         max_agent_timeout_sec=_positive_number(data, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_SEC, source),
         max_test_timeout_sec=_positive_number(data, "max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_SEC, source),
+        one_per_host=_compose_reasons(task_dir),
     )
     # Checked as terminal-bench does, not used: the tests always run in an exec of their own.
     _boolean(data, "run_tests_in_same_shell", False, source)
@@ -129,20 +133,28 @@ def load_task(task_dir: Path | str) -> TaskSpec:
     return spec
 
 
-# load_task_cached's specs by task folder, with the stamp of the task.yaml they were read from.
+# load_task_cached's specs by task folder, with the stamp of the task.yaml and compose file
+# they were read from.
 _SPECS: dict[Path, tuple[tuple, TaskSpec]] = {}
 _SPECS_MAX = 4096
 
 
-def load_task_cached(task_dir: Path | str) -> TaskSpec:
-    """load_task, parsing task.yaml again only when it changed (inode, mtime or size): every
-    reset reads its task, and YAML parsing is most of what a warm reset costs a worker."""
-    task_dir = Path(task_dir)
+def _stamp(path: Path) -> tuple | None:
     try:
-        info = (task_dir / "task.yaml").stat()
+        info = path.stat()
     except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def load_task_cached(task_dir: Path | str) -> TaskSpec:
+    """load_task, parsing task.yaml (and the compose file) again only when one changed (inode,
+    mtime or size): every reset reads its task, and YAML parsing is most of what a warm reset
+    costs a worker."""
+    task_dir = Path(task_dir)
+    stamp = (_stamp(task_dir / "task.yaml"), *(_stamp(task_dir / name) for name in COMPOSE_FILE_NAMES))
+    if stamp[0] is None:
         return load_task(task_dir)  # which says what is wrong
-    stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
     known = _SPECS.get(task_dir)
     if known and known[0] == stamp and (task_dir / "run-tests.sh").is_file():
         return known[1]
@@ -151,6 +163,95 @@ def load_task_cached(task_dir: Path | str) -> TaskSpec:
         _SPECS.clear()
     _SPECS[task_dir] = (stamp, spec)
     return spec
+
+
+# ---- what two live runs of a task cannot share ------------------------------------------
+# termpool makes container, network and volume names run-specific, but an address the compose
+# file pins is the same for every run, and one Docker daemon hands it out once: a second run's
+# `up` fails ("Pool overlaps", "Address already in use", "port is already allocated"). Read
+# from the raw file: the keys' presence is enough, so no interpolation (nor compose) is needed,
+# and the facade may call this.
+IPAM_KEYS = ("subnet", "ip_range", "gateway")
+ADDRESS_KEYS = ("ipv4_address", "ipv6_address")
+
+
+def one_per_host(compose: object) -> tuple[str, ...]:
+    """Why two live runs of a task with this compose file (as written, parsed) cannot share a
+    Docker daemon: fixed subnets, ip ranges or gateways of its networks, static addresses of its
+    services, host ports it publishes. Empty when nothing pins them."""
+    if not isinstance(compose, dict):
+        return ()
+    reasons = []
+    for key, net in _mapping(compose.get("networks")).items():
+        ipam = _mapping(_mapping(net).get("ipam"))
+        for config in ipam.get("config") or []:
+            for field in IPAM_KEYS:
+                if isinstance(config, dict) and config.get(field):
+                    reasons.append(f"fixed {field.replace('_', ' ')} {config[field]} (network {key!r})")
+    for name, svc in _mapping(compose.get("services")).items():
+        svc = _mapping(svc)
+        for attached in _mapping(svc.get("networks")).values():
+            reasons += [
+                f"static address {address} (service {name!r})"
+                for address in (_mapping(attached).get(field) for field in ADDRESS_KEYS)
+                if address
+            ]
+        ports = svc.get("ports")
+        for port in ports if isinstance(ports, list) else []:
+            published = _published(port)
+            if published:
+                reasons.append(f"fixed host port {published} (service {name!r})")
+    return tuple(reasons)
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _published(port: object) -> str:
+    """The host port of one `ports` entry when it is fixed, else "" (Docker picks one).
+    Short syntax [HOST_IP:][HOST_PORT:]CONTAINER_PORT[/PROTOCOL], or the long syntax's mapping."""
+    if isinstance(port, dict):
+        return str(port.get("published") or "")
+    if not isinstance(port, str) or ":" not in port:
+        return ""  # a bare container port (number or string): a random host port
+    host = port.rsplit(":", 1)[0]
+    if "$" in host:
+        return host  # a variable: whatever it holds, shown as written
+    if host.startswith("[") and "]:" not in host:
+        return ""  # [IPv6]:CONTAINER_PORT
+    return host.rsplit(":", 1)[-1]
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """Reads a compose file as compose does in one respect: YAML 1.1's base-60 integers are
+    strings in YAML 1.2, so an unquoted `- 2222:22` stays a port mapping, not 133342."""
+
+
+def _int_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode):
+    return node.value if ":" in node.value else loader.construct_yaml_int(node)
+
+
+_ComposeLoader.add_constructor("tag:yaml.org,2002:int", _int_or_text)
+
+
+def _compose_reasons(task_dir: Path) -> tuple[str, ...]:
+    """one_per_host of the task's compose file; () when it has none or it does not parse (its
+    start says what is wrong)."""
+    try:
+        text = compose_file(task_dir).read_text(encoding="utf-8")
+        return one_per_host(yaml.load(text, Loader=_ComposeLoader))  # a SafeLoader
+    except (TaskError, OSError, ValueError, yaml.YAMLError):
+        return ()
+
+
+def one_per_host_reasons(task_dir: Path | str) -> tuple[str, ...]:
+    """TaskSpec.one_per_host of a task folder, read through load_task_cached; a task whose
+    task.yaml is unusable (its reset fails anyway) is read uncached."""
+    try:
+        return load_task_cached(task_dir).one_per_host
+    except TaskError:
+        return _compose_reasons(Path(task_dir))
 
 
 def compose_file(task_dir: Path | str) -> Path:

@@ -1,8 +1,8 @@
 """One pool over two worker hosts: the stack's own workers on the machine's dockerd (host A)
 and a second host's workers on a second dockerd (host B, tests/second_docker.py), one Redis,
 one facade. Placement spreads runs, each run's containers live on its own host's daemon,
-a host killed with -9 is reported HOST_LOST at once, comes back and cleans up, and a drained
-host takes no runs. The tests run in file order on one module stack."""
+a host killed with -9 is reported HOST_LOST at once, comes back and cleans up, a drained
+host takes no runs, and a task pinning a subnet gets one live run per host. The tests run in file order on one module stack."""
 
 from __future__ import annotations
 
@@ -271,3 +271,50 @@ def test_a_second_beat_stands_by_until_the_first_is_gone(pool):
     pool.kill("beat")
     assert wait_for(lambda: lock_owner()[1:2] == [str(second)], 30), lock_owner()
     pool.procs["beat"] = pool.procs.pop("beat2")  # the stack stops it as its beat
+
+
+# Both daemons run on this machine's one kernel: each NATs what leaves its bridges from their
+# subnets (`-s <subnet> ! -o <its bridge> -j MASQUERADE`), so with one subnet on both, the first
+# daemon's rule catches traffic inside the second's bridge, whose replies then take the first
+# bridge's route. Separate hosts share no rules and no routes; for the test, traffic within the
+# fixture's subnet is not NATed (inserted once both networks exist: Docker inserts its rules first).
+SHARED_KERNEL_RULE = ["POSTROUTING", "-s", "10.231.0.0/24", "-d", "10.231.0.0/24", "-j", "RETURN"]
+
+
+def test_a_task_pinning_a_subnet_runs_once_per_host(pool, router, daemons):
+    """compose-fixed-subnet allows one live run per host (its subnet and static addresses): two
+    runs at once go to both hosts, each its whole episode on its own daemon; a third is a 429
+    that says why."""
+    task = "compose-fixed-subnet"
+    serving = lambda: all(pool.get("/status").json()["pool"]["hosts"][h]["state"] == "serving" for h in daemons)  # noqa: E731
+    assert wait_for(serving, 60), pool.get("/status").json()["pool"]["hosts"]
+    leases = [router.allocate(task) for _ in daemons]
+    nat_rule = False
+    try:
+        assert {host_of(pool, lease) for lease in leases} == set(daemons)
+        reply = pool.post("/allocate", {"task_key": task})
+        assert reply.status_code == 429 and "fixed subnet 10.231.0.0/24" in reply.json()["error"], reply.text
+
+        def started(lease: str) -> None:
+            reply = router.reset(lease, task)
+            assert reply.status_code == 200, reply.text
+            for daemon_host, client in daemons.items():
+                found = run_labels(client, lease, pool)
+                assert len(found) == (3 if daemon_host == host_of(pool, lease) else 0), (lease, daemon_host, found)
+
+        def solved(lease: str) -> float:
+            router.solve(lease, task)
+            reply = router.evaluate(lease)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["score"]
+
+        with ThreadPoolExecutor(len(leases)) as both:
+            list(both.map(started, leases))
+            nat_rule = subprocess.run(["iptables", "-t", "nat", "-I", *SHARED_KERNEL_RULE], check=True) is not None
+            assert list(both.map(solved, leases)) == [1.0] * len(leases)
+    finally:
+        for lease in leases:
+            router.close(lease)
+        if nat_rule:
+            subprocess.run(["iptables", "-t", "nat", "-D", *SHARED_KERNEL_RULE], check=True)
+    assert wait_for(lambda: all(not leftovers(client, host, pool) for host, client in daemons.items()), 90)

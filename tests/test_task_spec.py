@@ -38,6 +38,7 @@ FIXTURE_NAMES = [
     "compose-dockerfile-names",
     "fifo-repl",
     "tmux-detached",
+    "compose-fixed-subnet",
 ]
 
 

@@ -21,9 +21,10 @@ LOST_STATE = "lost"
 
 
 class CapacityError(Exception):
-    def __init__(self, code: str):
+    def __init__(self, code: str, one_per_host: tuple = ()):
         super().__init__(code)
         self.code = code
+        self.one_per_host = one_per_host  # why the task allows one live run per host, when it does
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Placement:
     default_runs: int
     slack: float  # load difference image affinity may outweigh
     fallback: str  # the one candidate when no host is known at all
+    # Runs of this task key a host may hold at most, below its own max_runs_per_task (0: no
+    # cap): a task whose compose file pins addresses allows one (TaskSpec.one_per_host).
+    runs_per_host: int = 0
 
 
 # Placement: every argument is in ARGV (ARGV[1] is the key prefix). The candidates are the
@@ -52,10 +56,12 @@ class Placement:
 # at all (a fresh Redis) the facade's own host id is the one candidate. Among candidates
 # with room for the task key: the least loaded (live runs over its published capacity), unless
 # one within `slack` of that load already holds the task's images (images:<h>), then that one.
+# With a cap on runs per host (ARGV[17] > 0), the key's runs still being torn down on a host
+# (host:<h>:closing) count against it too: they hold what the task pins until they are gone.
 _PLACE = """
 local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local preferred, affinity, def_tasks, def_runs = cjson.decode(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
-local slack, excluded, fallback = tonumber(ARGV[11]), cjson.decode(ARGV[12]), ARGV[13]
+local slack, excluded, fallback, cap = tonumber(ARGV[11]), cjson.decode(ARGV[12]), ARGV[13], tonumber(ARGV[17])
 if req_key ~= '' then
   local existing = redis.call('GET', req_key)
   if existing then
@@ -85,12 +91,18 @@ for _, h in ipairs(candidates) do
   local max_tasks, max_runs = tonumber(info[1]) or def_tasks, tonumber(info[2]) or def_runs
   local keys_key = p .. 'host:' .. h .. ':keys'
   local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
-  local room
-  if n > 0 then
-    room = n < max_runs
-    if not room then code = 'RUN_SLOTS_EXHAUSTED' end
+  local limit, held = max_runs, n
+  if cap > 0 then
+    limit = math.min(max_runs, cap)
+    for _, run in ipairs(redis.call('SMEMBERS', p .. 'host:' .. h .. ':closing')) do
+      if redis.call('HGET', p .. 'run:' .. run, 'task_key') == task_key then held = held + 1 end
+    end
+  end
+  local room = false
+  if held > 0 and held >= limit then
+    code = 'RUN_SLOTS_EXHAUSTED'
   else
-    room = redis.call('HLEN', keys_key) < max_tasks
+    room = n > 0 or redis.call('HLEN', keys_key) < max_tasks
   end
   if room then
     local load = redis.call('ZCARD', p .. 'host:' .. h .. ':live') / math.max(max_tasks * max_runs, 1)
@@ -238,7 +250,8 @@ class HostsState:
         preferred, excluded = json.dumps(rule.preferred), json.dumps(rule.excluded)
         args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, preferred, affinity]
         args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
-        reply = self._place(args=args + [termpool.state.RECENT_RUNS_KEPT, keys.RECORD_TTL])
+        args += [termpool.state.RECENT_RUNS_KEPT, keys.RECORD_TTL, rule.runs_per_host]
+        reply = self._place(args=args)
         if reply[0] == "full":
             raise CapacityError(reply[1])
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
