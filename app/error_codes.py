@@ -36,8 +36,9 @@ RUNS_FACADE_STATUS = {
     "NOT_READY": 503,
     "INTERNAL": 500,
 }
-# Client errors a worker can also end a job with (the run changed under a queued job).
-CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED")
+# Client errors a worker can also end a job with: the run changed under a queued job, or a
+# start found what a one-per-host task pins held by another run of it on its host.
+CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED")
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

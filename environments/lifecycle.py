@@ -50,9 +50,10 @@ from environments.docker_client import (
     termpool_labels,
 )
 from environments.session_helper import CTL_DIR, CTL_SOCKET, boot_entrypoint, helper_mount, is_root, remove_helper_dir
+from termpool import failures
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
-from termpool.task_spec import name_prefix
+from termpool.task_spec import name_prefix, one_per_host_reasons
 
 if TYPE_CHECKING:
     from termpool.state import OwnedLock
@@ -244,12 +245,28 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )
             mode = "compose"
-    except BaseException:
+    except BaseException as exc:
         remove_run_resources(run["run_id"], name)
         remove_ctl_dir(str(ctl))
+        _raise_if_held(exc, task_dir, task_name)
         raise
     user = ((container.attrs or {}).get("Config") or {}).get("User") or ""
     return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user, booted=bool(boot)), container
+
+
+# What Docker says when a pinned subnet, address or host port is taken on this daemon.
+HELD_SIGNS = ("Pool overlaps", "port is already allocated", "address already in use", "Address already in use")
+
+
+def _raise_if_held(exc: BaseException, task_dir: Path, task_name: str) -> None:
+    """A task that allows one live run per host, started where another run of it (allocated
+    under another task key, so placement could not tell) holds what it pins: 429, not a 500."""
+    reasons = one_per_host_reasons(task_dir)
+    if reasons and any(sign in f"{exc} {getattr(exc, 'output', '')}" for sign in HELD_SIGNS):
+        raise failures.HeldOnThisHost(
+            f"task {task_name!r} allows one live run per host ({'; '.join(reasons)}), and another run of it"
+            " holds it on this host; close that run or allocate under the task's own name"
+        ) from exc
 
 
 def _boot_server(resolved: dict, client: str, task_name: str) -> dict:

@@ -86,6 +86,13 @@ class OperationTimeout(Failure):
     code = "TIMEOUT"
 
 
+class HeldOnThisHost(Failure):
+    """A task that allows one live run per host found its subnet, address or port taken by
+    another run of it here (one allocated under another task key): capacity, not a fault."""
+
+    code = "RUN_SLOTS_EXHAUSTED"
+
+
 # Library exception types -> code, in registration order (the first that matches wins).
 _CODES_BY_TYPE: list[tuple[type[BaseException], str]] = []
 

@@ -58,3 +58,22 @@ def test_two_at_once_get_one_lease_and_a_429_that_says_why(stack, router, docker
     assert not docker_client.networks.list(filters={"label": f"termpool.run={lease}"})
     assert TASK not in store.host_status(stack.host_id)["tasks"]
     assert router.solved_episode(docker_client, TASK) == 1.0  # the host is free again
+
+
+def test_another_key_for_the_same_task_gets_a_429_at_reset(stack, router, docker_client):
+    """Keys that name no task folder hide the task from placement until /reset: the second
+    run's start finds the subnet held on this host and answers 429 with the reason, not 500."""
+    store = Store(stack.redis)
+    assert wait_for(lambda: torn_down(store, stack.host_id), 90), "the last episode's teardown did not end"
+    first, second = router.allocate("fixed-key-a"), router.allocate("fixed-key-b")
+    try:
+        assert router.reset(first, TASK).status_code == 200
+        reply = router.reset(second, TASK)
+        assert reply.status_code == 429, reply.text
+        assert reply.json()["code"] == "RUN_SLOTS_EXHAUSTED" and "another run of it" in reply.json()["error"]
+        assert not router.run_containers(docker_client, second)
+        assert not docker_client.networks.list(filters={"label": f"termpool.run={second}"})
+    finally:
+        router.close(second)
+        router.close(first)
+    assert wait_for(lambda: not router.run_containers(docker_client, first), 90)
