@@ -438,6 +438,14 @@ def running_containers(host: str) -> set[str]:
     return {c.name for c in docker_client().containers.list(filters=mine, ignore_removed=True)}
 
 
+def is_running(name: str) -> bool:
+    """The container exists and runs, asked now."""
+    try:
+        return docker_client().containers.get(name).status == "running"
+    except docker.errors.NotFound:
+        return False
+
+
 def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     """Remove termpool containers, networks and volumes of this host whose run no longer exists."""
     client = docker_client()

@@ -54,7 +54,8 @@ def _lose_runs_without_containers(host: str) -> None:
     for run_id in store().live_runs(host):
         run = store().get_run(run_id) or {}
         client = (run.get("env") or {}).get("client")
-        if run.get("state") in STARTED_STATES and client and client not in running:
+        # Asked again one by one: a run started since the listing is ready and running now.
+        if run.get("state") in STARTED_STATES and client and client not in running and not lifecycle.is_running(client):
             error = f"run {run_id} died with its worker host {host}: its container {client} no longer runs"
             if store().mark_run_lost(run_id, error, STARTED_STATES):
                 log.warning("%s", error)

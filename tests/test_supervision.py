@@ -27,6 +27,8 @@ def served(base_image, docker_client):
     s._wait(lambda: s.get("/healthz", timeout=2).ok, "scripts/serve.sh", 300)
     for kind in WORKER_KINDS:
         s.wait_worker(kind, pid=program_pid(s, kind))
+    # serve.sh says when /readyz turns 200; its waiter, a child of supervisord, exits then.
+    s._wait(lambda: "termpool: ready on port" in s.logs("serve"), "serve.sh's ready line", 120)
     yield s
     s.stop()
     for name in leftovers(docker_client, s.host_id):
