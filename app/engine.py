@@ -111,7 +111,7 @@ class Engine:
         folder has that name (a pool API task key is only a key; routers use the task name)."""
         try:
             task_dir = resolve_task_path(self.cfg.dataset_dir, task_path)
-            if not (task_dir / "task.yaml").is_file():
+            if not task_spec.is_task_dir(task_dir):
                 return ()
         except (ValueError, OSError):  # PathError, or a name the file system refuses
             return ()

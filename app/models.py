@@ -34,7 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from termpool.failures import CODES
 from termpool.paths import PathError, resolve_log_dir, resolve_task_path
-from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN
+from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, is_task_dir
 
 # ---- limits -------------------------------------------------------------------------------------
 MAX_BODY_BYTES = 8 << 20  # Flask's MAX_CONTENT_LENGTH: a larger body is answered 413
@@ -249,18 +249,18 @@ class TaskMeta(BaseModel):
     @field_validator("task_path")
     @classmethod
     def _task_folder(cls, value: str | None, info: ValidationInfo) -> str | None:
-        """The task's folder inside DATASET_DIR (it must hold a task.yaml), relative to it."""
+        """The task's folder inside DATASET_DIR (a task folder of either format), relative to it."""
         path = info.data.get("task_name") if value is None else value
         if path is None:  # task_name was refused: that error is the one answered
             return None
         root = _settings(info).dataset_dir
         task_dir = _resolve(path, lambda p: resolve_task_path(root, p))
         try:
-            has_task = (task_dir / "task.yaml").is_file()
+            has_task = is_task_dir(task_dir)
         except OSError as exc:
             raise refuse(f": {exc.strerror or exc}") from None
         if not has_task:
-            raise refuse(f": no task.yaml in {path!r} under DATASET_DIR")
+            raise refuse(f": no task.yaml in {path!r} under DATASET_DIR (nor task.toml and instruction.md)")
         return str(task_dir.relative_to(root))
 
 
@@ -523,6 +523,9 @@ class Run(_Out):
     tool_schemas: list[dict] | None = None
     score: float | None = None
     tests: dict[str, Literal["passed", "failed"]] | None = Field(None, description="Test name -> outcome.")
+    rewards: dict[str, float] | None = Field(
+        None, description="A Harbor task's named rewards (reward.json / reward.txt); score is `reward`."
+    )
     error: str | None = None
     code: Code | None = None
     retryable: Retryable | None = None
@@ -537,7 +540,7 @@ class Job(_Out):
     result: Any = Field(
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
-        "{score, tests}; close: {containers_removed}.",
+        "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}.",
     )
     error: str | None = None
     code: Code | None = None

@@ -130,7 +130,7 @@ def exec_tool(body: models.ExecToolRequest):
     "Run the task's tests and wait for the score.",
     {
         200: ("Done", models.EvaluateReply),
-        500: "Tests timed out (TESTS_TIMEOUT), output unparsable (TESTS_UNPARSABLE), or run not reset",
+        500: "Tests timed out (TESTS_TIMEOUT), output unparsable (TESTS_UNPARSABLE), no reward file (REWARD_MISSING), or run not reset",
         503: UNAVAILABLE,
     },
     models.LeaseRequest,

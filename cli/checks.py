@@ -7,8 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from termpool import task_spec
 from termpool.config import Settings
 from termpool.failures import TaskInvalid
+from termpool.harbor_task import is_harbor_task
 from termpool.task_spec import (
     COMPOSE_FILE_NAMES,
     NoGrader,
@@ -26,7 +28,7 @@ CHECK_TIMEOUT = 60.0  # seconds for one `docker compose config`
 
 
 def is_task_dir(path: Path) -> bool:
-    return (path / "task.yaml").is_file()
+    return task_spec.is_task_dir(path)
 
 
 def _subdirs(path: Path) -> list[Path]:
@@ -99,7 +101,8 @@ def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
     from environments import compose_config
 
     try:
-        compose_file(task_dir)
+        if not is_harbor_task(task_dir):  # a Harbor task's base compose file is termpool's
+            compose_file(task_dir)
     except TaskError:
         return [f"no {' or '.join(COMPOSE_FILE_NAMES)}"]
     try:
@@ -139,6 +142,15 @@ def _build_problems(service: str, build: dict, task_dir: Path) -> list[str]:
 def check_task(task_dir: Path, root: Path, cfg: Settings) -> TaskReport:
     report = TaskReport(task_dir, task_label(task_dir, root))
     problems = report.problems
+    if not (task_dir / "task.yaml").is_file() and is_harbor_task(task_dir):
+        try:
+            load_task(task_dir)
+        except TaskError as exc:
+            problems.append(_strip(exc, task_dir))
+            return report
+        problems += _compose_problems(task_dir, cfg)
+        report.one_per_host += one_per_host_reasons(task_dir)
+        return report
     has_yaml = (task_dir / "task.yaml").is_file()
     has_grader = (task_dir / "run-tests.sh").is_file()
     if not has_yaml:

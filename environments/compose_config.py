@@ -13,10 +13,12 @@ import posixpath
 import secrets
 from pathlib import Path
 
+from environments import harbor_compose
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import Settings
 from termpool.failures import TaskInvalid, TaskUnsupported
-from termpool.task_spec import TaskError, compose_file, image_name, name_prefix
+from termpool.harbor_task import is_harbor_task
+from termpool.task_spec import TaskError, Unsupported, compose_file, image_name, load_task_cached, name_prefix
 
 CLIENT_SERVICE = "client"  # the agent's service when none has the client container name
 CLIENT_NAME_VAR = "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME"
@@ -69,9 +71,16 @@ def build_env(task_name: str, cfg: Settings) -> dict:
 
 
 def task_files(task_dir: Path, cfg: Settings) -> list[str]:
-    """The task's compose file and the operator's COMPOSE_OVERRIDE_PATH, as `-f` arguments."""
+    """The task's compose file and the operator's COMPOSE_OVERRIDE_PATH, as `-f` arguments (a
+    Harbor task's: environments/harbor_compose.py)."""
     try:
-        files = ["-f", str(compose_file(Path(task_dir).resolve()))]
+        if is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file():
+            spec = load_task_cached(task_dir)
+            files = harbor_compose.task_files(task_dir, spec.harbor, build=cfg.image_source != "pull")
+        else:
+            files = ["-f", str(compose_file(Path(task_dir).resolve()))]
+    except Unsupported as exc:
+        raise TaskUnsupported(str(exc)) from None
     except TaskError as exc:
         raise TaskInvalid(str(exc)) from None
     if cfg.compose_override_path:
@@ -151,8 +160,13 @@ def client_service(resolved: dict, client_name: str, task_dir: Path | None = Non
     """The agent's service (client_candidates); TaskInvalid naming the services (and the task's
     compose file, given its folder) when there is not exactly one."""
     problem = client_problem(resolved, client_name)
+    if problem and task_dir:
+        try:
+            problem = f"{compose_file(Path(task_dir).resolve())}: {problem}"
+        except TaskError:  # a Harbor task without a compose file of its own
+            problem = f"{task_dir}: {problem}"
     if problem:
-        raise TaskInvalid(f"{compose_file(Path(task_dir).resolve())}: {problem}" if task_dir else problem)
+        raise TaskInvalid(problem)
     return client_candidates(resolved, client_name)[0]
 
 

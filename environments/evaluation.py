@@ -25,6 +25,7 @@ class Evaluation:
     output: str
     tests: dict
     score: float
+    rewards: dict | None = None  # a Harbor task's named rewards (environments/harbor_verifier.py)
 
 
 def tests_archive(task_dir: Path) -> bytes:

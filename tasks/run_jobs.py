@@ -19,7 +19,7 @@ import docker.errors
 import requests.exceptions
 from celery import chain, shared_task
 
-from environments import artifacts, lifecycle
+from environments import artifacts, harbor_verifier, lifecycle
 from environments.docker_client import KnownContainer, docker_client
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
@@ -28,9 +28,10 @@ from tasks import lost_jobs, warm_pool
 from tasks.runtime import remove_env, store
 from termpool import failures
 from termpool.config import settings
+from termpool.harbor_task import is_harbor_task
 from termpool.paths import resolve_task_path
 from termpool.state import NO_FAILURE, UNREACHABLE
-from termpool.task_spec import TaskError, load_task_cached
+from termpool.task_spec import TaskError, Unsupported, load_task_cached
 
 
 class RunClosed(failures.Failure):
@@ -188,6 +189,8 @@ def _task_dir(run: dict) -> Path:
 def _spec(task_dir: Path):
     try:
         return load_task_cached(task_dir)
+    except Unsupported as exc:
+        raise failures.TaskUnsupported(str(exc)) from exc
     except TaskError as exc:
         raise failures.TaskInvalid(str(exc)) from exc
 
@@ -231,13 +234,16 @@ class _RunSessions:
 @_job(on_failure=_start_failed, retry=True)
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
-    timeouts = _timeouts(run)
+    limit = _timeouts(run).ensure_image
+    harbor = _spec(_task_dir(run)).harbor if is_harbor_task(_task_dir(run)) else None
+    if harbor is not None:  # its build_timeout_sec, within termpool's limit (the facade waits that long)
+        limit = min(limit, harbor.build_timeout_sec)
     cfg = settings()
     image = lifecycle.ensure_image(
         run["task_meta"]["task_name"],
         _task_dir(run),
         cfg,
-        timeouts.ensure_image,
+        limit,
         functools.partial(store().build_lock, cfg.host_id),
     )
     store().mark_image_ready(host, run["task_meta"]["task_path"])
@@ -285,7 +291,9 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         "user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
         "tool_schemas": tool_schemas(settings().expose_kill_tool),
     }
-    if not store().set_state_if_live(run_id, "ready", env=env.to_dict(), score=None, tests=None, **NO_FAILURE, **reply):
+    if not store().set_state_if_live(
+        run_id, "ready", env=env.to_dict(), score=None, tests=None, rewards=None, **NO_FAILURE, **reply
+    ):
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
@@ -345,10 +353,17 @@ def evaluate(self, *, host, run_id, job_id):
     run_path = Path(run["env"]["run_dir"])
     spec = _spec(task_dir)
     store().set_state_if_live(run_id, "evaluating")
-    copy_tests(container, task_dir, spec)
+    if spec.harbor is not None:
+        harbor_verifier.copy_tests(container, task_dir)
+    else:
+        copy_tests(container, task_dir, spec)
     with committed():
         try:
-            result = run_tests(container, spec, _timeouts(run).eval)
+            if spec.harbor is not None:
+                # /logs/verifier is the run's sessions/ folder (environments/harbor_compose.py)
+                result = harbor_verifier.run_tests(container, spec, _timeouts(run).eval, run_path / "sessions")
+            else:
+                result = run_tests(container, spec, _timeouts(run).eval)
         except Exception as exc:
             if isinstance(exc, failures.Failure) and exc.output:
                 artifacts.write_test_output(run_path, exc.output)
@@ -358,12 +373,12 @@ def evaluate(self, *, host, run_id, job_id):
             )
             raise
     artifacts.write_test_output(run_path, result.output)
-    artifacts.write_results(
-        run_path,
-        {"run_id": run_id, "task_name": run["task_meta"]["task_name"], "score": result.score, "tests": result.tests},
-    )
-    store().set_state_if_live(run_id, "evaluated", score=result.score, tests=result.tests, **NO_FAILURE)
-    return {"score": result.score, "tests": result.tests}
+    outcome = {"score": result.score, "tests": result.tests}
+    if result.rewards is not None:
+        outcome["rewards"] = result.rewards  # every named reward of a Harbor task
+    artifacts.write_results(run_path, {"run_id": run_id, "task_name": run["task_meta"]["task_name"], **outcome})
+    store().set_state_if_live(run_id, "evaluated", **outcome, **NO_FAILURE)
+    return outcome
 
 
 # ---- teardown and maintenance ---------------------------------------------------------------

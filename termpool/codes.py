@@ -42,6 +42,7 @@ CODES: dict[str, Code] = {
         Code("TASK_UNSUPPORTED", "task", False, "the task's files ask for something termpool refuses"),
         Code("TESTS_TIMEOUT", "task", False, "the task's tests did not finish within their time limit"),
         Code("TESTS_UNPARSABLE", "task", False, "the task's test output could not be parsed"),
+        Code("REWARD_MISSING", "task", False, "a Harbor task's verifier wrote no usable reward file"),
         # infrastructure errors: retry the episode
         Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
         Code("DOCKER_ERROR", "infrastructure", True, "the Docker engine answered with a server error"),

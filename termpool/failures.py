@@ -74,6 +74,10 @@ class TestsUnparsable(Failure):
     code = "TESTS_UNPARSABLE"
 
 
+class RewardMissing(Failure):
+    code = "REWARD_MISSING"
+
+
 class DockerError(Failure):
     code = "DOCKER_ERROR"
 

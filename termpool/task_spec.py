@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from termpool.harbor_task import HarborConfig, HarborTaskError, HarborUnsupported, is_harbor_task, load_harbor
+
 DEFAULT_PARSER = "pytest"
 DEFAULT_AGENT_TIMEOUT_SEC = 360.0
 DEFAULT_TEST_TIMEOUT_SEC = 60.0
@@ -22,6 +24,16 @@ class TaskError(ValueError):
 
 class NoGrader(TaskError):
     """The task directory has no run-tests.sh."""
+
+
+class Unsupported(TaskError):
+    """The task asks for something termpool does not do (TASK_UNSUPPORTED, not TASK_INVALID)."""
+
+
+def is_task_dir(path: Path | str) -> bool:
+    """A task folder of either format: task.yaml (terminal-bench), or task.toml and
+    instruction.md (Harbor)."""
+    return (Path(path) / "task.yaml").is_file() or is_harbor_task(path)
 
 
 @dataclass(frozen=True)
@@ -38,9 +50,13 @@ class TaskSpec:
     # Why two live runs of the task cannot share one Docker daemon (see one_per_host); empty
     # for most tasks. Placement then allows one live run of its key per host.
     one_per_host: tuple[str, ...] = ()
+    harbor: HarborConfig | None = None  # set for a task in Harbor's format (termpool/harbor_task.py)
 
     def test_time_limit(self, eval_timeout: float) -> float:
-        """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec)."""
+        """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec), or for a
+        Harbor task min(eval timeout, its verifier.timeout_sec)."""
+        if self.harbor is not None:
+            return min(float(eval_timeout), self.harbor.verifier_timeout_sec)
         return min(float(eval_timeout), TEST_TIMEOUT_FACTOR * self.max_test_timeout_sec)
 
 
@@ -96,8 +112,10 @@ def load_task(task_dir: Path | str) -> TaskSpec:
     if not task_dir.is_dir():
         raise TaskError(f"task directory {task_dir} does not exist")
     source = task_dir / "task.yaml"
+    if not source.is_file() and is_harbor_task(task_dir):
+        return _load_harbor(task_dir)
     if not source.is_file():
-        raise TaskError(f"{task_dir}: no task.yaml")
+        raise TaskError(f"{task_dir}: no task.yaml (nor task.toml and instruction.md)")
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -133,10 +151,37 @@ def load_task(task_dir: Path | str) -> TaskSpec:
     return spec
 
 
+def _load_harbor(task_dir: Path) -> TaskSpec:
+    try:
+        instruction, timeouts, config = load_harbor(task_dir)
+    except HarborUnsupported as exc:
+        raise Unsupported(str(exc)) from None
+    except HarborTaskError as exc:
+        raise TaskError(str(exc)) from None
+    return TaskSpec(
+        path=task_dir,
+        name=task_dir.name,
+        instruction=instruction,
+        parser_name="harbor-reward",
+        max_test_timeout_sec=config.verifier_timeout_sec,
+        one_per_host=_compose_reasons(task_dir),
+        harbor=config,
+        **timeouts,
+    )
+
+
 # load_task_cached's specs by task folder, with the stamp of the task.yaml and compose file
 # they were read from.
 _SPECS: dict[Path, tuple[tuple, TaskSpec]] = {}
 _SPECS_MAX = 4096
+HARBOR_STAMPED = (
+    "task.toml",
+    "instruction.md",
+    "environment/docker-compose.yaml",
+    "environment/docker-compose.yml",
+    "environment/Dockerfile",
+    "steps",
+)
 
 
 def _stamp(path: Path) -> tuple | None:
@@ -152,11 +197,14 @@ def load_task_cached(task_dir: Path | str) -> TaskSpec:
     mtime or size): every reset reads its task, and YAML parsing is most of what a warm reset
     costs a worker."""
     task_dir = Path(task_dir)
-    stamp = (_stamp(task_dir / "task.yaml"), *(_stamp(task_dir / name) for name in COMPOSE_FILE_NAMES))
+    harbor = not (task_dir / "task.yaml").is_file() and is_harbor_task(task_dir)
+    files = HARBOR_STAMPED if harbor else ("task.yaml", *COMPOSE_FILE_NAMES)
+    stamp = tuple(_stamp(task_dir / name) for name in files)
     if stamp[0] is None:
         return load_task(task_dir)  # which says what is wrong
     known = _SPECS.get(task_dir)
-    if known and known[0] == stamp and (task_dir / "run-tests.sh").is_file():
+    grader = "tests/test.sh" if harbor else "run-tests.sh"
+    if known and known[0] == stamp and (task_dir / grader).is_file():
         return known[1]
     spec = load_task(task_dir)
     if len(_SPECS) >= _SPECS_MAX:
@@ -255,8 +303,11 @@ def one_per_host_reasons(task_dir: Path | str) -> tuple[str, ...]:
 
 
 def compose_file(task_dir: Path | str) -> Path:
-    """The task's docker-compose.yaml (or .yml); TaskError when there is none."""
+    """The task's docker-compose.yaml (or .yml; a Harbor task's in environment/); TaskError when
+    there is none."""
     task_dir = Path(task_dir)
+    if not (task_dir / "task.yaml").is_file() and is_harbor_task(task_dir):
+        task_dir = task_dir / "environment"
     for name in COMPOSE_FILE_NAMES:
         candidate = task_dir / name
         if candidate.is_file():

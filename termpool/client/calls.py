@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from termpool.client.errors import TermpoolError
 
@@ -31,8 +31,9 @@ def task_meta(task: str, task_path: str | None = None, instruction: str | None =
 # ---- results --------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
-    score: float  # the fraction of the task's tests that passed
+    score: float  # the fraction of the task's tests that passed (a Harbor task: its reward)
     tests: dict  # test name -> "passed" / "failed"
+    rewards: dict = field(default_factory=dict)  # a Harbor task's named rewards
 
 
 @dataclass

@@ -136,6 +136,10 @@ class TestsUnparsable(TaskError):
     code = "TESTS_UNPARSABLE"  # noqa: E701
 
 
+class RewardMissing(TaskError):
+    code = "REWARD_MISSING"  # noqa: E701
+
+
 class BackendUnavailable(InfrastructureError):
     code = "BACKEND_UNAVAILABLE"  # noqa: E701
 

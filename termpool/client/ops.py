@@ -191,7 +191,11 @@ class _RunOps(_SessionOps):
         """Run the task's tests: an Evaluation (score, per-test results)."""
         reply = yield from self._call("POST", f"/v1/runs/{self.id}/evaluation")
         result = (yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout))["result"] or {}
-        return Evaluation(score=float(result.get("score") or 0.0), tests=result.get("tests") or {})
+        return Evaluation(
+            score=float(result.get("score") or 0.0),
+            tests=result.get("tests") or {},
+            rewards=result.get("rewards") or {},
+        )
 
     def wait_ready(self) -> Op:
         """Wait for the start job (after Pool.start(wait=False)); raises its error if it failed."""

@@ -12,6 +12,7 @@ JSON_FIELDS = (
     "task_timeouts",
     "tool_schemas",
     "tests",
+    "rewards",
     "env",
     "script",
     "result",
