@@ -67,7 +67,8 @@ def test_bench_quick_run(tmp_path):
     for level, figures in floor["levels"].items():
         assert figures["errors"] == 0 and figures["episodes"] >= 32, (level, figures)
         cpu = figures["cpu_s_per_episode"]
-        assert cpu["facade"] > 0 and cpu["worker"] > 0 and cpu["stack"] >= cpu["facade"] + cpu["worker"], cpu
+        # Each figure is rounded to 4 decimals on its own: their sum may pass the rounded total by 1e-4.
+        assert cpu["facade"] > 0 and cpu["worker"] > 0 and cpu["stack"] >= cpu["facade"] + cpu["worker"] - 1e-4, cpu
         assert set(figures["p50_ms"]) == {
             "allocate",
             "reset",
