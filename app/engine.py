@@ -14,7 +14,7 @@ from celery import Celery
 from termpool import dispatch, hosts, liveness, task_spec
 from termpool.config import Settings
 from termpool.paths import resolve_task_path
-from termpool.state import LOST_STATE, NO_FAILURE, Allocation, CapacityError, Store
+from termpool.state import LOST_STATE, NO_FAILURE, STARTED_STATES, Allocation, CapacityError, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -40,9 +40,6 @@ class NotReady(RuntimeError):
 
 class RunClosed(RuntimeError):
     """The run has been released; it takes no more operations (runs API)."""
-
-
-TOOL_STATES = ("ready", "busy", "evaluating", "evaluated")  # states with a started environment
 
 
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
@@ -268,7 +265,7 @@ class Engine:
         )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
-    def live_run(self, run_id: str, allowed: tuple = TOOL_STATES) -> dict:
+    def live_run(self, run_id: str, allowed: tuple = STARTED_STATES) -> dict:
         """A run that can take an operation now, marked as used.
 
         UnknownLease when there is no such run, RunClosed once released, NotReady in any

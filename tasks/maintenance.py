@@ -15,7 +15,7 @@ from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
 from termpool.queues import queue_kind
-from termpool.state import Store
+from termpool.state import STARTED_STATES, Store
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,6 @@ def _run_is_live(run_id: str) -> bool:
     return bool(run) and run.get("state") not in ("closed", "lost")
 
 
-STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose containers should run
 LOST_SHOWN_SECONDS = 30.0  # a lost run answers HOST_LOST at least this long before its host closes it
 
 

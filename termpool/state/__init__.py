@@ -115,6 +115,7 @@ from termpool.state.runs import (
     _TRANSITION,
     _USE_RUN,
     NO_FAILURE,
+    STARTED_STATES,
     RunsState,
     UnknownRun,
     new_run_id,
@@ -207,6 +208,7 @@ __all__ = [
     "INT_FIELDS",
     # the families
     "NO_FAILURE",
+    "STARTED_STATES",
     "UnknownRun",
     "new_run_id",
     "HOST_FORGET_SECONDS",

@@ -12,6 +12,7 @@ from termpool import failures
 from termpool.state import keys
 from termpool.state.codec import _decode, _encode
 
+STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose environment is started
 NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
 
 
