@@ -19,12 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import fcntl
+
 import docker
 
 # Addresses for the bridge and the networks of the second daemon, away from Docker's defaults
 # (172.17-31.x, 192.168.x) the first one uses.
 BRIDGE_CIDR = "10.213.0.1/24"
 ADDRESS_POOL = "base=10.214.0.0/16,size=24"
+# Those addresses are fixed, so two second daemons (two test runs side by side) take turns.
+LOCK_PATH = "/run/termpool-second-docker.lock"
 
 
 class SecondDocker:
@@ -36,6 +40,7 @@ class SecondDocker:
         self.host = "unix://" + self.socket
         self.pidfile = self.root / "dockerd.pid"
         self.proc: subprocess.Popen | None = None
+        self._lock = None
 
     def argv(self) -> list[str]:
         return [
@@ -61,6 +66,8 @@ class SecondDocker:
         ]
 
     def start(self, timeout: float = 90) -> SecondDocker:
+        self._lock = open(LOCK_PATH, "w")  # noqa: SIM115 (held until stop)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", BRIDGE_CIDR, "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
@@ -111,6 +118,9 @@ class SecondDocker:
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         _remove_tree(self.root)
         Path(self.socket).unlink(missing_ok=True)
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
 
 def _remove_tree(root: Path) -> None:
