@@ -51,6 +51,9 @@ class TaskSpec:
     # for most tasks. Placement then allows one live run of its key per host.
     one_per_host: tuple[str, ...] = ()
     harbor: HarborConfig | None = None  # set for a task in Harbor's format (termpool/harbor_task.py)
+    # The task's own disk request in MB (Harbor's environment.storage_mb), None when it names none.
+    # A run's disk limit is the lower of it and the CONTAINER_DISK_LIMIT setting.
+    disk_limit_mb: int | None = None
 
     def test_time_limit(self, eval_timeout: float) -> float:
         """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec), or for a
