@@ -10,6 +10,7 @@ fixture) and bench/hosts.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -18,8 +19,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-
-import fcntl
 
 import docker
 
