@@ -13,7 +13,9 @@ worker_class = "gthread"
 workers = _cfg.web_workers
 threads = _cfg.web_threads  # each blocking /reset or /evaluate holds one thread
 loglevel = _cfg.log_level.lower()
-accesslog = "-"
+# Off by default: a line per request is CPU on the per-call path, and /metrics counts every
+# request with its latency by route and status already.
+accesslog = "-" if _cfg.access_log else None
 graceful_timeout = 30
 # Idle keep-alive connections stay open longer than clients keep them (httpx: 5 s, requests:
 # until reused): gunicorn's default of 2 s closes them under a client that is about to send

@@ -153,6 +153,7 @@ class Settings:
     web_threads: int
     web_nice: int  # the facade's scheduling priority (nice value; negative: ahead of the workers)
     log_level: str
+    access_log: bool  # one line per HTTP request on the facade's stdout
     dataset_sources: dict
     host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
 
@@ -237,6 +238,7 @@ def load_settings(env=None) -> Settings:
         web_threads=_int(env, "WEB_THREADS", 256),
         web_nice=_nice(env, "WEB_NICE", -5),
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
+        access_log=_bool(env, "ACCESS_LOG"),
         dataset_sources=_dataset_sources(env),
         host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),
     )

@@ -62,18 +62,21 @@ return 1
 
 
 # A live run's record, marked as used; with ARGV[4] == 'busy' also marked busy when it was
-# ready (a tool call begins). The record is returned as it was.
+# ready (a tool call begins). The record is returned as it was. Every tool call runs this
+# twice (facade and worker), so it reads the record once and writes it once.
 _USE_RUN = """
 local run_key, now = KEYS[1], ARGV[2]
-local state = redis.call('HGET', run_key, 'state')
-if not state or state == 'closing' or state == 'closed' then return false end
-redis.call('HSET', run_key, 'last_used_at', now)
-local host = redis.call('HGET', run_key, 'host')
-if host then redis.call('ZADD', ARGV[1] .. 'host:' .. host .. ':live', 'XX', now, ARGV[3]) end
 local record = redis.call('HGETALL', run_key)
+local fields = {}
+for i = 1, #record, 2 do fields[record[i]] = record[i + 1] end
+local state = fields['state']
+if not state or state == 'closing' or state == 'closed' then return false end
 if ARGV[4] == 'busy' and (state == 'ready' or state == 'evaluated') then
-  redis.call('HSET', run_key, 'state', 'busy')
+  redis.call('HSET', run_key, 'last_used_at', now, 'state', 'busy')
+else
+  redis.call('HSET', run_key, 'last_used_at', now)
 end
+if fields['host'] then redis.call('ZADD', ARGV[1] .. 'host:' .. fields['host'] .. ':live', 'XX', now, ARGV[3]) end
 return record
 """
 
