@@ -250,7 +250,12 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
         orc.check(client)
     except orc.ServiceError as exc:
         raise Fatal(str(exc)) from None
-    opts = orc.OracleSettings(dataset_root=cfg.dataset_dir, timeout=timeout, solution_timeout=solution_timeout)
+    opts = orc.OracleSettings(
+        dataset_root=cfg.dataset_dir,
+        timeout=timeout,
+        solution_timeout=solution_timeout,
+        env_allowlist=cfg.harbor_env_allowlist,
+    )
     timeouts = cfg.timeouts
     opts.default_budget = timeouts.ensure_image + timeouts.reset_session + timeouts.eval + timeouts.close_session
 

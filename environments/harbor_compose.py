@@ -30,7 +30,10 @@ BASE_DIR = Path(tempfile.gettempdir()) / "termpool-harbor"
 def base_compose(task_dir: Path, config: HarborConfig, build: bool) -> dict:
     """The base file's model; `build` False in pull mode (the image comes from the registry)."""
     main = {
-        "image": "${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}",
+        # In pull mode the task's docker_image is the agent's image (compose_config.client_image)
+        "image": config.docker_image
+        if config.docker_image and not build
+        else "${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}",
         "container_name": "${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}",
         "command": ["sh", "-c", "sleep infinity"],
         "volumes": [

@@ -99,7 +99,7 @@ def is_template(
 ) -> bool:
     """True when the SDK can start the task's one service without compose. `client_name` is the
     client container name `compose` was resolved with: load_compose's unless told otherwise."""
-    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg), client_name)
+    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg, task_dir), client_name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,7 +116,7 @@ def ensure_image(
     build_lock(image) is the host's lock on building that image (Store.build_lock)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
-    image = client_image(task_name, cfg)
+    image = client_image(task_name, cfg, task_dir)
     if cfg.image_source == "pull":
         _pull_if_absent(image, timeout)
         return image
@@ -139,7 +139,7 @@ def ensure_image(
 def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
     """Every image a compose build produces (client first), as compose resolved their names."""
     generated = service_images(task_name, compose)
-    images = [client_image(task_name, cfg)]
+    images = [client_image(task_name, cfg)]  # build mode: task_dir changes nothing
     images += [
         generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
     ]
@@ -219,7 +219,7 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     task_name = run["task_meta"]["task_name"]
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
-    image = client_image(task_name, cfg)
+    image = client_image(task_name, cfg, task_dir)
 
     def make_env(project: str, folder: Path) -> dict:
         return {**compose_env(task_name, project, folder, image), **cfg.proxy_env}
