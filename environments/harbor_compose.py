@@ -40,10 +40,16 @@ def base_compose(task_dir: Path, config: HarborConfig, build: bool) -> dict:
             f"${{T_BENCH_TASK_LOGS_PATH}}:{VERIFIER_DIR}",
             f"${{T_BENCH_TASK_AGENT_LOGS_PATH}}:{AGENT_DIR}",
         ],
-        # Harbor always sets both (defaults 1 CPU, 2048 MB); container_spec.limits then lets
-        # the lower memory limit win and keeps the task's cpus.
-        "deploy": {"resources": {"limits": {"cpus": f"{config.cpus:g}", "memory": f"{config.memory_mb}M"}}},
     }
+    # Harbor always sets both (defaults 1 CPU, 2048 MB); container_spec.limits then lets the
+    # lower memory limit win and keeps the task's cpus. As service keys the one service a
+    # Dockerfile task has starts without compose (and so may be warm-pooled); under deploy when
+    # the task's own file may set deploy limits of `main` too (compose refuses the two forms
+    # with different values).
+    if config.has_compose:
+        main["deploy"] = {"resources": {"limits": {"cpus": f"{config.cpus:g}", "memory": f"{config.memory_mb}M"}}}
+    else:
+        main.update(cpus=config.cpus, mem_limit=f"{config.memory_mb}M")
     if build:
         main["build"] = {"context": str((Path(task_dir) / ENVIRONMENT_DIR).resolve())}
     if not config.allow_internet:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker.errors
+import requests
+import urllib3
 import yaml
 
 from environments import container_spec
@@ -53,6 +55,7 @@ from environments.session_helper import CTL_DIR, CTL_SOCKET, boot_entrypoint, he
 from termpool import failures
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
+from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_task
 from termpool.task_spec import name_prefix, one_per_host_reasons
 
 if TYPE_CHECKING:
@@ -99,7 +102,15 @@ def is_template(
 ) -> bool:
     """True when the SDK can start the task's one service without compose. `client_name` is the
     client container name `compose` was resolved with: load_compose's unless told otherwise."""
-    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg, task_dir), client_name)
+    return container_spec.direct_eligible(
+        compose, build_context(task_dir), client_image(task_name, cfg, task_dir), client_name
+    )
+
+
+def build_context(task_dir: Path) -> Path:
+    """The folder the agent's image is built from: the task folder, a Harbor task's environment/."""
+    harbor = is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file()
+    return Path(task_dir) / ENVIRONMENT_DIR if harbor else Path(task_dir)
 
 
 @functools.lru_cache(maxsize=1)
@@ -172,7 +183,7 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
     deadline = time.monotonic() + timeout
     log = []
     stream = docker_client().api.build(
-        path=str(task_dir),
+        path=str(build_context(task_dir)),
         dockerfile=dockerfile,
         tag=image,
         rm=True,
@@ -181,16 +192,20 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
         decode=True,
         timeout=timeout,
     )
-    for chunk in stream:
-        log.append(chunk.get("stream") or chunk.get("status") or "")
-        if "error" in chunk:
-            tail = "".join(log)[-MAX_OUTPUT:]
-            raise TaskBuildFailed(
-                f"building {image} from {Path(task_dir) / dockerfile} failed: {chunk['error'].strip()}\n{tail}",
-                output=tail,
-            )
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
+    try:
+        for chunk in stream:
+            log.append(chunk.get("stream") or chunk.get("status") or "")
+            if "error" in chunk:
+                tail = "".join(log)[-MAX_OUTPUT:]
+                where = build_context(task_dir) / dockerfile
+                raise TaskBuildFailed(
+                    f"building {image} from {where} failed: {chunk['error'].strip()}\n{tail}", output=tail
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
+    except (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout):
+        # A build step silent for the whole limit (the stream's read timeout is the limit).
+        raise TimeoutError(f"building {image} did not finish within {timeout:g} s") from None
 
 
 def _build_with_compose(

@@ -16,7 +16,7 @@ from termpool.client import task_meta
 from termpool.failures import RewardMissing
 from termpool.failures import TestsUnparsable as Unparsable
 from termpool.harbor_task import HarborTaskError, resolve_env
-from termpool.state import Store
+from termpool.state import Store, warm_key
 from termpool.task_spec import TaskError, Unsupported, is_task_dir, load_task
 from tests.conftest import private_stack, run_containers, wait_for
 
@@ -174,7 +174,8 @@ def test_dockerfile_task_with_limits_and_hidden_tests(hstack, docker_client):
     [main] = run_containers(docker_client, Store(hstack.redis), lease)
     assert main.attrs["HostConfig"]["Memory"] == 512 * 1024**2  # task.toml's 512 MB < CONTAINER_MEMORY_LIMIT
     assert main.attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
-    assert main.labels.get("com.docker.compose.service") == "main"
+    # One service built from environment/: started without compose, as an original one-service task
+    assert Store(hstack.redis).get_run(lease)["env"]["mode"] == "direct"
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 0.0
     _solve(hstack, lease, "harbor-hello")
@@ -298,3 +299,29 @@ def test_oracle_over_a_mixed_dataset(hstack, tmp_path, monkeypatch):
         "harbor/harbor-env": 1.0,
         "harbor/harbor-partial": pytest.approx(2 / 3),
     }
+
+
+def test_warm_spares_of_a_dockerfile_task(hstack, docker_client):
+    """A Harbor task with only a Dockerfile is pooled like an original one-service task: a
+    reset asks for a spare, the next reset takes it, and the run on it is a whole episode
+    (limits, hidden tests, the reward file among the run's artifacts). A compose task is not."""
+    first, _ = _reset(hstack, "harbor-hello")
+    key = warm_key(hstack.host_id, "harbor/harbor-hello")
+    assert wait_for(lambda: hstack.redis.llen(key) >= 1, 90), "a reset left no spare"
+    lease, _ = _reset(hstack, "harbor-hello")
+    env = Store(hstack.redis).get_run(lease)["env"]
+    assert env["warm_id"] and env["mode"] == "direct", env
+    [main] = run_containers(docker_client, Store(hstack.redis), lease)
+    assert main.labels["termpool.run"] == env["warm_id"]
+    assert (main.attrs["HostConfig"]["Memory"], main.attrs["HostConfig"]["NanoCpus"]) == (512 * 1024**2, 10**9)
+    assert _sh(hstack, lease, "ls /tests 2>&1").count("No such file") == 1
+    _solve(hstack, lease, "harbor-hello")
+    reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    assert (_run_dir(hstack, lease) / "sessions" / "reward.txt").read_text().strip() == "1"
+    for done in (first, lease):
+        _close(hstack, docker_client, done)
+    sidecar, _ = _reset(hstack, "harbor-compose-sidecar")
+    time.sleep(5)  # a refill would have been sent with the reset
+    assert hstack.redis.llen(warm_key(hstack.host_id, "harbor/harbor-compose-sidecar")) == 0
+    _close(hstack, docker_client, sidecar)
