@@ -110,8 +110,9 @@ def download_command(name, dest, origin, ref, subdir, force):
 def check_command(directory, as_json):
     """Check every task directory of DIRECTORY (default: DATASET_DIR).
 
-    Each task must load (task.yaml), have run-tests.sh, tests/ and a compose file that
-    compose resolves with termpool's variables, with services whose build contexts and
+    Each task must load (task.yaml, or a Harbor task's task.toml and instruction.md), have
+    its grader (run-tests.sh and tests/, or tests/test.sh) and a compose file (a Harbor task's:
+    termpool's base with environment/'s own) that compose resolves with termpool's variables, with services whose build contexts and
     Dockerfiles exist, and nothing termpool refuses (privileged, the Docker socket, host
     namespaces or devices, dangerous capabilities, builds from outside the task) or cannot
     honour for two runs at once (fixed container or network names, published host ports).
