@@ -37,7 +37,7 @@ def pull_stack(prebuilt, docker_client):
 def test_docker_image_without_dockerfile_in_pull_mode(pull_stack, docker_client):
     lease, _ = _reset(pull_stack, "harbor-prebuilt")
     [main] = run_containers(docker_client, Store(pull_stack.redis), lease)
-    assert PREBUILT in main.image.tags and main.labels.get("com.docker.compose.service") == "main"
+    assert PREBUILT in main.image.tags and main.labels["termpool.task"] == "harbor-prebuilt"
     assert _sh(pull_stack, lease, "cat /etc/prebuilt-marker").strip() == "prebuilt"
     assert "No such file" in _sh(pull_stack, lease, "ls /tests 2>&1")
     _solve(pull_stack, lease, "harbor-prebuilt")  # from the image's WORKDIR, /srv/prebuilt

@@ -202,6 +202,7 @@ def test_reward_json_non_binary(hstack, docker_client):
 def test_no_reward_file_is_reward_missing(hstack, docker_client):
     lease, _ = _reset(hstack, "harbor-no-reward")
     assert _sh(hstack, lease, "echo hi").strip() == "hi"
+    _solve(hstack, lease, "harbor-no-reward")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 500
     body = reply.json()
