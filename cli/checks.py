@@ -9,7 +9,7 @@ from pathlib import Path
 
 from termpool import task_spec
 from termpool.config import Settings
-from termpool.failures import TaskInvalid
+from termpool.failures import TaskInvalid, TaskUnsupported
 from termpool.harbor_task import is_harbor_task
 from termpool.task_spec import (
     COMPOSE_FILE_NAMES,
@@ -113,7 +113,7 @@ def _compose_problems(task_dir: Path, cfg: Settings) -> list[str]:
             compose_config.build_env(task_dir.name, cfg),
             CHECK_TIMEOUT,
         )
-    except (TaskInvalid, TaskError) as exc:
+    except (TaskInvalid, TaskUnsupported, TaskError) as exc:
         return [_strip(exc, task_dir)]
     problems = compose_config.unsupported(resolved, task_dir) + compose_config.check_only_problems(resolved, task_dir)
     client = compose_config.client_problem(resolved, compose_config.BUILD_CLIENT_NAME)  # build_env's client name

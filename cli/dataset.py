@@ -110,8 +110,9 @@ def download_command(name, dest, origin, ref, subdir, force):
 def check_command(directory, as_json):
     """Check every task directory of DIRECTORY (default: DATASET_DIR).
 
-    Each task must load (task.yaml), have run-tests.sh, tests/ and a compose file that
-    compose resolves with termpool's variables, with services whose build contexts and
+    Each task must load (task.yaml, or a Harbor task's task.toml and instruction.md), have
+    its grader (run-tests.sh and tests/, or tests/test.sh) and a compose file (a Harbor task's:
+    termpool's base with environment/'s own) that compose resolves with termpool's variables, with services whose build contexts and
     Dockerfiles exist, and nothing termpool refuses (privileged, the Docker socket, host
     namespaces or devices, dangerous capabilities, builds from outside the task) or cannot
     honour for two runs at once (fixed container or network names, published host ports).
@@ -250,7 +251,12 @@ def oracle_command(directory, url, token, jobs, only, timeout, solution_timeout,
         orc.check(client)
     except orc.ServiceError as exc:
         raise Fatal(str(exc)) from None
-    opts = orc.OracleSettings(dataset_root=cfg.dataset_dir, timeout=timeout, solution_timeout=solution_timeout)
+    opts = orc.OracleSettings(
+        dataset_root=cfg.dataset_dir,
+        timeout=timeout,
+        solution_timeout=solution_timeout,
+        env_allowlist=cfg.harbor_env_allowlist,
+    )
     timeouts = cfg.timeouts
     opts.default_budget = timeouts.ensure_image + timeouts.reset_session + timeouts.eval + timeouts.close_session
 

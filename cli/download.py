@@ -22,6 +22,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from termpool.task_spec import is_task_dir
+
+ROOT = "."  # a subdir candidate: the repository's top level (Harbor datasets keep their tasks there)
+
 
 @dataclass(frozen=True)
 class DatasetSource:
@@ -56,6 +60,13 @@ DATASETS: dict[str, DatasetSource] = {
             "dataset/terminal-bench-core/v0.1.x",
             ("tasks",),
             description="terminal-bench-core v0.1.x, the released test set",
+        ),
+        DatasetSource(
+            "tbench2",
+            "https://github.com/laude-institute/terminal-bench-2.git",
+            "main",
+            ("tasks", ROOT),
+            description="Terminal-Bench 2.0 in Harbor's format (task.toml, instruction.md), tasks at the top level",
         ),
         DatasetSource(
             "tbench_adapted",
@@ -114,6 +125,13 @@ def _git(args: list[str], cwd: Path | None = None, timeout: float = 3600) -> str
     return proc.stdout
 
 
+def _task_folders(repo: Path) -> list[Path]:
+    """The top-level folders of a repository that are tasks (of either format) or hold tasks
+    one level down (collections); the rest (docs, scripts, CI) is left behind."""
+    folders = sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [p for p in folders if is_task_dir(p) or any(is_task_dir(sub) for sub in p.iterdir() if sub.is_dir())]
+
+
 # The steps of a download, each one call; the CLI shows them as a progress bar.
 STEPS = ("clone", "checkout", "install")
 
@@ -152,9 +170,13 @@ class Download:
 
     def _checkout(self) -> None:
         repo = self.work / "repo"
-        _git(["sparse-checkout", "set", *self.source.subdirs], cwd=repo)
+        _git(["sparse-checkout", "set", *(s for s in self.source.subdirs if s != ROOT)], cwd=repo)
         self.commit = _git(["rev-parse", "HEAD"], cwd=repo).strip()
         for subdir in self.source.subdirs:
+            if subdir == ROOT:  # the whole tree; _install keeps only its task folders
+                _git(["sparse-checkout", "disable"], cwd=repo)
+                self.found_subdir = subdir
+                return
             if (repo / subdir).is_dir():
                 self.found_subdir = subdir
                 return
@@ -164,7 +186,11 @@ class Download:
     def _install(self) -> None:
         folder = self.work / "repo" / self.found_subdir
         staged = self.work / "staged"
-        if self.source.flatten:
+        if self.found_subdir == ROOT:
+            staged.mkdir()
+            for task in _task_folders(folder):
+                task.rename(staged / task.name)
+        elif self.source.flatten:
             staged.mkdir()
             for collection in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 for task in sorted(p for p in collection.iterdir() if p.is_dir() and not p.name.startswith(".")):

@@ -2,7 +2,8 @@
 
 Per task, one `Pool.episode` of termpool.client: the task, a script of two tool calls
 (write solution.sh to /tmp/solution.sh, then `bash /tmp/solution.sh`, blocking), evaluate
-and close, waited for step by step. The reward is the run's score. A task that ends without
+and close, waited for step by step. A Harbor task's script is its oracle agent's: solution/
+uploaded to /solution, solve.sh run with the [solution] env (harbor_script). The reward is the run's score. A task that ends without
 one is an error with the failure code of its run (termpool/failures.py), so a report tells
 broken tasks (task codes) from infrastructure trouble worth another run (retryable codes).
 A full service (429) is waited out by the client's retries with backoff.
@@ -10,7 +11,11 @@ A full service (429) is waited out by the client's retries with backoff.
 
 from __future__ import annotations
 
+import base64
 import math
+import os
+import posixpath
+import shlex
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,6 +32,7 @@ from termpool.client import (
     exec_call,
     write_file_call,
 )
+from termpool.harbor_task import HarborTaskError, is_harbor_task, resolve_env
 from termpool.task_spec import TaskError, load_task
 
 SOLUTION_FILE = "solution.sh"
@@ -132,6 +138,7 @@ class OracleSettings:
     timeout: float | None = None  # whole episode; None: from the task and the service defaults
     solution_timeout: float | None = None
     default_budget: float = 1800.0
+    env_allowlist: tuple = ()  # HARBOR_ENV_ALLOWLIST: host variables [solution] env may read
 
 
 def task_path_for(task_dir: Path, dataset_root: Path, scan_root: Path) -> str:
@@ -163,6 +170,43 @@ def episode_args(task_dir: Path, task_path: str, instruction: str, solution: str
     }
 
 
+# ---- a Harbor task: as Harbor's oracle agent runs it ------------------------------------------
+HARBOR_SOLUTION_DIR = "/solution"
+# The container's working directory (Harbor's exec runs there; the shell tool starts in
+# /workspace): its first process's, when the tool's user may read it.
+WORKDIR = 'cd "$(readlink /proc/1/cwd 2>/dev/null || pwd)"'
+
+
+UPLOAD_CHUNK = 1 << 16  # base64 characters per command: well under Linux's 128 KiB per argument
+
+
+def _binary_upload(target: str, data: bytes) -> list[dict]:
+    encoded = base64.b64encode(data).decode()
+    calls = [exec_call(f"mkdir -p {shlex.quote(posixpath.dirname(target))} && : > {shlex.quote(target)}", id="upload")]
+    for start in range(0, len(encoded), UPLOAD_CHUNK):
+        chunk = encoded[start : start + UPLOAD_CHUNK]
+        calls.append(exec_call(f"echo {chunk} | base64 -d >> {shlex.quote(target)}", id="upload", timeout=120))
+    return calls
+
+
+def harbor_script(task_dir: Path, env: dict, solution_timeout: float) -> list[dict]:
+    """solution/ uploaded to /solution (binary files through base64), then solve.sh run with
+    the [solution] env (already resolved) and DEBIAN_FRONTEND=noninteractive, from the
+    container's working directory."""
+    calls = []
+    for path in sorted(p for p in (task_dir / "solution").rglob("*") if p.is_file()):
+        target = f"{HARBOR_SOLUTION_DIR}/{path.relative_to(task_dir / 'solution').as_posix()}"
+        data = path.read_bytes()
+        try:
+            calls.append(write_file_call(target, data.decode("utf-8")))
+        except UnicodeDecodeError:
+            calls += _binary_upload(target, data)
+    solve = f"{HARBOR_SOLUTION_DIR}/solve.sh"
+    variables = " ".join(shlex.quote(f"{k}={v}") for k, v in {**env, "DEBIAN_FRONTEND": "noninteractive"}.items())
+    command = f"chmod +x {solve} && {WORKDIR} && env {variables} {solve}"
+    return calls + [exec_call(command, id="oracle", timeout=solution_timeout)]
+
+
 def run_oracle(pool: Pool, task_dir: Path, label: str, task_path: str, opts: OracleSettings) -> OracleResult:
     started = time.monotonic()
     result = OracleResult(task=label, task_path=task_path, outcome="error")
@@ -177,20 +221,23 @@ def run_oracle(pool: Pool, task_dir: Path, label: str, task_path: str, opts: Ora
 
 
 def _run(pool: Pool, task_dir: Path, task_path: str, opts: OracleSettings, result: OracleResult) -> None:
-    solution_file = task_dir / SOLUTION_FILE
+    harbor = is_harbor_task(task_dir) and not (task_dir / "task.yaml").is_file()
+    solution_file = task_dir / ("solution/solve.sh" if harbor else SOLUTION_FILE)
     if not solution_file.is_file():
-        result.outcome, result.error = "skipped", f"no {SOLUTION_FILE}"
+        result.outcome, result.error = "skipped", f"no {solution_file.relative_to(task_dir)}"
         return
     try:
         spec = load_task(task_dir)
-    except TaskError as exc:
-        result.error = f"task does not load: {exc}"
+        env = resolve_env(spec.harbor.solution_env, os.environ, opts.env_allowlist) if harbor else {}
+    except (TaskError, HarborTaskError) as exc:
+        result.error, result.code = f"task does not load: {exc}", "TASK_INVALID"
         return
     solution_timeout = opts.solution_timeout or max(MIN_SOLUTION_TIMEOUT, spec.max_agent_timeout_sec)
     budget = opts.timeout or opts.default_budget + solution_timeout
-    args = episode_args(
-        task_dir, task_path, spec.instruction, solution_file.read_text(encoding="utf-8"), solution_timeout
-    )
+    solution = "" if harbor else solution_file.read_text(encoding="utf-8")
+    args = episode_args(task_dir, task_path, spec.instruction, solution, solution_timeout)
+    if harbor:
+        args["script"] = harbor_script(task_dir, env, solution_timeout)
     try:
         episode = pool.episode(**args, check=False, timeout=budget)
     except WaitTimeout as exc:  # the client closed the run

@@ -44,8 +44,24 @@ REFUSED_CAPS = {
 SHARED_NAMESPACES = ("network_mode", "pid", "ipc", "uts", "userns_mode", "cgroup")
 
 
-def client_image(task_name: str, cfg: Settings) -> str:
-    return cfg.pull_prefix + task_name if cfg.image_source == "pull" else image_name(task_name)
+def client_image(task_name: str, cfg: Settings, task_dir: Path | None = None) -> str:
+    """The agent's image: built as tb__<task>__client, or pulled as TBENCH_DOCKER_PULL_PREFIX +
+    task name; in pull mode a Harbor task's own docker_image when it names one."""
+    if cfg.image_source != "pull":
+        return image_name(task_name)
+    harbor = _harbor_config(task_dir) if task_dir is not None else None
+    return harbor.docker_image if harbor and harbor.docker_image else cfg.pull_prefix + task_name
+
+
+def _harbor_config(task_dir: Path):
+    """The task's HarborConfig, None for the original format (or a task that does not load:
+    its start says why)."""
+    if (Path(task_dir) / "task.yaml").is_file() or not is_harbor_task(task_dir):
+        return None
+    try:
+        return load_task_cached(task_dir).harbor
+    except TaskError:
+        return None
 
 
 def compose_env(task_name: str, container: str, run_dir: Path, client_image: str) -> dict:
@@ -75,8 +91,13 @@ def task_files(task_dir: Path, cfg: Settings) -> list[str]:
     Harbor task's: environments/harbor_compose.py)."""
     try:
         if is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file():
-            spec = load_task_cached(task_dir)
-            files = harbor_compose.task_files(task_dir, spec.harbor, build=cfg.image_source != "pull")
+            harbor = load_task_cached(task_dir).harbor
+            if cfg.image_source != "pull" and not harbor.has_dockerfile:
+                raise TaskUnsupported(
+                    f"{task_dir}: environment.docker_image {harbor.docker_image!r} and no environment/Dockerfile:"
+                    " this pool builds images (TBENCH_DOCKER_IMAGE_SOURCE=build); serve it from a pool that pulls"
+                )
+            files = harbor_compose.task_files(task_dir, harbor, build=cfg.image_source != "pull")
         else:
             files = ["-f", str(compose_file(Path(task_dir).resolve()))]
     except Unsupported as exc:

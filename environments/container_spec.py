@@ -32,6 +32,8 @@ DIRECT_SERVICE_KEYS = {
     "working_dir",
     "user",
     "networks",
+    "cpus",  # the task's own limits: limits() merges them as compose would
+    "mem_limit",
 }
 DIRECT_BIND_KEYS = {"type", "source", "target", "bind", "read_only"}
 NANO = 1_000_000_000
@@ -188,11 +190,12 @@ def _run_scoped(project: str, key: str, item: dict, labels: dict) -> dict:
 
 
 # ---- the SDK fast path ----------------------------------------------------------------------
-def direct_eligible(resolved: dict, task_dir: Path, image: str, client_name: str) -> bool:
+def direct_eligible(resolved: dict, build_dir: Path, image: str, client_name: str) -> bool:
     """True when the resolved file is one service, the agent's (compose_config.client_candidates;
     whatever its name), that create+start reproduces: no settings beyond DIRECT_SERVICE_KEYS,
-    the default network only, plain bind mounts, and a build of the task folder into the client
-    image. `client_name` is the client container name the model was resolved with."""
+    the default network only, plain bind mounts, and a build of `build_dir` (the task folder, a
+    Harbor task's environment/) into the client image. `client_name` is the client container
+    name the model was resolved with."""
     if set(resolved) - {"name", "networks", "services"} or list(resolved["services"]) != client_candidates(
         resolved, client_name
     ):
@@ -214,7 +217,7 @@ def direct_eligible(resolved: dict, task_dir: Path, image: str, client_name: str
             build is None
             or (
                 not set(build) - {"context", "dockerfile"}
-                and Path(build.get("context", "")).resolve() == Path(task_dir).resolve()
+                and Path(build.get("context", "")).resolve() == Path(build_dir).resolve()
             )
         )
         and all(
@@ -260,8 +263,9 @@ def direct_options(resolved: dict, client: str, cfg: Settings, mounts: list[str]
         options["user"] = svc["user"]
     if "mem_limit" in fragment:
         options.update(mem_limit=int(fragment["mem_limit"]), memswap_limit=int(fragment["memswap_limit"]))
-    if "cpus" in fragment:
-        options["nano_cpus"] = int(round(fragment["cpus"] * NANO))
+    cpus = fragment.get("cpus") or _positive(svc.get("cpus"))  # termpool's, else the task's own
+    if cpus:
+        options["nano_cpus"] = int(round(cpus * NANO))
     if "pids_limit" in fragment:
         options["pids_limit"] = fragment["pids_limit"]
     return options

@@ -30,17 +30,26 @@ BASE_DIR = Path(tempfile.gettempdir()) / "termpool-harbor"
 def base_compose(task_dir: Path, config: HarborConfig, build: bool) -> dict:
     """The base file's model; `build` False in pull mode (the image comes from the registry)."""
     main = {
-        "image": "${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}",
+        # In pull mode the task's docker_image is the agent's image (compose_config.client_image)
+        "image": config.docker_image
+        if config.docker_image and not build
+        else "${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}",
         "container_name": "${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}",
         "command": ["sh", "-c", "sleep infinity"],
         "volumes": [
             f"${{T_BENCH_TASK_LOGS_PATH}}:{VERIFIER_DIR}",
             f"${{T_BENCH_TASK_AGENT_LOGS_PATH}}:{AGENT_DIR}",
         ],
-        # Harbor always sets both (defaults 1 CPU, 2048 MB); container_spec.limits then lets
-        # the lower memory limit win and keeps the task's cpus.
-        "deploy": {"resources": {"limits": {"cpus": f"{config.cpus:g}", "memory": f"{config.memory_mb}M"}}},
     }
+    # Harbor always sets both (defaults 1 CPU, 2048 MB); container_spec.limits then lets the
+    # lower memory limit win and keeps the task's cpus. As service keys the one service a
+    # Dockerfile task has starts without compose (and so may be warm-pooled); under deploy when
+    # the task's own file may set deploy limits of `main` too (compose refuses the two forms
+    # with different values).
+    if config.has_compose:
+        main["deploy"] = {"resources": {"limits": {"cpus": f"{config.cpus:g}", "memory": f"{config.memory_mb}M"}}}
+    else:
+        main.update(cpus=config.cpus, mem_limit=f"{config.memory_mb}M")
     if build:
         main["build"] = {"context": str((Path(task_dir) / ENVIRONMENT_DIR).resolve())}
     if not config.allow_internet:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import tarfile
 from pathlib import Path
 
 from environments.evaluation import TIMED_OUT, Evaluation
 from environments.harbor_compose import VERIFIER_DIR
 from environments.session_helper import HELPER_PATH
-from termpool.failures import DockerError, RewardMissing, TestsTimeout, TestsUnparsable
+from termpool.failures import DockerError, RewardMissing, TaskInvalid, TestsTimeout, TestsUnparsable
+from termpool.harbor_task import HarborTaskError, resolve_env
 from termpool.task_spec import TaskSpec
 
 TESTS_DIR = "/tests"
@@ -53,17 +55,22 @@ def copy_tests(container, task_dir: Path) -> None:
         raise DockerError(f"could not prepare {VERIFIER_DIR}: {(result.output or b'').decode(errors='replace')}")
 
 
-def run_tests(container, spec: TaskSpec, eval_timeout: float, verifier_dir: Path) -> Evaluation:
+def run_tests(container, spec: TaskSpec, eval_timeout: float, verifier_dir: Path, allowed=()) -> Evaluation:
     """Run test.sh within its budget and read the reward the verifier left in `verifier_dir`
     (the host side of /logs/verifier). TestsTimeout / RewardMissing / TestsUnparsable carry
-    the test output, for the run's artifacts."""
+    the test output, for the run's artifacts. `allowed`: the host variables the verifier env's
+    templates may read (HARBOR_ENV_ALLOWLIST)."""
     budget = spec.test_time_limit(eval_timeout)
+    try:
+        env = resolve_env(spec.harbor.verifier_env, os.environ, allowed)
+    except HarborTaskError as exc:
+        raise TaskInvalid(f"[verifier] {exc}") from None
     # `; exit 0`: test.sh's status is ignored, and only run-timeout's own 124 means a timeout.
     command = f"({TESTS_DIR}/test.sh) > {VERIFIER_DIR}/{STDOUT_NAME} 2>&1; exit 0"
     result = container.exec_run(
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", "-c", command],
         user=spec.harbor.verifier_user,  # "" is the container's own user
-        environment=dict(spec.harbor.verifier_env),
+        environment=env,
         demux=False,
     )
     output = _read(verifier_dir / STDOUT_NAME, MAX_OUTPUT_BYTES) or ""

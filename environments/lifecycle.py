@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker.errors
+import requests
+import urllib3
 import yaml
 
 from environments import container_spec
@@ -53,6 +55,7 @@ from environments.session_helper import CTL_DIR, CTL_SOCKET, boot_entrypoint, he
 from termpool import failures
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
+from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_task
 from termpool.task_spec import name_prefix, one_per_host_reasons
 
 if TYPE_CHECKING:
@@ -99,7 +102,15 @@ def is_template(
 ) -> bool:
     """True when the SDK can start the task's one service without compose. `client_name` is the
     client container name `compose` was resolved with: load_compose's unless told otherwise."""
-    return container_spec.direct_eligible(compose, task_dir, client_image(task_name, cfg), client_name)
+    return container_spec.direct_eligible(
+        compose, build_context(task_dir), client_image(task_name, cfg, task_dir), client_name
+    )
+
+
+def build_context(task_dir: Path) -> Path:
+    """The folder the agent's image is built from: the task folder, a Harbor task's environment/."""
+    harbor = is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file()
+    return Path(task_dir) / ENVIRONMENT_DIR if harbor else Path(task_dir)
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,7 +127,7 @@ def ensure_image(
     build_lock(image) is the host's lock on building that image (Store.build_lock)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
-    image = client_image(task_name, cfg)
+    image = client_image(task_name, cfg, task_dir)
     if cfg.image_source == "pull":
         _pull_if_absent(image, timeout)
         return image
@@ -139,7 +150,7 @@ def ensure_image(
 def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
     """Every image a compose build produces (client first), as compose resolved their names."""
     generated = service_images(task_name, compose)
-    images = [client_image(task_name, cfg)]
+    images = [client_image(task_name, cfg)]  # build mode: task_dir changes nothing
     images += [
         generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
     ]
@@ -172,7 +183,7 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
     deadline = time.monotonic() + timeout
     log = []
     stream = docker_client().api.build(
-        path=str(task_dir),
+        path=str(build_context(task_dir)),
         dockerfile=dockerfile,
         tag=image,
         rm=True,
@@ -181,16 +192,20 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
         decode=True,
         timeout=timeout,
     )
-    for chunk in stream:
-        log.append(chunk.get("stream") or chunk.get("status") or "")
-        if "error" in chunk:
-            tail = "".join(log)[-MAX_OUTPUT:]
-            raise TaskBuildFailed(
-                f"building {image} from {Path(task_dir) / dockerfile} failed: {chunk['error'].strip()}\n{tail}",
-                output=tail,
-            )
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
+    try:
+        for chunk in stream:
+            log.append(chunk.get("stream") or chunk.get("status") or "")
+            if "error" in chunk:
+                tail = "".join(log)[-MAX_OUTPUT:]
+                where = build_context(task_dir) / dockerfile
+                raise TaskBuildFailed(
+                    f"building {image} from {where} failed: {chunk['error'].strip()}\n{tail}", output=tail
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
+    except (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout):
+        # A build step silent for the whole limit (the stream's read timeout is the limit).
+        raise TimeoutError(f"building {image} did not finish within {timeout:g} s") from None
 
 
 def _build_with_compose(
@@ -219,7 +234,7 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
     task_name = run["task_meta"]["task_name"]
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
-    image = client_image(task_name, cfg)
+    image = client_image(task_name, cfg, task_dir)
 
     def make_env(project: str, folder: Path) -> dict:
         return {**compose_env(task_name, project, folder, image), **cfg.proxy_env}

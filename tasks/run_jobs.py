@@ -239,13 +239,19 @@ def ensure_image(self, *, host, run_id, job_id):
     if harbor is not None:  # its build_timeout_sec, within termpool's limit (the facade waits that long)
         limit = min(limit, harbor.build_timeout_sec)
     cfg = settings()
-    image = lifecycle.ensure_image(
-        run["task_meta"]["task_name"],
-        _task_dir(run),
-        cfg,
-        limit,
-        functools.partial(store().build_lock, cfg.host_id),
-    )
+    try:
+        image = lifecycle.ensure_image(
+            run["task_meta"]["task_name"],
+            _task_dir(run),
+            cfg,
+            limit,
+            functools.partial(store().build_lock, cfg.host_id),
+        )
+    except TimeoutError as exc:
+        if harbor is None or limit < harbor.build_timeout_sec:
+            raise  # termpool's own limit: TIMEOUT, worth another try
+        # The task's own limit, as Harbor fails a trial whose build passes it: the task's fault.
+        raise failures.TaskBuildFailed(f"{exc} (task.toml's build_timeout_sec)") from None
     store().mark_image_ready(host, run["task_meta"]["task_path"])
     return image
 
@@ -361,7 +367,9 @@ def evaluate(self, *, host, run_id, job_id):
         try:
             if spec.harbor is not None:
                 # /logs/verifier is the run's sessions/ folder (environments/harbor_compose.py)
-                result = harbor_verifier.run_tests(container, spec, _timeouts(run).eval, run_path / "sessions")
+                result = harbor_verifier.run_tests(
+                    container, spec, _timeouts(run).eval, run_path / "sessions", settings().harbor_env_allowlist
+                )
             else:
                 result = run_tests(container, spec, _timeouts(run).eval)
         except Exception as exc:

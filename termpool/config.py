@@ -156,6 +156,8 @@ class Settings:
     access_log: bool  # one line per HTTP request on the facade's stdout
     dataset_sources: dict
     host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
+    # Host variables a Harbor task's ${VAR} templates may read (termpool/harbor_task.resolve_env)
+    harbor_env_allowlist: tuple = ()
 
     @property
     def default_log_dir(self) -> Path:
@@ -241,6 +243,7 @@ def load_settings(env=None) -> Settings:
         access_log=_bool(env, "ACCESS_LOG"),
         dataset_sources=_dataset_sources(env),
         host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),
+        harbor_env_allowlist=_list(env, "HARBOR_ENV_ALLOWLIST"),
     )
 
 

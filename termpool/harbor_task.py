@@ -9,6 +9,8 @@ the facade and `dataset check` call this too.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,8 @@ class HarborConfig:
     docker_image: str = ""
     allow_internet: bool = True
     has_compose: bool = False  # environment/docker-compose.yaml, layered over the generated base
+    has_dockerfile: bool = True  # environment/Dockerfile; without it only docker_image gives the image
+    storage_mb: int | None = None  # environment.storage_mb (or the deprecated storage "10G")
 
 
 def is_harbor_task(task_dir: Path | str) -> bool:
@@ -106,6 +110,14 @@ def _memory_mb(env: dict, source: Path) -> int:
     return MEMORY_MB
 
 
+def _storage_mb(env: dict, source: Path) -> int | None:
+    if env.get("storage_mb") is not None:
+        return int(_number(env, "storage_mb", None, source, "environment"))
+    if isinstance(env.get("storage"), str):  # deprecated; Harbor ignores a non-string value
+        return size_mb(env["storage"], source, "storage")
+    return None
+
+
 def _refusals(data: dict, env: dict, task_dir: Path) -> list[str]:
     """What termpool cannot honour; each a TASK_UNSUPPORTED reason."""
     problems = []
@@ -151,12 +163,9 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
     docker_image = env.get("docker_image") or ""
     if not isinstance(docker_image, str):
         raise HarborTaskError(f"{source}: environment.docker_image must be a string")
-    if not (task_dir / ENVIRONMENT_DIR / "Dockerfile").is_file():
-        # The agent's image is built from environment/ (build mode) or pulled by termpool's own
-        # name for it (pull mode), as for the original format: a docker_image alone has no build.
-        if docker_image:
-            raise HarborUnsupported(f"{task_dir}: an environment with docker_image and no Dockerfile")
-        raise HarborTaskError(f"{task_dir}: no environment/Dockerfile (the agent's image)")
+    has_dockerfile = (task_dir / ENVIRONMENT_DIR / "Dockerfile").is_file()
+    if not has_dockerfile and not docker_image:
+        raise HarborTaskError(f"{task_dir}: no environment/Dockerfile (the agent's image) and no docker_image")
     allow_internet = env.get("allow_internet", True)
     if not isinstance(allow_internet, bool):
         raise HarborTaskError(f"{source}: environment.allow_internet must be true or false")
@@ -172,7 +181,42 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
         docker_image=docker_image,
         allow_internet=allow_internet and env.get("network_mode") != "no-network",
         has_compose=compose is not None,
+        has_dockerfile=has_dockerfile,
+        storage_mb=_storage_mb(env, source),
     )
     agent_timeout = _number(agent, "timeout_sec", None, source, "agent")
     timeouts = {"max_agent_timeout_sec": float(agent_timeout)} if agent_timeout else {}
     return instruction, timeouts, config
+
+
+# ---- ${VAR} / ${VAR:-default} in [verifier] env and [solution] env ----------------------------
+# Harbor's rule (harbor: src/harbor/utils/env.py resolve_env_vars): a value that is wholly one
+# template takes the host variable, else the default, else it is an error; anything else
+# (templates inside a longer value too) is literal.
+TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
+
+
+def resolve_env(env: Mapping[str, str], host: Mapping[str, str], allowed: frozenset | set | tuple) -> dict:
+    """The env with its templates resolved. Only host variables named in `allowed` are read
+    (HARBOR_ENV_ALLOWLIST: the worker's environment holds secrets, e.g. REDIS_URL and tokens,
+    that a task file must not be able to copy into its container); any other resolves to its
+    default, or HarborTaskError names the setting when it has none."""
+    resolved = {}
+    for key, value in env.items():
+        match = TEMPLATE.fullmatch(value)
+        if not match:
+            resolved[key] = value
+            continue
+        name, default = match.group(1), match.group(2)
+        if name in allowed and name in host:
+            resolved[key] = host[name]
+        elif default is not None:
+            resolved[key] = default
+        elif name in allowed:
+            raise HarborTaskError(f"env {key}: ${{{name}}} is not set on this host and has no default")
+        else:
+            raise HarborTaskError(
+                f"env {key}: ${{{name}}} has no default and {name} is not in HARBOR_ENV_ALLOWLIST "
+                "(termpool passes only the host variables named there)"
+            )
+    return resolved

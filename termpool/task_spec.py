@@ -169,6 +169,7 @@ def _load_harbor(task_dir: Path) -> TaskSpec:
         max_test_timeout_sec=config.verifier_timeout_sec,
         one_per_host=_compose_reasons(task_dir),
         harbor=config,
+        disk_limit_mb=config.storage_mb,
         **timeouts,
     )
 

@@ -270,13 +270,18 @@ def test_fast_path_applies_exactly_where_expected(tmp_path):
     assert eligible == FAST_PATH
 
 
-@pytest.mark.parametrize("task", sorted(FAST_PATH - {"broken-dockerfile"}))
+# Harbor tasks with only a Dockerfile (tests/fixtures/harbor/): their generated one service
+HARBOR_FAST_PATH = ["harbor/harbor-hello", "harbor/harbor-env"]
+
+
+@pytest.mark.parametrize("task", sorted(FAST_PATH - {"broken-dockerfile"}) + HARBOR_FAST_PATH)
 def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
+    task_dir = FIXTURES.parent / task if "/" in task else FIXTURES / task
+    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     seen = {}
     for force in (False, True):
-        run, (env, container) = start(FIXTURES / task, cfg, tmp_path, force_compose=force)
+        run, (env, container) = start(task_dir, cfg, tmp_path, force_compose=force)
         try:
             assert env.mode == ("compose" if force else "direct")
             container.reload()

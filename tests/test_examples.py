@@ -19,7 +19,7 @@ from termpool.config import load_settings
 from tests.conftest import stop_checking_leaks, wait_for
 
 EXAMPLES = ROOT / "examples" / "tasks"
-TASKS = ("count-errors", "inventory-total", "quiz", "text-stats")
+TASKS = ("count-errors", "inventory-total", "quiz", "sales-summary", "text-stats")  # sales-summary: Harbor's format
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_every_example_oracle_scores_one(examples_stack, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert sorted(t["task"] for t in report["tasks"]) == list(TASKS)
     assert all(t["reward"] == 1.0 for t in report["tasks"]), report["tasks"]
-    assert result.stdout.rstrip().splitlines()[-4:] == [f"{task}: reward 1.00 (passed)" for task in TASKS]
+    assert result.stdout.rstrip().splitlines()[-len(TASKS) :] == [f"{task}: reward 1.00 (passed)" for task in TASKS]
 
 
 def test_partial_answer_gets_partial_reward(pool):
@@ -66,6 +66,14 @@ def test_partial_answer_gets_partial_reward(pool):
 
     nothing = pool.episode("text-stats", [exec_call("true")])
     assert nothing.score == 0.0 and set(nothing.tests.values()) == {"failed"}
+
+
+def test_harbor_example_partial_reward(pool):
+    """sales-summary's verifier writes reward.json: one named reward per field, `reward` their mean."""
+    partial = json.dumps({"count": 7, "total": 585, "top_region": "north"})
+    episode = pool.episode("sales-summary", [write_file_call("/app/summary.json", partial)])
+    assert episode.score == pytest.approx(2 / 3)
+    assert episode.run["rewards"] == {"reward": pytest.approx(2 / 3), "count": 1.0, "total": 1.0, "top_region": 0.0}
 
 
 def until_prompt(run, screen: str) -> str:

@@ -4,21 +4,36 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from cli.oracle import harbor_script
 from devstack import ROOT
 from environments import harbor_verifier
 from termpool.client import task_meta
 from termpool.failures import RewardMissing
 from termpool.failures import TestsUnparsable as Unparsable
-from termpool.state import Store
+from termpool.harbor_task import HarborTaskError, resolve_env
+from termpool.state import Store, warm_key
 from termpool.task_spec import TaskError, Unsupported, is_task_dir, load_task
 from tests.conftest import private_stack, run_containers, wait_for
 
-HARBOR = ROOT / "tests" / "fixtures" / "harbor"
-NAMES = ["harbor-hello", "harbor-partial", "harbor-no-reward", "harbor-compose-sidecar"]
+FIXTURES_ROOT = ROOT / "tests" / "fixtures"  # the stack's dataset: both formats (tasks/ and harbor/)
+HARBOR = FIXTURES_ROOT / "harbor"
+NAMES = [
+    "harbor-hello",
+    "harbor-partial",
+    "harbor-no-reward",
+    "harbor-compose-sidecar",
+    "harbor-no-internet",
+    "harbor-env",
+    "harbor-prebuilt",
+    "harbor-slow-build",
+]
+HOST_VAR = "TP_HARBOR_FIXTURE_VAR"  # the one host variable harbor-env's templates may read
+STACK_ENV = {"DATASET_DIR": str(FIXTURES_ROOT), "HARBOR_ENV_ALLOWLIST": HOST_VAR, HOST_VAR: "from-host"}
 
 
 # ---- loading and reward reading (no Docker) -------------------------------------------------
@@ -69,6 +84,30 @@ def test_refusals(tmp_path):
 
 
 @pytest.mark.unit
+def test_storage_docker_image_and_steps(tmp_path):
+    assert load_task(HARBOR / "harbor-hello").disk_limit_mb == 1024  # storage_mb
+    assert load_task(_copy(tmp_path / "a", '[environment]\nstorage = "10G"\n')).disk_limit_mb == 10240
+    assert load_task(_copy(tmp_path / "b", "")).disk_limit_mb is None
+    with pytest.raises(TaskError, match="storage"):
+        load_task(_copy(tmp_path / "c", '[environment]\nstorage = "ten"\n'))
+    prebuilt = load_task(HARBOR / "harbor-prebuilt").harbor
+    assert (prebuilt.docker_image, prebuilt.has_dockerfile) == ("termpool-harbor-prebuilt:fixture", False)
+    with pytest.raises(Unsupported, match="multi-step"):
+        load_task(HARBOR / "harbor-multi-step")  # [[steps]] and steps/
+
+
+@pytest.mark.unit
+def test_env_templates_read_only_allowed_host_variables():
+    host = {"OK": "yes", "REDIS_URL": "redis://:secret@db"}
+    env = {"A": "${OK}", "B": "${REDIS_URL:-d}", "C": "x ${OK}", "D": "${NOPE:-}", "E": "plain"}
+    assert resolve_env(env, host, ("OK",)) == {"A": "yes", "B": "d", "C": "x ${OK}", "D": "", "E": "plain"}
+    with pytest.raises(HarborTaskError, match="not in HARBOR_ENV_ALLOWLIST"):
+        resolve_env({"A": "${REDIS_URL}"}, host, ("OK",))
+    with pytest.raises(HarborTaskError, match="not set on this host"):
+        resolve_env({"A": "${OK2}"}, host, ("OK2",))
+
+
+@pytest.mark.unit
 def test_reward_files(tmp_path):
     (tmp_path / "reward.txt").write_text("0.25\n")
     assert harbor_verifier.read_rewards(tmp_path) == {"reward": 0.25}
@@ -90,12 +129,17 @@ def test_reward_files(tmp_path):
 # ---- whole episodes -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hstack(base_image, docker_client):
-    yield from private_stack(docker_client, {"DATASET_DIR": str(HARBOR)})
+    yield from private_stack(docker_client, STACK_ENV)
+
+
+def _try_reset(s, task: str):
+    lease = s.client.allocate(task).id
+    meta = task_meta(task, f"harbor/{task}")
+    return lease, s.client.request("POST", "/reset", json={"lease_id": lease, "task_meta": meta})
 
 
 def _reset(s, task: str) -> tuple[str, dict]:
-    lease = s.client.allocate(task).id
-    reply = s.client.request("POST", "/reset", json={"lease_id": lease, "task_meta": task_meta(task)})
+    lease, reply = _try_reset(s, task)
     assert reply.status_code == 200, reply.text
     return lease, reply.json()
 
@@ -104,13 +148,14 @@ def _sh(s, lease: str, command: str) -> str:
     return s.client.lease(lease).tool("shell_exec", id="main", command=command, block=True, timeout=60)
 
 
-def _solve(s, lease: str, task: str) -> None:
-    """As Harbor's oracle: solution/ at /solution, solve.sh run from the working directory."""
-    for path in sorted((HARBOR / task / "solution").iterdir()):
-        s.client.lease(lease).tool(
-            "shell_write_content_to_file", content=path.read_text(), file_path=f"/solution/{path.name}"
-        )
-    _sh(s, lease, "cd /app && DEBIAN_FRONTEND=noninteractive bash /solution/solve.sh")  # the images' WORKDIR
+def _solve(s, lease: str, task: str) -> str:
+    """`dataset oracle`'s script (Harbor's oracle agent: solution/ at /solution, solve.sh with
+    the [solution] env from the container's working directory) through the pool API; its output."""
+    env = resolve_env(load_task(HARBOR / task).harbor.solution_env, s.env, (HOST_VAR,))
+    outputs = [
+        s.client.lease(lease).tool(call["name"], **call["arguments"]) for call in harbor_script(HARBOR / task, env, 60)
+    ]
+    return outputs[-1]
 
 
 def _close(s, docker_client, lease: str) -> None:
@@ -129,7 +174,8 @@ def test_dockerfile_task_with_limits_and_hidden_tests(hstack, docker_client):
     [main] = run_containers(docker_client, Store(hstack.redis), lease)
     assert main.attrs["HostConfig"]["Memory"] == 512 * 1024**2  # task.toml's 512 MB < CONTAINER_MEMORY_LIMIT
     assert main.attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
-    assert main.labels.get("com.docker.compose.service") == "main"
+    # One service built from environment/: started without compose, as an original one-service task
+    assert Store(hstack.redis).get_run(lease)["env"]["mode"] == "direct"
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 0.0
     _solve(hstack, lease, "harbor-hello")
@@ -156,6 +202,7 @@ def test_reward_json_non_binary(hstack, docker_client):
 def test_no_reward_file_is_reward_missing(hstack, docker_client):
     lease, _ = _reset(hstack, "harbor-no-reward")
     assert _sh(hstack, lease, "echo hi").strip() == "hi"
+    _solve(hstack, lease, "harbor-no-reward")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 500
     body = reply.json()
@@ -174,3 +221,108 @@ def test_compose_task_with_sidecar(hstack, docker_client):
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0
     _close(hstack, docker_client, lease)
+
+
+PROBE = (
+    "python3 -c \"import urllib.request; urllib.request.urlopen('http://deb.debian.org/debian/', timeout=10)\" 2>/dev/null"
+    " && echo reached || echo unreachable"
+)
+
+
+def test_no_internet_episode(hstack, docker_client):
+    """allow_internet = false: main has no network (Harbor's no-network file); an ordinary
+    Harbor task's container reaches the same outside address."""
+    online, _ = _reset(hstack, "harbor-hello")
+    assert _sh(hstack, online, PROBE).strip() == "reached"  # the control: the address answers
+    _close(hstack, docker_client, online)
+    lease, _ = _reset(hstack, "harbor-no-internet")
+    assert _sh(hstack, lease, PROBE).strip() == "unreachable"
+    assert _sh(hstack, lease, "ls /sys/class/net").split() == ["lo"]
+    [main] = run_containers(docker_client, Store(hstack.redis), lease)
+    assert main.attrs["HostConfig"]["NetworkMode"] == "none"
+    _solve(hstack, lease, "harbor-no-internet")
+    reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    _close(hstack, docker_client, lease)
+
+
+def test_build_past_build_timeout_sec(hstack, docker_client):
+    started = time.monotonic()
+    lease, reply = _try_reset(hstack, "harbor-slow-build")  # RUN sleep 120, build_timeout_sec = 3
+    assert reply.status_code == 500, reply.text
+    body = reply.json()
+    assert (body["code"], body["retryable"]) == ("TASK_BUILD_FAILED", False), body
+    assert "build_timeout_sec" in body["error"] and time.monotonic() - started < 60
+    _close(hstack, docker_client, lease)
+
+
+@pytest.mark.parametrize(
+    "task, words",
+    [("harbor-multi-step", "multi-step"), ("harbor-prebuilt", "TBENCH_DOCKER_IMAGE_SOURCE=build")],
+)
+def test_refused_with_task_unsupported(hstack, docker_client, task, words):
+    """steps/ (multi-step tasks), and a docker_image without a Dockerfile in a pool that builds."""
+    lease, reply = _try_reset(hstack, task)
+    body = reply.json()
+    assert reply.status_code in (400, 500) and body["code"] == "TASK_UNSUPPORTED", reply.text
+    assert words in body["error"] and body["retryable"] is False
+    assert run_containers(docker_client, Store(hstack.redis), lease) == []
+    _close(hstack, docker_client, lease)
+
+
+def test_env_templates(hstack, docker_client):
+    """${VAR} from an allowed host variable, ${VAR:-default} for any other (REDIS_URL is the
+    worker's own), a template inside a longer value literal; [solution] env as the oracle's."""
+    lease, _ = _reset(hstack, "harbor-env")
+    _solve(hstack, lease, "harbor-env")
+    reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    out = (_run_dir(hstack, lease) / "sessions" / "test-stdout.txt").read_text()
+    assert out.strip() == "FROM_HOST=from-host LEAK=not passed PLAIN=a ${X} b ANSWER=from-host"
+    _close(hstack, docker_client, lease)
+
+
+def test_oracle_over_a_mixed_dataset(hstack, tmp_path, monkeypatch):
+    """`dataset oracle` runs both formats: solution.sh, and Harbor's solution/ as its oracle agent."""
+    from tests.test_dataset_cli import cli
+
+    monkeypatch.setenv(HOST_VAR, "from-host")  # the CLI resolves [solution] env in its own process
+    run = cli(tmp_path, **STACK_ENV)
+    report = tmp_path / "oracle.json"
+    tasks = ["tasks/hello-file", "harbor/harbor-hello", "harbor/harbor-env", "harbor/harbor-partial"]
+    result = run("oracle", "--url", hstack.url, "-j", "2", *[a for t in tasks for a in ("-t", t)], "--report", report)
+    by_task = {t["task"]: t for t in json.loads(report.read_text())["tasks"]}
+    assert not [t["error"] for t in by_task.values() if t["error"]], by_task
+    assert result.exit_code == 1, result.output  # harbor-partial scores 2/3
+    assert {t: by_task[t]["reward"] for t in tasks} == {
+        "tasks/hello-file": 1.0,
+        "harbor/harbor-hello": 1.0,  # solve.sh writes hello.txt in the working directory (/app)
+        "harbor/harbor-env": 1.0,
+        "harbor/harbor-partial": pytest.approx(2 / 3),
+    }
+
+
+def test_warm_spares_of_a_dockerfile_task(hstack, docker_client):
+    """A Harbor task with only a Dockerfile is pooled like an original one-service task: a
+    reset asks for a spare, the next reset takes it, and the run on it is a whole episode
+    (limits, hidden tests, the reward file among the run's artifacts). A compose task is not."""
+    first, _ = _reset(hstack, "harbor-hello")
+    key = warm_key(hstack.host_id, "harbor/harbor-hello")
+    assert wait_for(lambda: hstack.redis.llen(key) >= 1, 90), "a reset left no spare"
+    lease, _ = _reset(hstack, "harbor-hello")
+    env = Store(hstack.redis).get_run(lease)["env"]
+    assert env["warm_id"] and env["mode"] == "direct", env
+    [main] = run_containers(docker_client, Store(hstack.redis), lease)
+    assert main.labels["termpool.run"] == env["warm_id"]
+    assert (main.attrs["HostConfig"]["Memory"], main.attrs["HostConfig"]["NanoCpus"]) == (512 * 1024**2, 10**9)
+    assert _sh(hstack, lease, "ls /tests 2>&1").count("No such file") == 1
+    _solve(hstack, lease, "harbor-hello")
+    reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    assert (_run_dir(hstack, lease) / "sessions" / "reward.txt").read_text().strip() == "1"
+    for done in (first, lease):
+        _close(hstack, docker_client, done)
+    sidecar, _ = _reset(hstack, "harbor-compose-sidecar")
+    time.sleep(5)  # a refill would have been sent with the reset
+    assert hstack.redis.llen(warm_key(hstack.host_id, "harbor/harbor-compose-sidecar")) == 0
+    _close(hstack, docker_client, sidecar)

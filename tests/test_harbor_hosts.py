@@ -1,0 +1,54 @@
+"""Harbor tasks on a pool of two worker hosts (the stack's on the machine's dockerd, a second
+host's on a second dockerd, tests/second_docker.py): a whole episode of a compose task with a
+sidecar on each host, its images built and its containers run on that host's daemon only."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from devstack import Stack
+from termpool.state import Store
+from tests.conftest import run_containers, stop_checking_leaks
+from tests.second_docker import second_docker  # noqa: F401 (the fixture)
+from tests.test_harbor_tasks import STACK_ENV, _close, _reset, _sh, _solve
+from tests.test_many_hosts import hosts_cli, leftovers
+
+TASK = "harbor-compose-sidecar"
+
+
+@pytest.fixture(scope="module")
+def two_hosts(second_docker, docker_client):  # noqa: F811 (the fixture imported above)
+    stack = Stack(env=STACK_ENV).start()
+    stack.host_b = "b" + uuid.uuid4().hex[:8]
+    stack.start_host(stack.host_b, {"DOCKER_HOST": second_docker.host})
+    second = second_docker.client()
+    stack.daemons = {stack.host_id: docker_client, stack.host_b: second}
+    yield stack
+    try:
+        stop_checking_leaks(stack, docker_client)
+        assert not leftovers(second, stack.host_b), "containers left on the second daemon"
+    finally:
+        second.close()
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_harbor_episode_on_each_host(two_hosts, side):
+    host = two_hosts.host_id if side == "a" else two_hosts.host_b
+    other = two_hosts.host_b if side == "a" else two_hosts.host_id
+    hosts_cli(two_hosts, "drain", other)  # placement then has one host to choose
+    try:
+        lease, _ = _reset(two_hosts, TASK)
+    finally:
+        hosts_cli(two_hosts, "undrain", other)
+    store = Store(two_hosts.redis)
+    assert store.get_run(lease)["host"] == host
+    for daemon_host, client in two_hosts.daemons.items():
+        services = {c.labels.get("com.docker.compose.service") for c in run_containers(client, store, lease)}
+        assert services == ({"main", "kv"} if daemon_host == host else set()), (daemon_host, services)
+    assert _sh(two_hosts, lease, "hostname >/dev/null && echo ok").strip() == "ok"
+    _solve(two_hosts, lease, TASK)
+    reply = two_hosts.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    _close(two_hosts, two_hosts.daemons[host], lease)
