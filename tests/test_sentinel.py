@@ -18,7 +18,7 @@ from devstack import Stack
 from devstack.sentinel import SentinelGroup
 from termpool.client import Pool, TermpoolError
 from termpool.config import load_settings
-from termpool.state import Store, connection
+from termpool.state import RecordLost, Store, connection
 from tests.conftest import stop_checking_leaks
 
 TASK = "hello-file"
@@ -75,6 +75,21 @@ def test_lua_scripts_work_on_the_promoted_replica(tmp_path):
         assert new.hget("t:run", "state") == "ready"
     finally:
         group.stop()
+
+
+@pytest.mark.unit
+def test_a_job_record_lost_under_a_waiting_call_is_retryable(redis_server):
+    """The window a failover loses: the job record the facade wrote is not on the new primary.
+    The blocking call answers as Redis away does (503 BACKEND_UNAVAILABLE), not 500."""
+    from app.engine import Engine
+    from app.errors import BACKEND_DOWN
+
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    cfg = load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+    engine = Engine(cfg, Store(redis_server), celery=None)
+    with pytest.raises(RecordLost, match="vanished") as lost:
+        engine.wait("job-written-to-the-old-primary", 1)
+    assert isinstance(lost.value, BACKEND_DOWN)
 
 
 def _eventually(call, seconds: float = 30):

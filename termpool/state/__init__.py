@@ -133,6 +133,11 @@ UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is a
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 
 
+class RecordLost(redis.exceptions.ConnectionError):
+    """A record written moments ago is gone: Redis lost its latest writes (a failover to a
+    replica they had not reached yet; docs/operations.md). Met like Redis away: 503, retryable."""
+
+
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -223,5 +228,6 @@ __all__ = [
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",
     "UNREACHABLE",
+    "RecordLost",
     "Store",
 ]
