@@ -6,6 +6,7 @@ through. Every process is real; the primary is killed by pid."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from devstack import Stack
+from devstack import ROOT, Stack
 from devstack.sentinel import SentinelGroup
 from termpool.client import Pool, TermpoolError
 from termpool.config import load_settings
@@ -55,6 +56,23 @@ def test_sentinel_settings_reach_the_broker_and_the_store():
         load_settings({"REDIS_SENTINELS": "fd00::3:26379"})
     plain = load_settings({"REDIS_URL": "redis://h:1/0"})
     assert connection.broker_url(plain) == "redis://h:1/0" and connection.broker_transport_options(plain) == {}
+
+
+@pytest.mark.unit
+def test_every_redis_client_is_made_in_one_place():
+    """A Redis client made anywhere else would keep talking to one address through a failover."""
+    made_here = {ROOT / "termpool" / "config.py", ROOT / "termpool" / "state" / "connection.py"}
+    elsewhere = re.compile(r"redis_url|\bRedis\(|Redis\.from_url|Sentinel\(|Store\.from_url\(|Celery\(")
+    found = [
+        (str(path.relative_to(ROOT)), line.strip())
+        for folder in ("app", "tasks", "termpool", "cli", "environments")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path not in made_here
+        for line in path.read_text().splitlines()
+        if elsewhere.search(line)
+    ]
+    celery = 'app = Celery("termpool", broker=connection.broker_url(cfg), backend=None, include=include or [])'
+    assert found == [("termpool/queues.py", celery)], found
 
 
 @pytest.mark.unit

@@ -160,7 +160,7 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
     @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
         """A store on one Redis by URL (tests and tools that start their own)."""
-        return cls(redis.Redis.from_url(url, **connection.client_options(timeout)))
+        return cls(connection.client_for_url(url, timeout))
 
     def ping(self) -> bool:
         return bool(self._r.ping())

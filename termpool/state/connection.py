@@ -43,7 +43,7 @@ def client_options(timeout: float) -> dict:
 def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
     """A client of the primary: REDIS_URL's Redis, or the one the sentinels name now."""
     if not cfg.redis_sentinels:
-        return redis.Redis.from_url(cfg.redis_url, **client_options(timeout))
+        return client_for_url(cfg.redis_url, timeout)
     sentinel = Sentinel(
         list(cfg.redis_sentinels),
         sentinel_kwargs={
@@ -55,6 +55,11 @@ def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
     return sentinel.master_for(
         cfg.redis_sentinel_master, db=cfg.redis_db, password=cfg.redis_password or None, **client_options(timeout)
     )
+
+
+def client_for_url(url: str, timeout: float = 30) -> redis.Redis:
+    """A client of one Redis by URL (tests and tools that start their own)."""
+    return redis.Redis.from_url(url, **client_options(timeout))
 
 
 def broker_url(cfg: Settings) -> str:
