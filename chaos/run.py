@@ -192,6 +192,7 @@ def run_episodes(
             fault_info.update(inject(scenario, service, undo))
         except Exception as exc:
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
+        at = fault_info.pop("hit_at", at)  # a fault that measures first says when it hit (monotonic)
         t0 = at if scenario.action in RECOVER_FROM_START else time.monotonic()
         fault_info["at_s"] = round(t0 - begin, 1)
         if "mark_at" in fault_info:  # the fault's end, monotonic: kept as seconds into the run

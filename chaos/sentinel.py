@@ -74,6 +74,7 @@ def fail_over(service: SentinelService) -> dict:
         info["lag_error"] = f"{type(exc).__name__}: {exc}"
     port = group.primary_port()
     info["pid"] = group.procs[f"redis-{port}"].pid
+    info["hit_at"] = time.monotonic()  # recovery is timed from the kill, not from the measuring
     group.kill_primary()
     info["failover_s"] = round(group.wait_failover(port), 2)
     info.update(old_primary_port=port, new_primary_port=group.primary_port())
