@@ -177,18 +177,23 @@ def test_episodes_go_on_through_a_failover(ha_stack):
         while not done.wait(1):
             revived.extend(stack.revive())
 
-    with ThreadPoolExecutor(CONCURRENCY + 1) as executor:
-        executor.submit(supervise)
-        begin = time.monotonic()
-        episodes = [executor.submit(run_episode, pool, failures) for _ in range(EPISODES)]
-        time.sleep(KILL_AFTER)
-        killed_at = time.monotonic()
-        old = group.kill_primary()
-        failover_s = group.wait_failover(old)
-        spans = [episode.result(timeout=300) for episode in episodes]
+    threading.Thread(target=supervise, daemon=True).start()
+    try:
+        with ThreadPoolExecutor(CONCURRENCY) as executor:
+            begin = time.monotonic()
+            episodes = [executor.submit(run_episode, pool, failures) for _ in range(EPISODES)]
+            time.sleep(KILL_AFTER)
+            killed_at = time.monotonic()
+            old = group.kill_primary()
+            failover_s = group.wait_failover(old)
+            spans = [episode.result(timeout=300) for episode in episodes]
+    finally:
         done.set()
     took = time.monotonic() - begin
     codes = sorted({code for _, code, _ in failures.seen})
+    print(
+        f"\nepisodes (start after the kill, s: duration, s) {[(round(a - killed_at, 1), round(b - a, 1)) for a, b in spans]}"
+    )
     print(
         f"\nfailover {failover_s:.1f} s; {EPISODES} episodes in {took:.1f} s; failures {failures.seen}; revived {revived}"
     )
@@ -196,8 +201,8 @@ def test_episodes_go_on_through_a_failover(ha_stack):
     assert group.primary_port() != old
     assert sum(1 for start, end in spans if start < killed_at < end) >= CONCURRENCY - 1, "the kill hit no episode"
     assert all(retryable for _, _, retryable in failures.seen), failures.seen
-    # Redis away for a moment (503), or a step whose end was written to the old primary and
-    # never reached the replica: the episode's error path finds it still running (WORKER_LOST).
+    # Redis away for a moment (503); or a step whose end was written to the old primary and
+    # never reached the replica, which the episode's error path finds running (WORKER_LOST).
     assert set(codes) <= {"BACKEND_UNAVAILABLE", "WORKER_LOST"}, codes
     # Every episode ended whole on the new primary, and the pool serves a new one.
     assert run_episode(pool, Failures())[1] > killed_at
