@@ -14,7 +14,7 @@ from celery import Celery
 from termpool import dispatch, hosts, liveness, task_spec
 from termpool.config import Settings
 from termpool.paths import resolve_task_path
-from termpool.state import LOST_STATE, NO_FAILURE, STARTED_STATES, Allocation, CapacityError, Store
+from termpool.state import LOST_STATE, NO_FAILURE, STARTED_STATES, Allocation, CapacityError, RecordLost, Store
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -193,7 +193,7 @@ class Engine:
         """Block until the job ends or its limit (plus WAIT_MARGIN) passes."""
         job = self.poll(job_id, None if timeout is None else timeout + WAIT_MARGIN)
         if job is None:
-            raise RuntimeError(f"job {job_id} vanished")
+            raise RecordLost(f"job {job_id} vanished: Redis lost its latest writes")
         return job
 
     def poll(self, job_id: str, seconds: float | None) -> dict | None:

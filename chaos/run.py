@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import faults, leftovers, report
+from chaos import faults, leftovers, report, sentinel
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
 from termpool.config import QUEUE_KINDS
@@ -41,7 +41,7 @@ REQUEST_TIMEOUT = 60.0  # client timeout of one request: a hung request counts a
 class Scenario:
     name: str
     fault: str  # what the table says
-    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops (inject)
+    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops, sentinel-failover
     role: str | None = None  # the role a kill or a SIGSTOP hits
     slow_build: bool = False  # episodes use a fresh task whose image build is slow
     concurrency: int | None = None  # episodes at once, instead of --concurrency
@@ -50,7 +50,7 @@ class Scenario:
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
 # others from their end (a kill is instant; a SIGSTOP or a partition is timed once lifted).
-RECOVER_FROM_START = ("redis-restart", "restart-stack")
+RECOVER_FROM_START = ("redis-restart", "restart-stack", "sentinel-failover")
 
 SCENARIOS = {
     s.name: s
@@ -80,6 +80,7 @@ SCENARIOS = {
             "cpu-saturated", "4 CPU busy loops all along, 8 episodes at once", "busy-loops", busy_loops=4, concurrency=8
         ),
         Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
+        Scenario("sentinel-failover", "kill -9 Redis primary (Sentinel: replica + 3 sentinels)", "sentinel-failover"),
     )
 }
 
@@ -93,6 +94,8 @@ def inject(scenario: Scenario, service: Service, undo: faults.Undo) -> dict:
         return faults.restart_stack(service)
     if scenario.action == "partition":
         return faults.partition_redis(service, undo)
+    if scenario.action == "sentinel-failover":
+        return sentinel.fail_over(service)
     app = service.celery()
     if scenario.action == "sigstop":
         return faults.freeze_role(service, scenario.role, app, undo)
@@ -126,7 +129,8 @@ def run_scenario(
 ) -> dict:
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
-    service = Service(scratch_dir())
+    # sentinel-failover: Redis is a Sentinel deployment (chaos/sentinel.py), not serve.sh's own
+    service = (sentinel.SentinelService if scenario.action == "sentinel-failover" else Service)(scratch_dir())
     concurrency = scenario.concurrency or concurrency
     result: dict = {
         "scenario": scenario.name,
@@ -188,6 +192,7 @@ def run_episodes(
             fault_info.update(inject(scenario, service, undo))
         except Exception as exc:
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
+        at = fault_info.pop("hit_at", at)  # a fault that measures first says when it hit (monotonic)
         t0 = at if scenario.action in RECOVER_FROM_START else time.monotonic()
         fault_info["at_s"] = round(t0 - begin, 1)
         if "mark_at" in fault_info:  # the fault's end, monotonic: kept as seconds into the run

@@ -276,7 +276,7 @@ class Service:
         return None
 
     def store(self) -> Store:
-        return Store.from_url(self.env["REDIS_URL"])
+        return Store.connect(load_settings(self.env))  # its one Redis, or its Sentinel primary
 
     def celery(self):
         from termpool.queues import make_celery  # an app with the stack's broker and queues

@@ -165,6 +165,7 @@ def prebuild_command(directory, jobs, timeout, as_json):
     is safe while the pool runs. Exits 1 when any build failed.
     """
     from cli import prebuild as pb
+    from termpool.state import connection
 
     cfg = _cfg()
     root = _dataset_dir(directory)
@@ -172,7 +173,7 @@ def prebuild_command(directory, jobs, timeout, as_json):
     try:
         locks = pb.lock_store(cfg)
     except Exception as exc:
-        raise Fatal(f"Redis at {cfg.redis_url} is needed for the build locks: {exc}") from None
+        raise Fatal(f"{connection.describe(cfg)} is needed for the build locks: {exc}") from None
     limit = timeout or cfg.timeouts.ensure_image
     started = time.monotonic()
     with progress(

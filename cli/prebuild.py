@@ -38,7 +38,7 @@ class BuildResult:
 
 def lock_store(cfg: Settings) -> Store:
     """The state store whose locks serialise builds of one image on this host; checked now."""
-    store = Store.from_url(cfg.redis_url)
+    store = Store.connect(cfg)
     store.ping()
     return store
 

@@ -21,7 +21,8 @@ import requests
 
 from tasks.worker import node_name
 from termpool.client import Pool
-from termpool.state import Store
+from termpool.config import load_settings
+from termpool.state import Store, connection
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
@@ -36,7 +37,12 @@ def free_port() -> int:
 
 class Stack:
     def __init__(
-        self, env: dict | None = None, beat: bool = False, workdir: Path | None = None, durable_redis: bool = False
+        self,
+        env: dict | None = None,
+        beat: bool = False,
+        workdir: Path | None = None,
+        durable_redis: bool = False,
+        redis_group=None,
     ):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="termpool-stack-"))
         self.redis_port = free_port()
@@ -58,8 +64,13 @@ class Stack:
             "TEARDOWN_CONCURRENCY": "4",
             "LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT),
+            # A Sentinel deployment (devstack/sentinel.py SentinelGroup) instead of one Redis:
+            # REDIS_URL then names a port nothing listens on, so a client made without the
+            # sentinels fails instead of passing unnoticed.
+            **(redis_group.settings_env() if redis_group else {}),
             **(env or {}),
         }
+        self.redis_group = redis_group
         self.beat = beat
         # durable_redis: an append-only file in the workdir, fsynced every second, as the
         # deployments run it (scripts/start-backends.sh, docker-compose.yml).
@@ -95,6 +106,10 @@ class Stack:
         return proc
 
     def start_redis(self) -> None:
+        if self.redis_group:
+            self.redis_group.start()
+            self.redis = connection.client(load_settings(self.env))  # the primary, after failovers too
+            return
         self._spawn("redis", self.redis_argv)
         self.redis = redis.Redis(port=self.redis_port, decode_responses=True)
         self._wait(lambda: self.redis.ping(), "redis")
@@ -219,6 +234,8 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=30)
         self.procs.clear()
+        if self.redis_group:
+            self.redis_group.stop()
         if "client" in vars(self):
             self.client.close()
             del self.client  # a restarted stack gets a new one
@@ -228,7 +245,6 @@ class Stack:
     def _remove_containment(self, env: dict) -> None:
         """Drop the packet-filter rules a host's workers installed (environments/containment.py)."""
         from environments import containment
-        from termpool.config import load_settings
 
         cfg = load_settings(env)
         if cfg.containment != "off":

@@ -42,6 +42,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from termpool.config import Settings, settings
+from termpool.state import connection
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +119,14 @@ def parse_destination(entry: str) -> list[tuple[str, int | None]]:
 
 
 def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = (), own_subnets: tuple[str, ...] = ()) -> Guard:
-    """The pool's API and Flower ports; Redis as a local port or a remote address. A remote
-    address inside one of termpool's own networks (`own_subnets`: Redis as a compose service)
-    gets no rule of its own: the reject into termpool's bridges covers it, and an address rule
-    would outlive the network and cut off whichever pool's Redis is given that address next."""
+    """The pool's API and Flower ports; each Redis server (and sentinel) as a local port or a
+    remote address. A remote address inside one of termpool's own networks (`own_subnets`:
+    Redis as a compose service) gets no rule of its own: the reject into termpool's bridges
+    covers it, and an address rule would outlive the network and cut off whichever pool's
+    Redis is given that address next."""
     ports = {cfg.port, cfg.flower_port}
     remote: list[tuple[str, int | None]] = []
-    redis = urlsplit(cfg.redis_url)
-    if redis.scheme in ("redis", "rediss"):
-        host, port = redis.hostname or "localhost", redis.port or 6379
+    for host, port in connection.endpoints(cfg):  # the one Redis, or sentinels and their servers
         if _is_local(host):
             ports.add(port)
         else:

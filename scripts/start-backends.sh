@@ -3,7 +3,8 @@
 # (default redis://localhost:6379/0) names none that answers. That Redis is durable: an
 # append-only file, fsynced every second, in REDIS_DATA_DIR (default /var/lib/termpool/redis/<port>:
 # one folder per port, so two Redis servers on a host never share a file),
-# so a Redis restart loses no run.
+# so a Redis restart loses no run. A Sentinel deployment (REDIS_SENTINELS set) is the
+# operator's own: no Redis is started then.
 set -euo pipefail
 
 if ! docker info >/dev/null 2>&1; then
@@ -12,6 +13,7 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/termpool-dockerd.log" >&2; exit 1; }
 fi
 
+[ -n "${REDIS_SENTINELS:-}" ] && exit 0
 url=${REDIS_URL:-redis://localhost:6379/0}
 if ! python3 -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$url" 2>/dev/null; then
   port=$(python3 -c "import sys,urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)" "$url")

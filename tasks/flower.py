@@ -74,7 +74,7 @@ def announce_monitor() -> None:
     from termpool.queues import MONITOR_POLL
     from termpool.state import Store
 
-    store = Store.from_url(settings().redis_url)
+    store = Store.connect(settings())
 
     def announce() -> None:
         while True:

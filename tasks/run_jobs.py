@@ -132,8 +132,8 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
                 ):
                     store().job_retrying(job_id, self.name, code, error)
                     raise Transient(error) from exc
-                if on_failure:
-                    on_failure(run_id, error, code)
+                if on_failure:  # Redis away (a failover mid-job) must not keep the end below unwritten
+                    _while_unreachable(job_id, lambda: on_failure(run_id, error, code))
                 ended = True
                 _record_end(job_id, error=error, code=code, **settle)
                 raise
@@ -153,13 +153,19 @@ END_WRITE_SECONDS = 60.0  # a job's end is written again this long while Redis c
 
 
 def _record_end(job_id: str, **fields) -> None:
-    """Write a job's end, again while Redis cannot be reached (an outage, a partition): the work
-    is done and its caller waits for exactly this write; nothing else would ever end the job,
-    since its live process still holds it. Writing twice is harmless (the second is a late end)."""
+    """Write a job's end, again while Redis cannot be reached (an outage, a partition, a
+    failover): the work is done and its caller waits for exactly this write; nothing else would
+    ever end the job, since its live process still holds it. Writing twice is harmless (the
+    second is a late end)."""
+    _while_unreachable(job_id, lambda: store().job_finished(job_id, **fields))
+
+
+def _while_unreachable(job_id: str, write) -> None:
+    """write(), again for up to END_WRITE_SECONDS while Redis cannot be reached."""
     deadline, delay = time.monotonic() + END_WRITE_SECONDS, 0.25
     while True:
         try:
-            store().job_finished(job_id, **fields)
+            write()
             return
         except UNREACHABLE as exc:
             if time.monotonic() + delay > deadline:

@@ -75,6 +75,18 @@ def _dataset_sources(env) -> dict:
     return sources
 
 
+def _sentinels(env) -> tuple:
+    """REDIS_SENTINELS as ((host, port), ...): `host[:port]` entries, comma-separated, port 26379
+    by default (a `[v6]:port` too)."""
+    addresses = []
+    for entry in _list(env, "REDIS_SENTINELS"):
+        match = re.fullmatch(r"\[?([^\[\]]+?)\]?(?::(\d+))?", entry)
+        if not match or (":" in match[1] and not entry.startswith("[")):
+            raise ValueError(f"REDIS_SENTINELS entries must be host or host:port, not {entry!r}")
+        addresses.append((match[1], int(match[2] or 26379)))
+    return tuple(addresses)
+
+
 def _containment(env) -> str:
     raw = _str(env, "CONTAINMENT", "on").lower()
     value = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(raw, raw)
@@ -126,7 +138,14 @@ class Settings:
     container_cpu_limit: float  # 0: no limit of termpool's
     timeouts: Timeouts
     proxy_env: dict
-    redis_url: str
+    redis_url: str  # ignored when redis_sentinels is set
+    # Sentinel deployments (termpool/state/connection.py): the sentinels' addresses, the name
+    # they monitor the primary by, their own password, and the primary's database and password.
+    redis_sentinels: tuple  # ((host, port), ...); empty: REDIS_URL names the one Redis
+    redis_sentinel_master: str
+    redis_sentinel_password: str
+    redis_db: int
+    redis_password: str
     host_id: str
     concurrency: dict
     api_token: str
@@ -214,6 +233,11 @@ def load_settings(env=None) -> Settings:
         ),
         proxy_env={k: env[k] for k in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY") if env.get(k)},
         redis_url=_str(env, "REDIS_URL", "redis://localhost:6379/0"),
+        redis_sentinels=_sentinels(env),
+        redis_sentinel_master=_str(env, "REDIS_SENTINEL_MASTER", "termpool"),
+        redis_sentinel_password=_str(env, "REDIS_SENTINEL_PASSWORD"),
+        redis_db=_int(env, "REDIS_DB", 0, minimum=0),
+        redis_password=_str(env, "REDIS_PASSWORD"),
         host_id=_str(env, "POOL_HOST_ID", socket.gethostname()),
         concurrency=_concurrency(env, max_tasks, max_runs, max_closes),
         api_token=_str(env, "POOL_API_TOKEN"),

@@ -19,6 +19,7 @@ from celery import Celery
 from kombu import Queue
 
 from termpool.config import QUEUE_KINDS, Settings
+from termpool.state import connection
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
     # No result backend: job records in the state store are the results (see below). With a
     # Redis backend the sender also subscribes to each task's result channel (a SUBSCRIBE and
     # an UNSUBSCRIBE per job) and every worker thread builds its own backend client.
-    app = Celery("termpool", broker=cfg.redis_url, backend=None, include=include or [])
+    app = Celery("termpool", broker=connection.broker_url(cfg), backend=None, include=include or [])
     app.conf.update(
         task_queues=host_queues(cfg.host_id) + [Queue(MAINTENANCE_QUEUE, no_ack=True)],
         task_create_missing_queues=False,
@@ -122,7 +123,13 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         broker_channel_error_retry=True,
         # One priority step (termpool sends no priorities): every message of a queue is in the
         # Redis list named after it, whose LLEN is the queue's depth (Store.queue_depths).
-        broker_transport_options={"visibility_timeout": 4 * 3600, "priority_steps": [0]},
+        # A Sentinel deployment adds the primary's name (connection.py): kombu asks the
+        # sentinels for the primary at each connection, so a failover is one more reconnect.
+        broker_transport_options={
+            "visibility_timeout": 4 * 3600,
+            "priority_steps": [0],
+            **connection.broker_transport_options(cfg),
+        },
         worker_hijack_root_logger=False,
     )
     return app

@@ -58,7 +58,7 @@ def stop_checking_leaks(s: Stack, docker_client) -> None:
     """Stop the stack, remove its containers, and fail if any were left (the warm pool's spares
     too: a clean stop removes them). Teardowns of runs the tests closed run in the background:
     they get a minute to finish first."""
-    closing = Store.from_url(s.env["REDIS_URL"])
+    closing = Store(s.redis)  # the stack's Redis: its one server, or its Sentinel primary
     wait_for(lambda: not closing.closing_runs(s.host_id), 60, 0.5)
     owners = live_owners(closing, s.host_id)  # read before the stop takes Redis down
     s.stop()

@@ -54,13 +54,16 @@ runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
 hosts), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
-and every key builder; codec.py how record fields are stored. Every name is re-exported here.
+and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
+Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
 """
 
 from __future__ import annotations
 
 import redis
 
+from termpool.config import Settings
+from termpool.state import connection
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
@@ -130,6 +133,11 @@ UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is a
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 
 
+class RecordLost(redis.exceptions.ConnectionError):
+    """A record written moments ago is gone: Redis lost its latest writes (a failover to a
+    replica they had not reached yet; docs/operations.md). Met like Redis away: 503, retryable."""
+
+
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -144,18 +152,15 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
         self._finish_job = client.register_script(_FINISH_JOB)
 
     @classmethod
+    def connect(cls, cfg: Settings, timeout: float = 30) -> Store:
+        """A store on its own client of the deployment's Redis: REDIS_URL's, or the primary the
+        sentinels name (connection.py). How every termpool process reaches the state store."""
+        return cls(connection.client(cfg, timeout))
+
+    @classmethod
     def from_url(cls, url: str, timeout: float = 30) -> Store:
-        """A store on its own client. The socket timeout must exceed wait_job's polls of a few
-        seconds (readers that never block, like /metrics, pass a short one)."""
-        return cls(
-            redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                health_check_interval=30,
-                socket_timeout=timeout,
-                socket_connect_timeout=min(5, timeout),
-            )
-        )
+        """A store on one Redis by URL (tests and tools that start their own)."""
+        return cls(connection.client_for_url(url, timeout))
 
     def ping(self) -> bool:
         return bool(self._r.ping())
@@ -223,5 +228,6 @@ __all__ = [
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",
     "UNREACHABLE",
+    "RecordLost",
     "Store",
 ]

@@ -1,0 +1,111 @@
+"""Where Redis is, and the one place its clients are made: the state store of every process
+(facade, workers, a worker's heartbeat thread, the liveness watches, Flower, the CLI) and
+Celery's broker all come from here, so a Sentinel deployment reaches each of them.
+
+REDIS_URL names one Redis. REDIS_SENTINELS names the sentinels that watch a primary and its
+replicas instead (REDIS_SENTINEL_MASTER: the name they watch it by). redis-py's Sentinel client
+asks them for the primary's address whenever it opens a connection; a connection left on a
+primary that was demoted meets READONLY, which redis-py turns into a ConnectionError (and a new
+look-up next time). kombu's `sentinel://` transport does the same for the broker. So during a
+failover a caller meets ConnectionError or TimeoutError, as when the one Redis is away: the
+facade answers 503 BACKEND_UNAVAILABLE (retryable) and the workers keep trying (tasks/run_jobs.py).
+
+The Lua scripts survive a failover: redis-py's Script sends EVALSHA and, on NOSCRIPT from a
+server that never saw the script (the promoted replica), loads it and sends it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import quote, urlsplit
+
+import redis
+from redis.sentinel import Sentinel
+
+from termpool.config import Settings
+
+log = logging.getLogger(__name__)
+
+SENTINEL_TIMEOUT = 2.0  # seconds for one question to one sentinel: a silent one costs no more
+
+
+def client_options(timeout: float) -> dict:
+    """How every state-store connection behaves. The socket timeout must exceed wait_job's polls
+    of a few seconds (readers that never block, like /metrics, pass a short one)."""
+    return {
+        "decode_responses": True,
+        "health_check_interval": 30,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": min(5, timeout),
+    }
+
+
+def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
+    """A client of the primary: REDIS_URL's Redis, or the one the sentinels name now."""
+    if not cfg.redis_sentinels:
+        return client_for_url(cfg.redis_url, timeout)
+    sentinel = Sentinel(
+        list(cfg.redis_sentinels),
+        sentinel_kwargs={
+            "password": cfg.redis_sentinel_password or None,
+            "socket_timeout": min(SENTINEL_TIMEOUT, timeout),
+            "socket_connect_timeout": min(SENTINEL_TIMEOUT, timeout),
+        },
+    )
+    return sentinel.master_for(
+        cfg.redis_sentinel_master, db=cfg.redis_db, password=cfg.redis_password or None, **client_options(timeout)
+    )
+
+
+def client_for_url(url: str, timeout: float = 30) -> redis.Redis:
+    """A client of one Redis by URL (tests and tools that start their own)."""
+    return redis.Redis.from_url(url, **client_options(timeout))
+
+
+def broker_url(cfg: Settings) -> str:
+    """Celery's broker URL: REDIS_URL, or one `sentinel://` URL per sentinel joined by `;` (the
+    primary's password and database ride in each, as kombu reads them)."""
+    if not cfg.redis_sentinels:
+        return cfg.redis_url
+    auth = f":{quote(cfg.redis_password, safe='')}@" if cfg.redis_password else ""
+    return ";".join(f"sentinel://{auth}{_netloc(host, port)}/{cfg.redis_db}" for host, port in cfg.redis_sentinels)
+
+
+def broker_transport_options(cfg: Settings) -> dict:
+    """What kombu's sentinel transport needs besides the URL: the primary's name and the
+    sentinels' own password. Nothing for a plain Redis."""
+    if not cfg.redis_sentinels:
+        return {}
+    options: dict = {"master_name": cfg.redis_sentinel_master}
+    if cfg.redis_sentinel_password:
+        options["sentinel_kwargs"] = {"password": cfg.redis_sentinel_password}
+    return options
+
+
+def endpoints(cfg: Settings) -> list[tuple[str, int]]:
+    """The (host, port) of every Redis server termpool talks to, for the containment rules: the
+    one Redis (none for a unix socket), or the sentinels and the primary and replicas they
+    know now (a node that joins later is not among them: CONTAINMENT_BLOCK covers it)."""
+    if not cfg.redis_sentinels:
+        url = urlsplit(cfg.redis_url)
+        return [(url.hostname or "localhost", url.port or 6379)] if url.scheme in ("redis", "rediss") else []
+    found = list(cfg.redis_sentinels)
+    sentinel = client(cfg, timeout=SENTINEL_TIMEOUT).connection_pool.sentinel_manager
+    name = cfg.redis_sentinel_master
+    try:
+        found += [sentinel.discover_master(name), *sentinel.discover_slaves(name)]
+    except redis.RedisError as exc:  # no sentinel answers: the sentinels alone
+        log.warning("could not ask the sentinels for the Redis servers of %r: %s", name, exc)
+    return list(dict.fromkeys((host, int(port)) for host, port in found))
+
+
+def describe(cfg: Settings) -> str:
+    """Where the state store is, for error messages."""
+    if not cfg.redis_sentinels:
+        return f"Redis at {cfg.redis_url}"
+    sentinels = ",".join(_netloc(host, port) for host, port in cfg.redis_sentinels)
+    return f"the Redis primary {cfg.redis_sentinel_master!r} of sentinels {sentinels}"
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
