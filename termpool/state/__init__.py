@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import redis
 
+from termpool import failures
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
@@ -128,6 +129,9 @@ from termpool.state.warm import WarmState
 RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
+FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
+# A job that meets a full Redis fails with BACKEND_FULL (retryable), not INTERNAL.
+failures.register_codes({FULL: "BACKEND_FULL"})
 
 
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
@@ -223,5 +227,6 @@ __all__ = [
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",
     "UNREACHABLE",
+    "FULL",
     "Store",
 ]
