@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from devstack import Stack
-from tasks.runtime import through_outage
+from tasks.runtime import through_outage  # (its state store registers the codes of Redis's errors)
+from termpool import failures
 from tests.conftest import Router, stop_checking_leaks, wait_for
 
 
@@ -83,3 +84,11 @@ def test_a_call_that_must_land_waits_out_an_outage_only():
 
     with pytest.raises(redis.exceptions.ResponseError):
         through_outage(refused, "test")
+
+
+@pytest.mark.unit
+def test_a_job_failed_by_redis_has_a_retryable_code():
+    assert failures.classify(redis.exceptions.TimeoutError("Timeout connecting to server")) == "BACKEND_UNAVAILABLE"
+    assert failures.classify(redis.exceptions.ConnectionError("refused")) == "BACKEND_UNAVAILABLE"
+    assert failures.classify(redis.exceptions.OutOfMemoryError("OOM command not allowed")) == "BACKEND_FULL"
+    assert failures.retryable("BACKEND_FULL") and failures.retryable("CONTAINER_LOST")

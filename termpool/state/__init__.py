@@ -130,8 +130,9 @@ RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
-# A job that meets a full Redis fails with BACKEND_FULL (retryable), not INTERNAL.
-failures.register_codes({FULL: "BACKEND_FULL"})
+# A job that cannot reach Redis (an outage, a partition) or meets a full one fails with a
+# retryable code of its own, not INTERNAL.
+failures.register_codes({**dict.fromkeys(UNREACHABLE, "BACKEND_UNAVAILABLE"), FULL: "BACKEND_FULL"})
 
 
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
