@@ -121,7 +121,7 @@ class Engine:
         if run is None:
             raise UnknownLease(run_id)
         if run["state"] == LOST_STATE:
-            raise HostUnavailable("HOST_LOST", run.get("error") or f"the worker host of run {run_id} is lost")
+            raise HostUnavailable(run.get("code") or "HOST_LOST", run.get("error") or f"run {run_id} is lost")
         return run
 
     def require_serving(self, run: dict, job_kind: str) -> None:
@@ -278,7 +278,7 @@ class Engine:
         if run["state"] in ("closing", "closed"):
             raise RunClosed(f"run {run_id} is {run['state']}")
         if run["state"] == LOST_STATE:
-            raise HostUnavailable("HOST_LOST", run.get("error") or f"the worker host of run {run_id} is lost")
+            raise HostUnavailable(run.get("code") or "HOST_LOST", run.get("error") or f"run {run_id} is lost")
         if run["state"] not in allowed:
             raise NotReady(
                 f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "

@@ -51,6 +51,11 @@ def register(app: Flask) -> None:
     for exc_class in BACKEND_DOWN:
         app.register_error_handler(exc_class, backend_down)
 
+    @app.errorhandler(redis.exceptions.OutOfMemoryError)
+    def backend_full(exc):
+        log.warning("Redis refused a write: %s", exc)
+        return fail("BACKEND_FULL", f"Redis is at its memory limit and refused a write: {exc}", 503)
+
     @app.errorhandler(Exception)
     def unexpected(exc):
         log.exception("unhandled error")

@@ -95,11 +95,16 @@ class Client:
         self.pool.close()
 
 
+# Retryable, but not by sending the step again: the run itself is gone (a router starts a new one).
+RUN_GONE = ("CONTAINER_LOST", "HOST_LOST")
+
+
 class Retrying:
     """Sends an idempotent step again while its failure is retryable and keep_trying(seconds
     since the step's first failure) says so; counts the retries. No reply at all (connection
     refused or reset while the stack restarts) is retryable too (ServiceUnreachable), as a
-    router resends to a facade that is coming back."""
+    router resends to a facade that is coming back. A run that is gone (RUN_GONE) is not
+    asked again: the episode ends there."""
 
     def __init__(self, client: Client, keep_trying):
         self.client, self.keep_trying, self.retries = client, keep_trying, 0
@@ -111,7 +116,7 @@ class Retrying:
                 return self.client.call(step, request)
             except StepFailed as failed:
                 first = first or time.monotonic()
-                if not failed.retryable or not self.keep_trying(time.monotonic() - first):
+                if not failed.retryable or failed.code in RUN_GONE or not self.keep_trying(time.monotonic() - first):
                     raise
             self.retries += 1
             time.sleep(1)

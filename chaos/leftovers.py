@@ -22,13 +22,16 @@ RUN_LABEL = "termpool.run"
 SETTLE_TIMEOUT = 90.0
 
 
-def _docker():
-    return docker.from_env(timeout=60)
+def _docker(service: Service):
+    """The Docker engine the service's workers use (DOCKER_HOST in its settings: a second
+    daemon for docker-restart, else the machine's)."""
+    return docker.from_env(environment=service.env, timeout=60)
 
 
-def containers(host_id: str) -> list:
+def containers(service: Service) -> list:
     # read while the stack runs: a spare or a run may go between the listing and its inspect
-    return _docker().containers.list(all=True, filters={"label": f"{HOST_LABEL}={host_id}"}, ignore_removed=True)
+    mine = {"label": f"{HOST_LABEL}={service.host_id}"}
+    return _docker(service).containers.list(all=True, filters=mine, ignore_removed=True)
 
 
 def warm_spares(service: Service) -> set[str]:
@@ -36,7 +39,7 @@ def warm_spares(service: Service) -> set[str]:
     starting): spares, not leftovers (a clean stop removes them)."""
     try:
         store = Store(service.redis)
-        labels = {c.labels.get(RUN_LABEL, "") for c in containers(service.host_id)}
+        labels = {c.labels.get(RUN_LABEL, "") for c in containers(service)}
         return {run for run in labels if run.startswith("warm-") and store.warm_known(run)}
     except redis.RedisError:
         return set()
@@ -45,11 +48,11 @@ def warm_spares(service: Service) -> set[str]:
 def left_behind(service: Service) -> list:
     """The host's containers that are not warm spares."""
     spares = warm_spares(service)
-    return [c for c in containers(service.host_id) if c.labels.get(RUN_LABEL, "") not in spares]
+    return [c for c in containers(service) if c.labels.get(RUN_LABEL, "") not in spares]
 
 
-def networks(host_id: str) -> list:
-    return _docker().networks.list(filters={"label": f"{HOST_LABEL}={host_id}"})
+def networks(service: Service) -> list:
+    return _docker(service).networks.list(filters={"label": f"{HOST_LABEL}={service.host_id}"})
 
 
 def capacity(service: Service) -> dict | None:
@@ -96,7 +99,7 @@ def measure(service: Service) -> dict:
     return {
         "containers": [c.name for c in left_behind(service)],
         "warm_spares": sorted(spares),  # not counted: the warm pool holds them
-        "networks": [n.name for n in networks(service.host_id)],
+        "networks": [n.name for n in networks(service)],
         "socket_dirs": socket_dirs(service, spares),
         "slots_held": None if held is None else held["runs"],
         "closes_pending": None if held is None else held["closes"],
@@ -151,13 +154,13 @@ def cleanup(service: Service) -> dict:
     """Remove whatever the stack left (after it stopped): containers, networks, the images the
     harness built, the scenario's folders. Returns what had to be removed."""
     removed = {"containers": 0, "networks": 0, "images": 0}
-    for container in containers(service.host_id):
+    for container in containers(service):
         try:
             container.remove(force=True, v=True)
             removed["containers"] += 1
         except docker.errors.NotFound:
             pass
-    for network in networks(service.host_id):
+    for network in networks(service):
         try:
             network.remove()
             removed["networks"] += 1
@@ -165,7 +168,7 @@ def cleanup(service: Service) -> dict:
             pass
     for image in service.images:
         try:
-            _docker().images.remove(image, force=True)
+            _docker(service).images.remove(image, force=True)
             removed["images"] += 1
         except docker.errors.ImageNotFound:
             pass

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import faults, leftovers, report, sentinel
+from chaos import faults, grey, leftovers, report, sentinel
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
 from termpool.config import QUEUE_KINDS
@@ -50,7 +50,7 @@ class Scenario:
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
 # others from their end (a kill is instant; a SIGSTOP or a partition is timed once lifted).
-RECOVER_FROM_START = ("redis-restart", "restart-stack", "sentinel-failover")
+RECOVER_FROM_START = ("redis-restart", "restart-stack", "sentinel-failover", *grey.RECOVER_FROM_START)
 
 SCENARIOS = {
     s.name: s
@@ -81,13 +81,16 @@ SCENARIOS = {
         ),
         Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
         Scenario("sentinel-failover", "kill -9 Redis primary (Sentinel: replica + 3 sentinels)", "sentinel-failover"),
+        *(Scenario(name, fault, action) for name, fault, action in grey.SCENARIOS),
     )
 }
 
 
-def inject(scenario: Scenario, service: Service, undo: faults.Undo) -> dict:
+def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None) -> dict:
     if scenario.action in ("none", "busy-loops"):  # the busy loops run around the episodes
         return {"action": scenario.action}
+    if scenario.action in grey.ACTIONS:
+        return grey.inject(scenario.action, service, daemon)
     if scenario.action == "redis-restart":
         return faults.restart_redis(service)
     if scenario.action == "restart-stack":
@@ -129,8 +132,19 @@ def run_scenario(
 ) -> dict:
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
-    # sentinel-failover: Redis is a Sentinel deployment (chaos/sentinel.py), not serve.sh's own
-    service = (sentinel.SentinelService if scenario.action == "sentinel-failover" else Service)(scratch_dir())
+    try:
+        with grey.backdrop(scenario.action) as (env, daemon):
+            # sentinel-failover: Redis is a Sentinel deployment (chaos/sentinel.py), not serve.sh's own
+            kind = sentinel.SentinelService if scenario.action == "sentinel-failover" else Service
+            service = kind(scratch_dir(), env)
+            return _run_scenario(scenario, service, daemon, episodes, concurrency, logs, request_timeout)
+    except Exception as exc:  # what the scenario runs on (a second Docker daemon) could not be set up
+        return {"scenario": scenario.name, "fault": scenario.fault, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _run_scenario(
+    scenario: Scenario, service: Service, daemon, episodes: int, concurrency: int, logs: Path, request_timeout: float
+) -> dict:
     concurrency = scenario.concurrency or concurrency
     result: dict = {
         "scenario": scenario.name,
@@ -149,7 +163,7 @@ def run_scenario(
         if not ok:
             raise RuntimeError(f"warm-up episode failed: {why}")
         task = service.slow_task(SLOW_BUILD_SECONDS) if scenario.slow_build else BASE_TASK
-        result.update(run_episodes(scenario, service, task, episodes, concurrency, request_timeout))
+        result.update(run_episodes(scenario, service, task, episodes, concurrency, request_timeout, daemon))
         result["settle_s"] = leftovers.settle(service)
         result["not_running_after"] = service.missing_roles() if service.alive() else ["serve.sh"]
         result["leftovers"] = leftovers.measure(service)
@@ -161,7 +175,13 @@ def run_scenario(
 
 
 def run_episodes(
-    scenario: Scenario, service: Service, task: str, episodes: int, concurrency: int, request_timeout: float
+    scenario: Scenario,
+    service: Service,
+    task: str,
+    episodes: int,
+    concurrency: int,
+    request_timeout: float,
+    daemon=None,
 ) -> dict:
     """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery."""
     log = Log()
@@ -189,7 +209,7 @@ def run_episodes(
         service.snapshot()
         at = time.monotonic()
         try:
-            fault_info.update(inject(scenario, service, undo))
+            fault_info.update(inject(scenario, service, undo, daemon))
         except Exception as exc:
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
         at = fault_info.pop("hit_at", at)  # a fault that measures first says when it hit (monotonic)

@@ -70,19 +70,42 @@ class SecondDocker:
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", BRIDGE_CIDR, "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+        self._launch(timeout)
+        return self
+
+    def _launch(self, timeout: float) -> None:
+        """Start dockerd with argv() and wait until it answers."""
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 (the daemon's output: it outlives this call)
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dockerd {self.name} exited; see {self.root / 'dockerd.log'}")
             try:
                 if self.client().ping():
-                    return self
+                    return
             except docker.errors.DockerException:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"dockerd {self.name} did not answer within {timeout} s")
+
+    def restart(self, timeout: float = 90) -> dict:
+        """Restart the daemon as an upgrade does: SIGTERM to its pid, then the same argv and
+        data root again. Live-restore is off, so the containers it ran are stopped (their
+        processes die). Returns the pids and the seconds it was down."""
+        old = self.proc.pid
+        down = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        stopped = time.monotonic()
+        self._launch(timeout)
+        return {
+            "old_pid": old,
+            "new_pid": self.proc.pid,
+            "stop_s": round(stopped - down, 1),
+            "down_s": round(time.monotonic() - down, 1),
+        }
 
     def client(self) -> docker.DockerClient:
         return docker.DockerClient(base_url=self.host, timeout=120)

@@ -25,12 +25,12 @@ from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
 from tasks import lost_jobs, warm_pool
-from tasks.runtime import remove_env, store
+from tasks.runtime import remove_env, store, through_outage
 from termpool import failures
 from termpool.config import settings
 from termpool.harbor_task import is_harbor_task
 from termpool.paths import resolve_task_path
-from termpool.state import NO_FAILURE, UNREACHABLE
+from termpool.state import NO_FAILURE, STARTED_STATES, UNAVAILABLE
 from termpool.task_spec import TaskError, Unsupported, load_task_cached
 
 
@@ -112,7 +112,10 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
         # Running now if it was queued, and listed under this process until it ends here
         # (lost_jobs: a process that dies with it listed gets its job recovered).
-        state = store().begin_job(job_id, self.request.hostname or "", lost_jobs.TOKEN, lost_jobs.resendable(self))
+        begin = functools.partial(
+            store().begin_job, job_id, self.request.hostname or "", lost_jobs.TOKEN, lost_jobs.resendable(self)
+        )
+        state = through_outage(begin, f"job {job_id}'s start")
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
         ended, settle = False, {"worker": lost_jobs.TOKEN, "ready_run": run_id if busy else ""}
@@ -123,19 +126,23 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
             except HandedOver:
                 return None  # another task carries this job on
             except Exception as exc:
-                code, error = failures.classify(exc), _describe(exc)
+                lost = _container_lost(run_id, exc)
+                code, error = failures.classify(lost or exc), _describe(lost or exc)
                 if (
                     retry
+                    and not lost
                     and not getattr(exc, NO_RETRY, False)
                     and transient(exc)
                     and self.request.retries < self.max_retries
                 ):
                     store().job_retrying(job_id, self.name, code, error)
                     raise Transient(error) from exc
-                if on_failure:  # Redis away (a failover mid-job) must not keep the end below unwritten
-                    _while_unreachable(job_id, lambda: on_failure(run_id, error, code))
+                if on_failure:  # the run's state must follow the job's end: it waits out an outage too
+                    through_outage(lambda: on_failure(run_id, error, code), f"run {run_id} after job {job_id}")
                 ended = True
                 _record_end(job_id, error=error, code=code, **settle)
+                if lost is not None and lost is not exc:
+                    raise lost from exc
                 raise
             if final:
                 ended = True
@@ -149,30 +156,34 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
     return wrapper
 
 
-END_WRITE_SECONDS = 60.0  # a job's end is written again this long while Redis cannot be reached
+def _container_lost(run_id: str, exc: Exception) -> failures.ContainerLost | None:
+    """What a job on a started run met when its client container no longer runs (its Docker
+    engine restarted without live-restore, or it was removed), whatever Docker's refusal looked
+    like: the run is marked lost with CONTAINER_LOST, so every later call on it answers that at
+    once and the host's next reconcile closes it. None while the container runs, or when Docker
+    cannot be asked (it is away: the failure says that itself)."""
+    if isinstance(exc, (RunClosed, RunNotStarted, HandedOver)):
+        return None
+    known = exc if isinstance(exc, failures.ContainerLost) else None
+    try:
+        run = store().get_run(run_id) or {}
+        client = (run.get("env") or {}).get("client")
+        if run.get("state") not in STARTED_STATES or not client:
+            return known
+        if known is None and lifecycle.is_running(client):
+            return None
+        lost = known or failures.ContainerLost(f"run {run_id}: its container {client} no longer runs")
+        store().mark_run_lost(run_id, str(lost), STARTED_STATES, code=lost.code)
+        return lost
+    except (UNAVAILABLE, docker.errors.DockerException, requests.exceptions.RequestException):
+        return known
 
 
 def _record_end(job_id: str, **fields) -> None:
-    """Write a job's end, again while Redis cannot be reached (an outage, a partition, a
-    failover): the work is done and its caller waits for exactly this write; nothing else would
-    ever end the job, since its live process still holds it. Writing twice is harmless (the
-    second is a late end)."""
-    _while_unreachable(job_id, lambda: store().job_finished(job_id, **fields))
-
-
-def _while_unreachable(job_id: str, write) -> None:
-    """write(), again for up to END_WRITE_SECONDS while Redis cannot be reached."""
-    deadline, delay = time.monotonic() + END_WRITE_SECONDS, 0.25
-    while True:
-        try:
-            write()
-            return
-        except UNREACHABLE as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("job %s: its end not written yet (%s); trying again", job_id, exc)
-        time.sleep(delay)
-        delay = min(2 * delay, 2.0)
+    """Write a job's end, again while Redis cannot be reached (an outage, a partition): the work
+    is done and its caller waits for exactly this write; nothing else would ever end the job,
+    since its live process still holds it. Writing twice is harmless (the second is a late end)."""
+    through_outage(lambda: store().job_finished(job_id, **fields), f"job {job_id}'s end")
 
 
 def _describe(exc: BaseException) -> str:
@@ -303,9 +314,14 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         "user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
         "tool_schemas": tool_schemas(settings().expose_kill_tool),
     }
-    if not store().set_state_if_live(
-        run_id, "ready", env=env.to_dict(), score=None, tests=None, rewards=None, **NO_FAILURE, **reply
-    ):
+    try:
+        ready = store().set_state_if_live(
+            run_id, "ready", env=env.to_dict(), score=None, tests=None, rewards=None, **NO_FAILURE, **reply
+        )
+    except Exception:  # not recorded (Redis away or full): nothing would ever remove it
+        remove_env(run_id, env.to_dict())
+        raise
+    if not ready:
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
@@ -397,15 +413,18 @@ def evaluate(self, *, host, run_id, job_id):
 
 # ---- teardown and maintenance ---------------------------------------------------------------
 def _teardown_failed(run_id: str, error: str, code: str) -> None:
-    store().mark_closed(run_id, error=error)
+    through_outage(lambda: store().mark_closed(run_id, error=error), f"run {run_id} closed")
 
 
 @shared_task(name="pool.close_run", bind=True, **RETRY_OPTIONS)
 @_job(on_failure=_teardown_failed, retry=True)
 def close_run(self, *, host, run_id, job_id):
-    """Teardown is idempotent (containers found by label), so a transient failure is retried."""
-    run = store().get_run(run_id) or {}
+    """Teardown is idempotent (containers found by label), so a transient failure is retried.
+    Its Redis calls wait out an outage: a teardown cut short by one would leave its run's
+    socket folder and its close pending until the reaper sends it again."""
+    run = through_outage(lambda: store().get_run(run_id) or {}, f"run {run_id}'s record")
     removed = remove_env(run_id, run.get("env") or {})
-    store().mark_closed(run_id)
-    store().fail_queued_jobs(run_id, f"run {run_id} was closed before this job ran")
+    through_outage(lambda: store().mark_closed(run_id), f"run {run_id} closed")
+    message = f"run {run_id} was closed before this job ran"
+    through_outage(lambda: store().fail_queued_jobs(run_id, message), f"run {run_id}'s queued jobs failed")
     return {"containers_removed": removed}

@@ -1,12 +1,21 @@
-"""What every job module of a worker process shares: the state store and run teardown."""
+"""What every job module of a worker process shares: the state store, Redis calls that wait
+out an outage, and run teardown."""
 
 from __future__ import annotations
 
 import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from environments import lifecycle
 from termpool.config import settings
-from termpool.state import Store
+from termpool.state import FULL, UNREACHABLE, Store
+
+OUTAGE_SECONDS = 60.0  # a Redis call that must land is tried again this long while Redis cannot take it
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -14,11 +23,31 @@ def store() -> Store:
     return Store.connect(settings())
 
 
+def through_outage(call: Callable[[], T], what: str) -> T:
+    """call(), again while Redis cannot be reached (an outage, a partition) or refuses writes
+    (full: maxmemory) for up to OUTAGE_SECONDS: for the Redis calls of work that is done or under way on this host, which
+    nothing else would finish (a job's end, a teardown's bookkeeping). Every such call must be
+    safe to make twice."""
+    deadline, delay = time.monotonic() + OUTAGE_SECONDS, 0.25
+    while True:
+        try:
+            return call()
+        except (*UNREACHABLE, FULL) as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: Redis not reached yet (%s); trying again", what, exc)
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
+
+
 def remove_env(run_id: str, env: dict) -> int:
-    """Remove a run's containers and networks (its warm container's too) and its socket folder."""
-    removed = lifecycle.remove_run_resources(run_id, env.get("project", ""))
-    if env.get("warm_id"):
-        removed += lifecycle.remove_run_resources(env["warm_id"])
-        store().warm_forget(env["warm_id"])
-    lifecycle.remove_ctl_dir(env.get("ctl_dir", ""))
+    """Remove a run's containers and networks (its warm container's too) and its socket folder
+    (whatever else fails: it is this host's file, and nothing else would remove it)."""
+    try:
+        removed = lifecycle.remove_run_resources(run_id, env.get("project", ""))
+        if env.get("warm_id"):
+            removed += lifecycle.remove_run_resources(env["warm_id"])
+            through_outage(lambda: store().warm_forget(env["warm_id"]), f"run {run_id}'s warm container forgotten")
+    finally:
+        lifecycle.remove_ctl_dir(env.get("ctl_dir", ""))
     return removed

@@ -45,10 +45,22 @@ CODES: dict[str, Code] = {
         Code("REWARD_MISSING", "task", False, "a Harbor task's verifier wrote no usable reward file"),
         # infrastructure errors: retry the episode
         Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
+        Code(
+            "BACKEND_FULL",
+            "infrastructure",
+            True,
+            "Redis refused a write: it is at its memory limit (maxmemory with noeviction)",
+        ),
         Code("DOCKER_ERROR", "infrastructure", True, "the Docker engine answered with a server error"),
         Code("WORKER_LOST", "infrastructure", True, "the worker process running the job died"),
         Code("TIMEOUT", "infrastructure", True, "an operation of termpool's did not finish within its time limit"),
         Code("HOST_LOST", "infrastructure", True, "the worker host of the run stopped answering"),
+        Code(
+            "CONTAINER_LOST",
+            "infrastructure",
+            True,
+            "the run's container stopped under it (its Docker engine restarted, or it was removed): start a new run",
+        ),
         Code("WORKERS_DOWN", "infrastructure", True, "no live worker consumes the queue this job needs"),
         Code("NOT_READY", "infrastructure", True, "no worker host serves every queue kind yet (GET /readyz only)"),
         Code("INTERNAL", "infrastructure", True, "an unexpected error in termpool (a bug: please report it)"),

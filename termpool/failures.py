@@ -82,6 +82,13 @@ class DockerError(Failure):
     code = "DOCKER_ERROR"
 
 
+class ContainerLost(Failure):
+    """The run's container stopped under it (its Docker engine restarted without live-restore,
+    or it was removed): the run cannot go on; a new one can."""
+
+    code = "CONTAINER_LOST"
+
+
 class WorkerLost(Failure):
     code = "WORKER_LOST"
 

@@ -107,35 +107,50 @@ def test_busy_loops_are_killed_whatever_happens():
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def test_baseline_scenario_runs_clean(tmp_path):
+def run_chaos(tmp_path, scenario: str, episodes: int, timeout: float = 300) -> tuple[dict, str]:
+    """One scenario through `python -m chaos.run`, two episodes at once: its JSON record and the table."""
     out = tmp_path / "chaos.json"
+    argv = ["--scenarios", scenario, "--episodes", str(episodes), "--concurrency", "2", "--json", str(out)]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chaos.run",
-            "--scenarios",
-            "baseline",
-            "--episodes",
-            "2",
-            "--concurrency",
-            "2",
-            "--json",
-            str(out),
-            "--logs",
-            str(tmp_path / "logs"),
-        ],
+        [sys.executable, "-m", "chaos.run", *argv, "--logs", str(tmp_path / "logs")],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| baseline | none | 2/2 | 0 | 0 |" in proc.stdout, proc.stdout
     result = json.loads(out.read_text())["scenarios"][0]
     assert "error" not in result, result
+    return result, proc.stdout
+
+
+def test_baseline_scenario_runs_clean(tmp_path):
+    result, table = run_chaos(tmp_path, "baseline", 2)
+    assert "| baseline | none | 2/2 | 0 | 0 |" in table, table
     assert result["episodes_ok"] == 2 and result["requests"] == 16, result
     assert result["recover_s"] is not None and result["not_running_after"] == [], result
     assert result["leftover_count"] == 0, result["leftovers"]
     left = docker.from_env().containers.list(all=True, filters={"label": f"termpool.host={result['host_id']}"})
     assert left == []
+
+
+def test_redis_at_maxmemory_answers_503_and_serves_again(tmp_path):
+    """A full Redis: refused requests are 503 BACKEND_FULL (none 500, no hang), no worker is
+    taken for dead, nothing is half-written, nothing is left, and it serves once lifted."""
+    result, _ = run_chaos(tmp_path, "redis-maxmemory", 4)
+    assert set(result["request_failures_by_code"]) <= {"BACKEND_FULL"}, result["request_failures_by_code"]
+    assert result["runs_lost"] == 0 and result["refused"] == 0, result["failure_examples"]
+    assert result["fault_detail"]["half_written"] == [], result["fault_detail"]
+    assert result["requests_over_20s"] == 0 and result["recover_s"] is not None, result
+    assert result["leftover_count"] == 0, result["leftovers"]
+
+
+def test_docker_restart_fails_lost_runs_with_a_retryable_code(tmp_path):
+    """The second Docker daemon restarted under live runs: their calls answer CONTAINER_LOST
+    (BACKEND_UNAVAILABLE while it is down), none waits 20 s, nothing is left, and a new
+    episode succeeds once it is back."""
+    result, _ = run_chaos(tmp_path, "docker-restart", 4, timeout=600)
+    assert set(result["request_failures_by_code"]) <= {"CONTAINER_LOST", "BACKEND_UNAVAILABLE"}, result
+    assert set(result["failed_by_code"]) <= {f"CONTAINER_LOST ({step})" for step in ("reset", "write", "evaluate")}
+    assert result["requests_over_20s"] == 0 and result["recover_s"] is not None, result
+    assert result["leftover_count"] == 0, result["leftovers"]

@@ -33,7 +33,9 @@ def test_every_code_has_a_status_on_each_face():
             assert row["in_job_records"] == (code not in error_codes.PROBE_CODES), code
     assert {c for c in rows if error_codes.pool_status(c) == 503} == {
         "BACKEND_UNAVAILABLE",
+        "BACKEND_FULL",
         "HOST_LOST",
+        "CONTAINER_LOST",
         "WORKERS_DOWN",
         "NOT_READY",
     }

@@ -33,14 +33,16 @@ from environments.tools.texts import (
     WRITTEN,
 )
 from environments.tools.transport import HelperTransport
+from termpool.failures import ContainerLost
 
 KIND_INTERACTIVE = "interactive"  # started with block false/null: pty, open stdin
 KIND_BLOCKING = "blocking"  # a blocking command that outlived its timeout
 
 
 def is_infrastructure_error(exc: BaseException) -> bool:
-    """Docker or Redis unreachable: the caller's business (a 503), not an observation."""
-    return isinstance(exc, (requests.exceptions.ConnectionError, redis.exceptions.RedisError))
+    """Docker or Redis unreachable, or the container gone: the caller's business (a 503), not
+    an observation."""
+    return isinstance(exc, (requests.exceptions.ConnectionError, redis.exceptions.RedisError, ContainerLost))
 
 
 class ToolContext:

@@ -12,6 +12,8 @@ import time
 from typing import NamedTuple
 from urllib.parse import quote
 
+import docker.errors
+
 from environments.session_helper import HELPER_PATH, exec_never_started, prepare_container
 from environments.tools.server_socket import (
     ask_server,
@@ -20,6 +22,7 @@ from environments.tools.server_socket import (
     unprepared,
     wait_for_first_server,
 )
+from termpool.failures import ContainerLost
 
 # What a helper from before the output limits says to today's spawn arguments.
 _OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv..."
@@ -68,6 +71,8 @@ class HelperTransport:
             if out is not None and unprepared(out):
                 prepare_container(self.container)  # /workspace or the helper was removed
                 out = ask_server(self.ctl_socket, request)
+            if out == b"":  # the server went mid-call: with its container (a Docker restart)?
+                self.require_running()
             if out is not None:
                 return Reply(out, b"", True)
             try:
@@ -88,11 +93,26 @@ class HelperTransport:
         # The low-level API: exec_run inspects the exec too, but keeps only its exit code, which
         # does not tell a helper that never started from one that exited 126.
         api = self.container.client.api
-        exec_id = api.exec_create(
-            self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
-        )["Id"]
+        try:
+            exec_id = api.exec_create(
+                self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
+            )["Id"]
+        except docker.errors.APIError as exc:
+            if exc.status_code in (404, 409):  # no such container, or it does not run
+                self.require_running()
+            raise
         out, err = api.exec_start(exec_id, demux=True)
         return Reply(out or b"", err or b"", not exec_never_started(api, exec_id))
+
+    def require_running(self) -> None:
+        """ContainerLost unless the container runs (asked now): a stopped container takes no
+        call, and a tool error observation would hide that the run is over."""
+        try:
+            running = self.container.client.api.inspect_container(self.container.id)["State"]["Running"]
+        except docker.errors.NotFound:
+            running = False
+        if not running:
+            raise ContainerLost(f"the run's container {self.container.id} no longer runs")
 
     def put_file(self, path: str, data: bytes) -> tuple[str, str] | None:
         """Write a file through the server (`tp-session put`): (status, reason); None when there
@@ -101,6 +121,7 @@ class HelperTransport:
             return None
         out = ask_server(self.ctl_socket, encode_request(["put", path], None, None), data)
         if out is None:
+            self.require_running()  # else the archive API would write into a stopped container
             restart_server(self.container, self.ctl_socket)
             return None
         status, _, reason = out.decode("utf-8", "replace").partition("\n")[0].partition(" ")

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import redis
 
+from termpool import failures
 from termpool.config import Settings
 from termpool.state import connection
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
@@ -131,6 +132,10 @@ from termpool.state.warm import WarmState
 RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
+FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
+# A job that cannot reach Redis (an outage, a partition) or meets a full one fails with a
+# retryable code of its own, not INTERNAL.
+failures.register_codes({**dict.fromkeys(UNREACHABLE, "BACKEND_UNAVAILABLE"), FULL: "BACKEND_FULL"})
 
 
 class RecordLost(redis.exceptions.ConnectionError):
@@ -229,5 +234,6 @@ __all__ = [
     "UNAVAILABLE",
     "UNREACHABLE",
     "RecordLost",
+    "FULL",
     "Store",
 ]

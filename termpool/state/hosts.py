@@ -145,6 +145,25 @@ redis.call('DEL', p .. 'host:' .. h .. ':live', p .. 'host:' .. h .. ':keys')
 return live
 """
 
+# Heartbeats go through a full Redis (maxmemory with noeviction refuses other writes): a beat
+# overwrites the same few fields, so it grows nothing, and a refused beat would have the
+# failure detectors take a full Redis for dead workers (WORKERS_DOWN, HOST_LOST, lost jobs).
+# allow-oom needs a script with flags (Redis 7). Every key is declared.
+# KEYS: the key, its hash. ARGV: the key's value, its TTL, the hash field, its value.
+_KEY_AND_FIELD_BEAT = """#!lua flags=allow-oom
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if KEYS[2] then redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) end
+return 1
+"""
+# KEYS: the hosts list, the host's nodes, the host's info. ARGV: host, now, node, "kind now",
+# then the info's field, value pairs.
+_HOST_BEAT = """#!lua flags=allow-oom
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+if #ARGV > 4 then redis.call('HSET', KEYS[3], unpack(ARGV, 5)) end
+return 1
+"""
+
 
 class HostsState:
     """Store's worker hosts, their processes and placement."""
@@ -155,8 +174,16 @@ class HostsState:
     def live_hosts(self) -> list[str]:
         return self._r.zrangebyscore(keys.HOSTS, time.time() - keys.HOST_ALIVE_SECONDS, "+inf")
 
+    @functools.cached_property
+    def _key_and_field_beat(self):
+        return self._r.register_script(_KEY_AND_FIELD_BEAT)
+
+    @functools.cached_property
+    def _host_beat(self):
+        return self._r.register_script(_HOST_BEAT)
+
     def node_heartbeat(self, node: str) -> None:
-        self._r.set(keys.node_key(node), "1", ex=keys.NODE_TTL)
+        self._key_and_field_beat(keys=[keys.node_key(node)], args=["1", keys.NODE_TTL])
 
     def node_alive(self, node: str) -> bool:
         return bool(self._r.exists(keys.node_key(node)))
@@ -177,10 +204,10 @@ class HostsState:
     # worker that gets its predecessor's node name is still told apart from it.
     def worker_beat(self, host: str, token: str, facts: dict) -> None:
         """A worker process is alive (for NODE_TTL seconds); facts say how to check its pid."""
-        pipe = self._r.pipeline()
-        pipe.set(keys.worker_key(token), facts.get("node", ""), ex=keys.NODE_TTL)
-        pipe.hset(keys.host_workers_key(host), token, json.dumps(facts))
-        pipe.execute()
+        self._key_and_field_beat(
+            keys=[keys.worker_key(token), keys.host_workers_key(host)],
+            args=[facts.get("node", ""), keys.NODE_TTL, token, json.dumps(facts)],
+        )
 
     def worker_alive(self, token: str) -> bool:
         return bool(self._r.exists(keys.worker_key(token)))
@@ -217,11 +244,11 @@ class HostsState:
         """A worker process of `host` consuming queue `kind` is alive (at `now`, default: now);
         capacity: its host's limits."""
         now = time.time() if now is None else now
-        pipe = self._r.pipeline()
-        pipe.zadd(keys.HOSTS, {host: now})
-        pipe.hset(keys.host_nodes_key(host), node, f"{kind} {now}")
-        pipe.hset(keys.host_info_key(host), mapping={k: str(v) for k, v in capacity.items()})
-        pipe.execute()
+        info = [str(part) for item in capacity.items() for part in item]
+        self._host_beat(
+            keys=[keys.HOSTS, keys.host_nodes_key(host), keys.host_info_key(host)],
+            args=[host, repr(now), node, f"{kind} {now}", *info],
+        )
 
     def host_node_stopped(self, host: str, node: str, kind: str) -> None:
         """A worker process stopped cleanly: its kind is down at once; the host leaves the hosts

@@ -41,22 +41,23 @@ return host
 """
 
 
-# One run of a host is lost (its containers died with a previous incarnation of its host): it
-# leaves the host's capacity and becomes "lost" (HOST_LOST) while still in one of the states
-# given, as _MARK_LOST (hosts.py) does for a whole host. ARGV: prefix, run, now, error, states.
+# One run of a host is lost (its containers died with a previous incarnation of its host, or
+# under a restarted Docker engine): it leaves the host's capacity and becomes "lost" (with the
+# code given) while still in one of the states given, as _MARK_LOST (hosts.py) does for a whole
+# host. ARGV: prefix, run, now, error, code, states.
 _MARK_RUN_LOST = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
 local allowed = false
-for i = 5, #ARGV do if state == ARGV[i] then allowed = true end end
+for i = 6, #ARGV do if state == ARGV[i] then allowed = true end end
 if not allowed then return 0 end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
 local keys_key = prefix .. 'host:' .. host .. ':keys'
 if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', keys_key, task_key) end
 redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
 redis.call('SADD', prefix .. 'host:' .. host .. ':lost', run_id)
-redis.call('HSET', run_key, 'state', 'lost', 'code', 'HOST_LOST', 'error', ARGV[4], 'retryable', 'true', 'lost_at', ARGV[3])
+redis.call('HSET', run_key, 'state', 'lost', 'code', ARGV[5], 'error', ARGV[4], 'retryable', 'true', 'lost_at', ARGV[3])
 return 1
 """
 
@@ -164,10 +165,12 @@ class RunsState:
         teardown waits in its host's queue."""
         return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state]) or None
 
-    def mark_run_lost(self, run_id: str, error: str, states: tuple) -> bool:
-        """The run died with its host's previous incarnation: lost (HOST_LOST) if still in one
-        of `states`; its host's next reconcile closes it (settle_lost_runs)."""
-        return bool(self._mark_run_lost(args=[keys.PREFIX, run_id, time.time(), failures.cap(error), *states]))
+    def mark_run_lost(self, run_id: str, error: str, states: tuple, code: str = "HOST_LOST") -> bool:
+        """The run died with its host's previous incarnation (HOST_LOST), or its container under
+        a restarted Docker engine (CONTAINER_LOST): lost, with that code, if still in one of
+        `states`; its host's next reconcile closes it (settle_lost_runs)."""
+        args = [keys.PREFIX, run_id, time.time(), failures.cap(error), code, *states]
+        return bool(self._mark_run_lost(args=args))
 
     def mark_closed(self, run_id: str, error: str = "") -> None:
         host = self._r.hget(keys.run_key(run_id), "host")
