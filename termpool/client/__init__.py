@@ -36,10 +36,12 @@ Run, Lease, Job; aio.py: AsyncPool, AsyncRun, AsyncLease, AsyncJob.
 from termpool.client.aio import AsyncJob, AsyncLease, AsyncPool, AsyncRun
 from termpool.client.calls import Episode, Evaluation, exec_call, task_meta, tool_call, write_file_call
 from termpool.client.errors import (
+    BackendFull,
     BackendUnavailable,
     BadRequest,
     CapacityExhausted,
     ClientError,
+    ContainerLost,
     DockerError,
     Forbidden,
     HostLost,
@@ -121,7 +123,9 @@ __all__ = [
     "TestsTimeout",
     "TestsUnparsable",
     "RewardMissing",
+    "BackendFull",
     "BackendUnavailable",
+    "ContainerLost",
     "DockerError",
     "WorkerLost",
     "OperationTimeout",

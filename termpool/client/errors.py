@@ -144,8 +144,16 @@ class BackendUnavailable(InfrastructureError):
     code = "BACKEND_UNAVAILABLE"  # noqa: E701
 
 
+class BackendFull(InfrastructureError):
+    code = "BACKEND_FULL"  # noqa: E701
+
+
 class DockerError(InfrastructureError):
     code = "DOCKER_ERROR"  # noqa: E701
+
+
+class ContainerLost(InfrastructureError):
+    code = "CONTAINER_LOST"  # noqa: E701
 
 
 class WorkerLost(InfrastructureError):
