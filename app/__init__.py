@@ -63,7 +63,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
-    store = Store.from_url(cfg.redis_url)
+    store = Store.from_url(cfg.redis_url, record_ttl=cfg.record_ttl)
     app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
     follow_monitor(celery, cfg, store)
     _guard(app, cfg)

@@ -11,7 +11,7 @@ from termpool.state import Store
 
 @functools.lru_cache(maxsize=1)
 def store() -> Store:
-    return Store.from_url(settings().redis_url)
+    return Store.from_url(settings().redis_url, record_ttl=settings().record_ttl)
 
 
 def remove_env(run_id: str, env: dict) -> int:

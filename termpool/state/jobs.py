@@ -46,6 +46,7 @@ class JobsState:
     """Store's jobs."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    record_ttl: int  # and this (RECORD_TTL)
 
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         pipe = self._r.pipeline()
@@ -106,8 +107,8 @@ class JobsState:
         if error and counted:
             pipe.hincrby(keys.FAILURE_COUNTS, code, 1)
         pipe.rpush(keys.job_done_key(job_id), state)
-        pipe.expire(keys.job_key(job_id), keys.RECORD_TTL)
-        pipe.expire(keys.job_done_key(job_id), keys.RECORD_TTL)
+        pipe.expire(keys.job_key(job_id), self.record_ttl)
+        pipe.expire(keys.job_done_key(job_id), self.record_ttl)
         if worker:
             pipe.srem(keys.worker_jobs_key(worker), job_id)
         pipe.execute()
@@ -147,7 +148,7 @@ class JobsState:
         key = keys.episode_key(start_job)
         pipe = self._r.pipeline()
         pipe.rpush(key, *job_ids)
-        pipe.expire(key, keys.RECORD_TTL)
+        pipe.expire(key, self.record_ttl)
         pipe.execute()
 
     def episode_jobs(self, start_job: str) -> list[str]:
