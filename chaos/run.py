@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import faults, leftovers, report
+from chaos import disk_hog, faults, leftovers, report
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
 from termpool.config import QUEUE_KINDS
@@ -41,11 +41,12 @@ REQUEST_TIMEOUT = 60.0  # client timeout of one request: a hung request counts a
 class Scenario:
     name: str
     fault: str  # what the table says
-    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops (inject)
+    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops, disk-hog (inject)
     role: str | None = None  # the role a kill or a SIGSTOP hits
     slow_build: bool = False  # episodes use a fresh task whose image build is slow
     concurrency: int | None = None  # episodes at once, instead of --concurrency
     busy_loops: int = 0  # CPU busy loops running for the whole episode run
+    env: tuple = ()  # (name, value) settings of the service in this scenario
 
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
@@ -80,6 +81,12 @@ SCENARIOS = {
             "cpu-saturated", "4 CPU busy loops all along, 8 episodes at once", "busy-loops", busy_loops=4, concurrency=8
         ),
         Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
+        Scenario(
+            "disk-limit",
+            f"one extra run writes {2 * disk_hog.LIMIT_MB} MiB past CONTAINER_DISK_LIMIT={disk_hog.LIMIT_MB}m",
+            "disk-hog",
+            env=disk_hog.ENV,
+        ),
     )
 }
 
@@ -93,6 +100,8 @@ def inject(scenario: Scenario, service: Service, undo: faults.Undo) -> dict:
         return faults.restart_stack(service)
     if scenario.action == "partition":
         return faults.partition_redis(service, undo)
+    if scenario.action == "disk-hog":
+        return disk_hog.write_past_limit(service)
     app = service.celery()
     if scenario.action == "sigstop":
         return faults.freeze_role(service, scenario.role, app, undo)
@@ -126,7 +135,7 @@ def run_scenario(
 ) -> dict:
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
-    service = Service(scratch_dir())
+    service = Service(scratch_dir(), env=dict(scenario.env))
     concurrency = scenario.concurrency or concurrency
     result: dict = {
         "scenario": scenario.name,
