@@ -14,10 +14,10 @@ fails with ENOSPC at once instead of at the next check.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import docker.errors
@@ -75,14 +75,35 @@ def host_usage(host: str) -> dict[str, int]:
     return usage
 
 
-@functools.lru_cache(maxsize=1)
+# What this worker process has learnt of its Docker (learn(), in a thread of its own at worker
+# start): read by the heartbeat and by starts, which must never wait on a slow or absent dockerd.
+_learnt = {"data_root": "", "storage_quota": ""}
+LEARN_RETRY_SECONDS = 30.0
+
+
+def learn(stop: threading.Event) -> None:
+    """Ask Docker for its data root and whether its storage driver enforces a size, again every
+    LEARN_RETRY_SECONDS until it answers (or `stop` is set)."""
+    while not stop.is_set():
+        try:
+            info = docker_client().info()
+            _learnt["storage_quota"] = _quota(info)
+            _learnt["data_root"] = info.get("DockerRootDir") or ""
+            return
+        except (docker.errors.DockerException, OSError) as exc:
+            log.warning("could not ask Docker about its disk (again in %g s): %s", LEARN_RETRY_SECONDS, exc)
+        stop.wait(LEARN_RETRY_SECONDS)
+
+
 def data_root() -> str:
-    """Docker's data root as dockerd reports it ('' when Docker cannot be asked)."""
-    try:
-        return docker_client().info().get("DockerRootDir") or ""
-    except (docker.errors.DockerException, OSError):
-        log.warning("could not ask Docker for its data root", exc_info=True)
-        return ""
+    """Docker's data root ('' until learnt)."""
+    return _learnt["data_root"]
+
+
+def storage_quota() -> str:
+    """'overlay2/xfs pquota' when the storage driver enforces a container size here, else ''
+    (also until learnt): the periodic check alone enforces the limit then."""
+    return _learnt["storage_quota"]
 
 
 def spaces(output_root: Path) -> list[Space]:
@@ -98,25 +119,19 @@ def spaces(output_root: Path) -> list[Space]:
 QUOTA_PROBE = "1g"
 
 
-@functools.lru_cache(maxsize=1)
-def storage_quota() -> str:
-    """Whether the storage driver enforces a container size here: 'overlay2/xfs pquota' when a
-    trial create with storage_opt succeeded, else '' (the periodic check alone enforces it).
-    Only tried on overlay2 over xfs, the one driver and file system that may take it."""
+def _quota(info: dict) -> str:
+    """A trial create with storage_opt, only on overlay2 over xfs, the one driver and file
+    system that may take it: 'overlay2/xfs pquota' when it succeeds, else ''."""
+    status = dict(info.get("DriverStatus") or [])
+    if info.get("Driver") != "overlay2" or status.get("Backing Filesystem") != "xfs":
+        return ""
+    images = docker_client().images.list()
+    if not images:
+        return ""
     try:
-        info = docker_client().info()
-        status = dict(info.get("DriverStatus") or [])
-        if info.get("Driver") != "overlay2" or status.get("Backing Filesystem") != "xfs":
-            return ""
-        images = docker_client().images.list()
-        if not images:
-            return ""
         probe = docker_client().containers.create(images[0].id, storage_opt={"size": QUOTA_PROBE})
-        probe.remove(force=True)
-        return "overlay2/xfs pquota"
     except docker.errors.APIError as exc:  # "--storage-opt is supported only for overlay over xfs with 'pquota'"
         log.info("no storage quota on this host: %s", exc)
         return ""
-    except (docker.errors.DockerException, OSError):
-        log.warning("could not check the storage driver for quotas", exc_info=True)
-        return ""
+    probe.remove(force=True)
+    return "overlay2/xfs pquota"

@@ -10,7 +10,7 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import lifecycle
+from environments import disk_usage, lifecycle
 from tasks import disk_check
 from tasks.runtime import store
 from termpool import hosts
@@ -143,6 +143,9 @@ def _on_worker_ready(sender=None, **_):
         name="termpool-heartbeat",
     ).start()
     sender.app.send_task("pool.reconcile", kwargs={"host": host, "at_start": True})
+    threading.Thread(
+        target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
+    ).start()
 
 
 @worker_shutdown.connect
