@@ -208,6 +208,8 @@ def test_a_run_past_its_limit_ends_and_one_under_it_goes_on(limited_stack, docke
         pool_reply = pool.request("POST", "/evaluate", json={"lease_id": big.id})
         assert pool_reply.status_code == 500 and pool_reply.json()["code"] == "RUN_DISK_LIMIT"
         assert wait_for(lambda: not run_containers(docker_client, store, big.id), 60), "its containers stayed"
+        record = pool.request("GET", f"/v1/runs/{big.id}").json()["run"]
+        assert (record["code"], record["retryable"], record["disk_limit"]) == ("RUN_DISK_LIMIT", False, LIMIT_MB * MIB)
         assert small.exec("cat /tmp/quarter | wc -c").strip() == str(LIMIT_MB // 4 * MIB)
         assert store.get_run(small.id)["state"] in ("ready", "busy")
 
