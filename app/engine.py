@@ -25,13 +25,31 @@ class UnknownLease(LookupError):
         super().__init__(f"Unknown run_lease_id: {run_id}")
 
 
-class HostUnavailable(RuntimeError):
-    """The run's worker host is lost (HOST_LOST) or the queue a call needs has no live worker
-    (WORKERS_DOWN): answered 503 at once instead of waiting for the call's time limit."""
+class Refused(RuntimeError):
+    """A call refused with a failure code of its own (both faces answer it by its code)."""
 
     def __init__(self, code: str, error: str):
         super().__init__(error)
         self.code = code
+
+
+class HostUnavailable(Refused):
+    """The run's worker host is lost (HOST_LOST) or the queue a call needs has no live worker
+    (WORKERS_DOWN): answered 503 at once instead of waiting for the call's time limit."""
+
+
+class RunEnded(Refused):
+    """The pool ended the run for a failure of its own (RUN_DISK_LIMIT: Store.end_run); every
+    call on it answers that code, not a plain RUN_CLOSED or unknown lease."""
+
+
+def raise_if_ended(run: dict | None) -> None:
+    """RunEnded for a run released with a failure code as its closing reason."""
+    if run and run.get("state") in ("closing", "closed") and run.get("closing_reason") in ENDING_CODES:
+        raise RunEnded(run["closing_reason"], run.get("error") or f"run {run['run_id']} was ended")
+
+
+ENDING_CODES = ("RUN_DISK_LIMIT",)  # closing reasons that are failure codes (Store.end_run)
 
 
 class NotReady(RuntimeError):
@@ -45,8 +63,11 @@ class RunClosed(RuntimeError):
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
 
 
-def capacity_message(task_key: str, code: str, one_per_host: tuple = ()) -> str:
-    """The error text of a full pool; one_per_host: why the task allows one live run per host."""
+def capacity_message(task_key: str, code: str, one_per_host: tuple = (), reason: str = "") -> str:
+    """The error text of a full pool; one_per_host: why the task allows one live run per host;
+    reason: why each host is short of disk (HOST_DISK_LOW)."""
+    if code == "HOST_DISK_LOW":
+        return f"no worker host takes new runs for task {task_key!r}: every one is short of disk ({reason})"
     if code == "WORKERS_DOWN":
         return f"no worker host takes new runs for task {task_key!r}: none is live and not draining"
     if not one_per_host:
@@ -119,6 +140,7 @@ class Engine:
         HostUnavailable for a run whose host is lost."""
         run = self.store.use_run(run_id)
         if run is None:
+            raise_if_ended(self.store.get_run(run_id))
             raise UnknownLease(run_id)
         if run["state"] == LOST_STATE:
             raise HostUnavailable(run.get("code") or "HOST_LOST", run.get("error") or f"run {run_id} is lost")
@@ -275,6 +297,7 @@ class Engine:
         run = self.store.get_run(run_id)
         if run is None:
             raise UnknownLease(run_id)
+        raise_if_ended(run)
         if run["state"] in ("closing", "closed"):
             raise RunClosed(f"run {run_id} is {run['state']}")
         if run["state"] == LOST_STATE:

@@ -24,6 +24,7 @@ CLIENT_STATUS = {
     "RUN_CLOSED": (500, 409),
     "TASK_SLOTS_EXHAUSTED": (429, 429),
     "RUN_SLOTS_EXHAUSTED": (429, 429),
+    "HOST_DISK_LOW": (429, 429),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -37,6 +38,7 @@ RUNS_FACADE_STATUS = {
     "WORKERS_DOWN": 503,
     "NOT_READY": 503,
     "INTERNAL": 500,
+    "RUN_DISK_LIMIT": 409,  # a call on a run ended for its disk use (the job that saw it: a job record)
 }
 # Client errors a worker can also end a job with: the run changed under a queued job, or a
 # start found what a one-per-host task pins held by another run of it on its host.

@@ -526,6 +526,9 @@ class Run(_Out):
     rewards: dict[str, float] | None = Field(
         None, description="A Harbor task's named rewards (reward.json / reward.txt); score is `reward`."
     )
+    disk_limit: int | None = Field(
+        None, description="Bytes the started run may hold on disk (CONTAINER_DISK_LIMIT or the task's own, the lower)."
+    )
     error: str | None = None
     code: Code | None = None
     retryable: Retryable | None = None

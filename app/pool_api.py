@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from app import error_codes, models
-from app.engine import HostUnavailable, NotReady, UnknownLease, capacity_message
+from app.engine import NotReady, Refused, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from termpool.state import CapacityError
 
@@ -69,7 +69,7 @@ def status():
     {
         200: ("Leased", models.AllocateReply),
         400: "task_key is required, or a field is malformed (code BAD_REQUEST)",
-        429: "No capacity; code TASK_SLOTS_EXHAUSTED or RUN_SLOTS_EXHAUSTED",
+        429: "No capacity; code TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED or HOST_DISK_LOW",
     },
     models.AllocateRequest,
 )
@@ -77,7 +77,7 @@ def allocate(body: models.AllocateRequest):
     try:
         lease = engine().allocate(body.task_key, models.text_id(body.request_id))
     except CapacityError as exc:
-        return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host))
+        return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host, exc.reason))
     return ok(models.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
 
 
@@ -157,8 +157,8 @@ def _unknown_lease(exc):
     return fail("UNKNOWN_LEASE", str(exc))
 
 
-@bp.errorhandler(HostUnavailable)
-def _host_unavailable(exc):
+@bp.errorhandler(Refused)
+def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT (RunEnded)
     return fail(exc.code, str(exc))
 
 

@@ -15,7 +15,7 @@ Statuses (every body is JSON with ``ok``; failures carry ``error``, a ``code`` a
        ``failed``, or allocated through the pool API and never reset). Wait for the start
        job instead of racing it: the start and the tool call would run on different queues.
        RUN_CLOSED: any operation on a run that is ``closing`` or ``closed``.
-  429  as /allocate: TASK_SLOTS_EXHAUSTED or RUN_SLOTS_EXHAUSTED.
+  429  as /allocate: TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED or HOST_DISK_LOW.
   503  HOST_LOST: the run's worker host is lost; WORKERS_DOWN: no live worker consumes the
        queue the call needs (or, on POST /v1/runs, no host takes new runs). At once, not
        after the call's time limit; a job already queued or running fails with the same code.
@@ -46,7 +46,7 @@ from flask import Blueprint, request
 from pydantic import TypeAdapter, ValidationError
 
 from app import error_codes, models
-from app.engine import HostUnavailable, NotReady, RunClosed, Submission, UnknownLease, capacity_message
+from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
 from termpool.state import CapacityError
 
@@ -111,7 +111,7 @@ def create_run(body: models.RunRequest):
     try:
         sub = engine().submit(task_key, models.text_id(body.request_id), start, episode)
     except CapacityError as exc:
-        return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host))
+        return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host, exc.reason))
     return _submission_reply(sub)
 
 
@@ -206,8 +206,8 @@ def _not_ready(exc):
     return fail("RUN_NOT_READY", str(exc))
 
 
-@bp.errorhandler(HostUnavailable)
-def _host_unavailable(exc):
+@bp.errorhandler(Refused)
+def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT (RunEnded)
     return fail(exc.code, str(exc))
 
 

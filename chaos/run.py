@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import faults, grey, leftovers, report, sentinel
+from chaos import disk_hog, faults, grey, leftovers, report, sentinel
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
 from termpool.config import QUEUE_KINDS
@@ -41,11 +41,13 @@ REQUEST_TIMEOUT = 60.0  # client timeout of one request: a hung request counts a
 class Scenario:
     name: str
     fault: str  # what the table says
-    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops, sentinel-failover
+    action: str = "none"  # kill, sigstop, redis-restart, restart-stack, partition, busy-loops, sentinel-failover,
+    # disk-hog (inject), grey.ACTIONS
     role: str | None = None  # the role a kill or a SIGSTOP hits
     slow_build: bool = False  # episodes use a fresh task whose image build is slow
     concurrency: int | None = None  # episodes at once, instead of --concurrency
     busy_loops: int = 0  # CPU busy loops running for the whole episode run
+    env: tuple = ()  # (name, value) settings of the service in this scenario
 
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
@@ -82,6 +84,12 @@ SCENARIOS = {
         Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
         Scenario("sentinel-failover", "kill -9 Redis primary (Sentinel: replica + 3 sentinels)", "sentinel-failover"),
         *(Scenario(name, fault, action) for name, fault, action in grey.SCENARIOS),
+        Scenario(
+            "disk-limit",
+            f"one extra run writes {2 * disk_hog.LIMIT_MB} MiB past CONTAINER_DISK_LIMIT={disk_hog.LIMIT_MB}m",
+            "disk-hog",
+            env=disk_hog.ENV,
+        ),
     )
 }
 
@@ -99,6 +107,8 @@ def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None)
         return faults.partition_redis(service, undo)
     if scenario.action == "sentinel-failover":
         return sentinel.fail_over(service)
+    if scenario.action == "disk-hog":
+        return disk_hog.write_past_limit(service)
     app = service.celery()
     if scenario.action == "sigstop":
         return faults.freeze_role(service, scenario.role, app, undo)
@@ -136,7 +146,7 @@ def run_scenario(
         with grey.backdrop(scenario.action) as (env, daemon):
             # sentinel-failover: Redis is a Sentinel deployment (chaos/sentinel.py), not serve.sh's own
             kind = sentinel.SentinelService if scenario.action == "sentinel-failover" else Service
-            service = kind(scratch_dir(), env)
+            service = kind(scratch_dir(), {**env, **dict(scenario.env)})
             return _run_scenario(scenario, service, daemon, episodes, concurrency, logs, request_timeout)
     except Exception as exc:  # what the scenario runs on (a second Docker daemon) could not be set up
         return {"scenario": scenario.name, "fault": scenario.fault, "error": f"{type(exc).__name__}: {exc}"}

@@ -29,7 +29,7 @@ import requests
 import urllib3
 import yaml
 
-from environments import container_spec
+from environments import container_spec, disk_usage
 from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     BUILD_CLIENT_NAME,
@@ -225,12 +225,23 @@ def _build_with_compose(
 
 
 # ---- start ----------------------------------------------------------------------------------
-def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: float, force_compose: bool = False):
+def start(
+    run: dict,
+    task_dir: Path,
+    run_dir: Path,
+    cfg: Settings,
+    timeout: float,
+    force_compose: bool = False,
+    disk_limit: int = 0,
+):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
     `run` needs run_id, task_key and task_meta.task_name; a warm-pool container is started
     the same way under its warm id. force_compose starts even a fast-path task with compose.
+    disk_limit (bytes, 0: none) caps each container's writable layer where the storage driver
+    enforces a size (disk_usage.storage_quota); the periodic check sums the run's containers.
     """
+    quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
     task_name = run["task_meta"]["task_name"]
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
@@ -250,12 +261,16 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
         boot = _boot_server(resolved, client, task_name)
         if not force_compose and is_template(resolved, cfg, task_dir, task_name, name):
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
+            if quota:
+                options["storage_opt"] = quota
             container = _start_direct(image, {**options, **boot}, labels, name)
             mode = "direct"
         else:
             override = container_spec.run_override(
                 resolved, task_name, labels, name, mounts, cfg, engine_cpus(), client_entry=boot
             )
+            for service in override["services"].values() if quota else ():
+                service["storage_opt"] = quota
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )

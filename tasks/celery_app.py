@@ -11,7 +11,14 @@ from termpool.queues import follow_monitor, make_celery
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
-JOB_MODULES = ["tasks.run_jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode", "tasks.lost_jobs"]
+JOB_MODULES = [
+    "tasks.run_jobs",
+    "tasks.warm_pool",
+    "tasks.maintenance",
+    "tasks.disk_check",
+    "tasks.episode",
+    "tasks.lost_jobs",
+]
 
 BEAT_SCHEDULE = {
     "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
@@ -21,6 +28,9 @@ BEAT_SCHEDULE = {
     # Warm pools shrink when demand stops and never keep a spare past WARM_IDLE_TTL.
     "size-warm-pools": {"task": "pool.size_warm_hosts", "schedule": SIZE_SECONDS},
 }
+
+if settings().disk_check_seconds > 0:  # runs past their disk limit end within one period
+    BEAT_SCHEDULE["check-run-disks"] = {"task": "pool.check_disks_hosts", "schedule": settings().disk_check_seconds}
 
 celery_app = make_celery(settings(), include=JOB_MODULES)
 celery_app.conf.beat_schedule = BEAT_SCHEDULE

@@ -10,7 +10,8 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import lifecycle
+from environments import disk_usage, lifecycle
+from tasks import disk_check
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -113,7 +114,7 @@ def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             beats.node_heartbeat(node)
-            beats.host_beat(host, node, kind, capacity)
+            beats.host_beat(host, node, kind, {**capacity, **disk_check.host_facts(settings())})
             wait = hosts.HEARTBEAT_SECONDS
         except Exception as exc:  # Redis away: the watches judge nothing meanwhile (termpool/liveness.py)
             log.warning("heartbeat failed: %s", exc)
@@ -142,6 +143,9 @@ def _on_worker_ready(sender=None, **_):
         name="termpool-heartbeat",
     ).start()
     sender.app.send_task("pool.reconcile", kwargs={"host": host, "at_start": True})
+    threading.Thread(
+        target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
+    ).start()
 
 
 @worker_shutdown.connect

@@ -26,7 +26,7 @@ from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
 from tasks import lost_jobs, warm_pool
 from tasks.runtime import remove_env, store, through_outage
-from termpool import failures
+from termpool import disk, failures
 from termpool.config import settings
 from termpool.harbor_task import is_harbor_task
 from termpool.paths import resolve_task_path
@@ -288,9 +288,10 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         after_reply(functools.partial(warm_pool.demanded, self.app, run, host, served=True))
     elif lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call): its
         warm_pool.demanded(self.app, run, host, served=False)  # spares start beside this cold start
+    disk_limit = disk.run_limit(settings().container_disk_limit, spec.disk_limit_mb)
     if env is None:
         try:
-            env = _start_cold(run, task_dir)
+            env = _start_cold(run, task_dir, disk_limit)
         except docker.errors.ImageNotFound:
             if not first_try:
                 raise
@@ -316,7 +317,15 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     }
     try:
         ready = store().set_state_if_live(
-            run_id, "ready", env=env.to_dict(), score=None, tests=None, rewards=None, **NO_FAILURE, **reply
+            run_id,
+            "ready",
+            env=env.to_dict(),
+            score=None,
+            tests=None,
+            rewards=None,
+            disk_limit=disk_limit,
+            **NO_FAILURE,
+            **reply,
         )
     except Exception:  # not recorded (Redis away or full): nothing would ever remove it
         remove_env(run_id, env.to_dict())
@@ -335,8 +344,10 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
     )
 
 
-def _start_cold(run: dict, task_dir: Path) -> lifecycle.RunEnv:
-    env, container = lifecycle.start(run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session)
+def _start_cold(run: dict, task_dir: Path, disk_limit: int) -> lifecycle.RunEnv:
+    env, container = lifecycle.start(
+        run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session, disk_limit=disk_limit
+    )
     if not env.booted:  # else its tool server started with it (tp-session boot)
         try:
             prepare_container(container, serve=bool(env.ctl_dir))

@@ -35,6 +35,7 @@ CODES: dict[str, Code] = {
         Code("RUN_CLOSED", "client", False, "the run has been released"),
         Code("TASK_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_TASKS distinct task keys have live runs"),
         Code("RUN_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_RUNS_PER_TASK runs of this key are live"),
+        Code("HOST_DISK_LOW", "client", True, "every host that could take the run is under HOST_DISK_MIN_FREE"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),
@@ -43,6 +44,7 @@ CODES: dict[str, Code] = {
         Code("TESTS_TIMEOUT", "task", False, "the task's tests did not finish within their time limit"),
         Code("TESTS_UNPARSABLE", "task", False, "the task's test output could not be parsed"),
         Code("REWARD_MISSING", "task", False, "a Harbor task's verifier wrote no usable reward file"),
+        Code("RUN_DISK_LIMIT", "task", False, "the run wrote more than its disk limit; it was ended and removed"),
         # infrastructure errors: retry the episode
         Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
         Code(

@@ -103,6 +103,35 @@ def _task_events(env) -> str:
 
 
 @dataclass(frozen=True)
+class DiskFloor:
+    """HOST_DISK_MIN_FREE: free space a host keeps on Docker's data root and the output root,
+    in bytes and as a percent of the file system; a host under either takes no new runs."""
+
+    bytes: int = 0
+    percent: float = 0.0
+
+    def short_of(self, free: int, total: int) -> bool:
+        return free < self.bytes or (total > 0 and 100.0 * free / total < self.percent)
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent else f"{self.bytes} bytes"
+
+
+def _disk_floor(env, name: str, default: str) -> DiskFloor:
+    """A size (as _bytes reads one) or a percent of the file system ("5%")."""
+    raw = env.get(name, "").strip() or default
+    if raw.endswith("%"):
+        try:
+            percent = float(raw[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 <= percent <= 100:
+            raise ValueError(f"{name} must be a size such as 20g or a percent such as 5%, not {raw!r}")
+        return DiskFloor(percent=percent)
+    return DiskFloor(bytes=_bytes({name: raw}, name, default))
+
+
+@dataclass(frozen=True)
 class Timeouts:
     """Per-operation time limits in seconds; a request may override any of them."""
 
@@ -177,6 +206,10 @@ class Settings:
     host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
     # Host variables a Harbor task's ${VAR} templates may read (termpool/harbor_task.resolve_env)
     harbor_env_allowlist: tuple = ()
+    container_disk_limit: int = 10 << 30  # bytes a run may write (writable layers, volumes, folders); 0: none
+    disk_check_seconds: float = 10.0  # how often each host measures its live runs' disk use; 0: never
+    host_disk_min_free: DiskFloor = DiskFloor(percent=5.0)
+    record_ttl: int = 24 * 3600  # seconds closed runs and ended jobs stay readable in Redis
 
     @property
     def default_log_dir(self) -> Path:
@@ -268,6 +301,10 @@ def load_settings(env=None) -> Settings:
         dataset_sources=_dataset_sources(env),
         host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),
         harbor_env_allowlist=_list(env, "HARBOR_ENV_ALLOWLIST"),
+        container_disk_limit=_bytes(env, "CONTAINER_DISK_LIMIT", "10g"),
+        disk_check_seconds=_float(env, "DISK_CHECK_SECONDS", 10.0),
+        host_disk_min_free=_disk_floor(env, "HOST_DISK_MIN_FREE", "5%"),
+        record_ttl=_int(env, "RECORD_TTL", 24 * 3600, minimum=60),
     )
 
 

@@ -78,6 +78,12 @@ class RewardMissing(Failure):
     code = "REWARD_MISSING"
 
 
+class RunDiskLimit(Failure):
+    """The run's containers and folders hold more than its disk limit (tasks/disk_check.py)."""
+
+    code = "RUN_DISK_LIMIT"
+
+
 class DockerError(Failure):
     code = "DOCKER_ERROR"
 

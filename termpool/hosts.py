@@ -20,6 +20,7 @@ Used by the facade (app/engine.py), the reaper and the CLI; imports nothing Dock
 from __future__ import annotations
 
 import functools
+import json
 import time
 
 from termpool import liveness
@@ -141,7 +142,8 @@ def sweep(store: Store, watch: liveness.Watch) -> dict[str, list[str]]:
 
 def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, dict]:
     """Per host: state (serving / starting / draining / workers_down / lost), capacity, live
-    runs, images cached, last heartbeat and the queue kinds serving (for /status and `hosts list`)."""
+    runs, images cached, last heartbeat, the queue kinds serving and its disks (for /status and
+    `hosts list`)."""
     snap = watch.snapshot()
     draining = snap.draining
     out = {}
@@ -161,8 +163,19 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
             **store.host_load(host),
             "last_heartbeat": snap.hosts.get(host),
             "live_queue_kinds": sorted(judged.serving),
+            "disk": disk_view(info),
         }
     return out
+
+
+def disk_view(info: dict) -> dict:
+    """A host's disk facts from its heartbeat (tasks/disk_check.host_facts): free space per
+    root, whether it takes new runs, and whether the storage driver enforces run sizes."""
+    return {
+        "low": info.get("disk_low") or "",
+        "spaces": json.loads(info.get("disk") or "[]"),
+        "storage_quota": info.get("storage_quota") or "",
+    }
 
 
 def readiness(watch: liveness.Watch) -> tuple[bool, str]:

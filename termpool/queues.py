@@ -37,6 +37,7 @@ JOB_KINDS = {
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",
+    "pool.check_disks": "teardown",
     "pool.release_run": "teardown",
     "pool.episode_failed": "teardown",
 }

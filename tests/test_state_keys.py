@@ -236,3 +236,15 @@ def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store
     queues.follow_monitor(loud, always, store)  # nothing to follow: always on
     time.sleep(0.2)
     assert loud.conf.task_send_sent_event is True
+
+
+def test_ended_records_expire_after_the_record_ttl_setting(redis_server):
+    redis_server.flushdb()
+    store = Store(redis_server, record_ttl=load_settings({"RECORD_TTL": "120"}).record_ttl)
+    run_id = allocate(store, "task-a", "", max_tasks=1, max_runs=1).run_id
+    store.create_job("job-1", run_id, "tool_call")
+    store.job_finished("job-1", result="ok")
+    store.release(run_id)
+    store.mark_closed(run_id)
+    for key in (state.run_key(run_id), state.run_jobs_key(run_id), state.job_key("job-1")):
+        assert 0 < redis_server.ttl(key) <= 120, key

@@ -112,6 +112,10 @@ class RunSlotsExhausted(CapacityExhausted):
     code = "RUN_SLOTS_EXHAUSTED"  # noqa: E701
 
 
+class HostDiskLow(CapacityExhausted):
+    code = "HOST_DISK_LOW"  # noqa: E701
+
+
 class TaskInvalid(TaskError):
     code = "TASK_INVALID"  # noqa: E701
 
@@ -138,6 +142,10 @@ class TestsUnparsable(TaskError):
 
 class RewardMissing(TaskError):
     code = "REWARD_MISSING"  # noqa: E701
+
+
+class RunDiskLimit(TaskError):
+    code = "RUN_DISK_LIMIT"  # noqa: E701
 
 
 class BackendUnavailable(InfrastructureError):

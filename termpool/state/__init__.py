@@ -43,7 +43,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
                              events (tasks/flower.py; termpool/queues.py follow_monitor)
 
-Closed runs and ended jobs expire RECORD_TTL after they end. The same Redis is Celery's broker:
+Closed runs and ended jobs expire RECORD_TTL after they end (the setting; keys.RECORD_TTL is its
+default, for a Store made without it). The same Redis is Celery's broker:
 its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
 termpool only reads a queue's depth: the LLEN of the list named after the queue, which Celery
 documents as its length, and which holds every message because termpool/queues.py gives the
@@ -113,6 +114,7 @@ from termpool.state.keys import (
 )
 from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
 from termpool.state.runs import (
+    _IF_STATE,
     _MARK_RUN_LOST,
     _RELEASE,
     _SET_IF_LIVE,
@@ -146,11 +148,13 @@ class RecordLost(redis.exceptions.ConnectionError):
 class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, record_ttl: int = RECORD_TTL):
         self._r = client
+        self.record_ttl = record_ttl  # seconds closed runs and ended jobs stay (the RECORD_TTL setting)
         self._release = client.register_script(_RELEASE)
         self._mark_run_lost = client.register_script(_MARK_RUN_LOST)
         self._transition = client.register_script(_TRANSITION)
+        self._if_state = client.register_script(_IF_STATE)
         self._set_if_live = client.register_script(_SET_IF_LIVE)
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
@@ -160,12 +164,12 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
     def connect(cls, cfg: Settings, timeout: float = 30) -> Store:
         """A store on its own client of the deployment's Redis: REDIS_URL's, or the primary the
         sentinels name (connection.py). How every termpool process reaches the state store."""
-        return cls(connection.client(cfg, timeout))
+        return cls(connection.client(cfg, timeout), cfg.record_ttl)
 
     @classmethod
-    def from_url(cls, url: str, timeout: float = 30) -> Store:
+    def from_url(cls, url: str, timeout: float = 30, record_ttl: int = RECORD_TTL) -> Store:
         """A store on one Redis by URL (tests and tools that start their own)."""
-        return cls(connection.client_for_url(url, timeout))
+        return cls(connection.client_for_url(url, timeout), record_ttl)
 
     def ping(self) -> bool:
         return bool(self._r.ping())

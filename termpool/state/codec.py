@@ -20,7 +20,7 @@ JSON_FIELDS = (
     "retryable",
     "call",
 )
-INT_FIELDS = ("attempts",)
+INT_FIELDS = ("attempts", "disk_limit")
 
 
 def _encode(fields: dict) -> dict:

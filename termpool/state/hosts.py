@@ -21,10 +21,11 @@ LOST_STATE = "lost"
 
 
 class CapacityError(Exception):
-    def __init__(self, code: str, one_per_host: tuple = ()):
+    def __init__(self, code: str, one_per_host: tuple = (), reason: str = ""):
         super().__init__(code)
         self.code = code
         self.one_per_host = one_per_host  # why the task allows one live run per host, when it does
+        self.reason = reason  # HOST_DISK_LOW: each host's shortage
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Placement:
 # one within `slack` of that load already holds the task's images (images:<h>), then that one.
 # With a cap on runs per host (ARGV[17] > 0), the key's runs still being torn down on a host
 # (host:<h>:closing) count against it too: they hold what the task pins until they are gone.
+# A host whose heartbeat says it is short of disk (host:<h>:info disk_low) takes no new run;
+# when that leaves none, the refusal is HOST_DISK_LOW with each host's reason.
 _PLACE = """
 local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local preferred, affinity, def_tasks, def_runs = cjson.decode(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -85,10 +88,11 @@ if #candidates == 0 then
   if #known == 0 and fallback ~= '' then candidates = {fallback} end
 end
 if #candidates == 0 then return {'full', 'WORKERS_DOWN'} end
-local fits, code = {}, 'TASK_SLOTS_EXHAUSTED'
+local fits, code, low = {}, 'TASK_SLOTS_EXHAUSTED', {}
 for _, h in ipairs(candidates) do
-  local info = redis.call('HMGET', p .. 'host:' .. h .. ':info', 'max_tasks', 'max_runs_per_task')
+  local info = redis.call('HMGET', p .. 'host:' .. h .. ':info', 'max_tasks', 'max_runs_per_task', 'disk_low')
   local max_tasks, max_runs = tonumber(info[1]) or def_tasks, tonumber(info[2]) or def_runs
+  if info[3] and info[3] ~= '' then table.insert(low, 'host ' .. h .. ': ' .. info[3]) end
   local keys_key = p .. 'host:' .. h .. ':keys'
   local n = tonumber(redis.call('HGET', keys_key, task_key) or '0')
   local limit, held = max_runs, n
@@ -99,7 +103,9 @@ for _, h in ipairs(candidates) do
     end
   end
   local room = false
-  if held > 0 and held >= limit then
+  if info[3] and info[3] ~= '' then
+    room = false  -- short of disk (HOST_DISK_MIN_FREE): no new runs until it has room again
+  elseif held > 0 and held >= limit then
     code = 'RUN_SLOTS_EXHAUSTED'
   else
     room = n > 0 or redis.call('HLEN', keys_key) < max_tasks
@@ -109,6 +115,7 @@ for _, h in ipairs(candidates) do
     table.insert(fits, {h, load, redis.call('SISMEMBER', p .. 'images:' .. h, affinity) == 1})
   end
 end
+if #fits == 0 and #low == #candidates then return {'full', 'HOST_DISK_LOW', table.concat(low, '; ')} end
 if #fits == 0 then return {'full', code} end
 local least = fits[1]
 for _, f in ipairs(fits) do if f[2] < least[2] then least = f end end
@@ -169,6 +176,7 @@ class HostsState:
     """Store's worker hosts, their processes and placement."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    record_ttl: int  # and this (RECORD_TTL)
 
     # ---- worker hosts -------------------------------------------------------------------
     def live_hosts(self) -> list[str]:
@@ -277,10 +285,10 @@ class HostsState:
         preferred, excluded = json.dumps(rule.preferred), json.dumps(rule.excluded)
         args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, preferred, affinity]
         args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
-        args += [termpool.state.RECENT_RUNS_KEPT, keys.RECORD_TTL, rule.runs_per_host]
+        args += [termpool.state.RECENT_RUNS_KEPT, self.record_ttl, rule.runs_per_host]
         reply = self._place(args=args)
         if reply[0] == "full":
-            raise CapacityError(reply[1])
+            raise CapacityError(reply[1], reason=reply[2] if len(reply) > 2 else "")
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
     def beats_snapshot(self, also: set) -> tuple[dict, set, dict]:

@@ -59,6 +59,7 @@ class JobsState:
     """Store's jobs."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    record_ttl: int  # and this (RECORD_TTL)
 
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         # One round trip, not a transaction: a job recorded but not yet listed under its run
@@ -122,7 +123,7 @@ class JobsState:
                 keys.run_key(ready_run) if ready_run else "",
                 keys.FAILURE_COUNTS,
             ],
-            args=[state, keys.RECORD_TTL, job_id, code if error and counted else "", *pairs],
+            args=[state, self.record_ttl, job_id, code if error and counted else "", *pairs],
         )
 
     def job_state(self, job_id: str) -> str | None:
@@ -160,7 +161,7 @@ class JobsState:
         key = keys.episode_key(start_job)
         pipe = self._r.pipeline()
         pipe.rpush(key, *job_ids)
-        pipe.expire(key, keys.RECORD_TTL)
+        pipe.expire(key, self.record_ttl)
         pipe.execute()
 
     def episode_jobs(self, start_job: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 PREFIX = "tp:"
 IDEMPOTENCY_TTL = 300  # seconds a request id keeps naming its run
-RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long
+RECORD_TTL = 24 * 3600  # closed runs and ended jobs stay readable this long (default of the setting)
 HOST_ALIVE_SECONDS = 30
 NODE_TTL = 12  # a worker process counts as dead this long after its last heartbeat (every 3-5 s)
 

@@ -88,6 +88,15 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """
 
+# Set fields of a run only while it is in one of the states given. ARGV: n, n states, fields.
+_IF_STATE = """
+local state, n = redis.call('HGET', KEYS[1], 'state'), tonumber(ARGV[1])
+for i = 2, n + 1 do
+  if state == ARGV[i] then redis.call('HSET', KEYS[1], unpack(ARGV, n + 2)) return 1 end
+end
+return 0
+"""
+
 _TRANSITION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 2, #ARGV do
@@ -105,6 +114,7 @@ class RunsState:
     """Store's runs: allocation itself is placement (HostsState.place)."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    record_ttl: int  # and this (RECORD_TTL)
 
     def get_run(self, run_id: str) -> dict | None:
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
@@ -172,6 +182,21 @@ class RunsState:
         args = [keys.PREFIX, run_id, time.time(), failures.cap(error), code, *states]
         return bool(self._mark_run_lost(args=args))
 
+    def end_run(self, run_id: str, code: str, error: str) -> str | None:
+        """End a started run for a failure of its own (RUN_DISK_LIMIT): it keeps the code and
+        error, is released with the code as its closing reason (calls on it answer that code,
+        app/engine.py) and its running and queued jobs fail with it. Returns its host (None when
+        it was not started or already released); the caller queues its teardown."""
+        fields = {"error": failures.cap(error), **failures.fields(code)}
+        flat = [item for pair in _encode(fields).items() for item in pair]
+        if not self._if_state(keys=[keys.run_key(run_id)], args=[len(STARTED_STATES), *STARTED_STATES, *flat]):
+            return None
+        host = self.release_on_host(run_id, reason=code)
+        if host is not None:
+            for job_id in self.run_jobs(run_id):
+                self.fail_lost_job(job_id, fields["error"], code=code)
+        return host
+
     def mark_closed(self, run_id: str, error: str = "") -> None:
         host = self._r.hget(keys.run_key(run_id), "host")
         pipe = self._r.pipeline()
@@ -180,8 +205,8 @@ class RunsState:
             pipe.hset(keys.run_key(run_id), "teardown_error", error)
         if host:
             pipe.srem(keys.host_closing_key(host), run_id)
-        pipe.expire(keys.run_key(run_id), keys.RECORD_TTL)
-        pipe.expire(keys.run_jobs_key(run_id), keys.RECORD_TTL)
+        pipe.expire(keys.run_key(run_id), self.record_ttl)
+        pipe.expire(keys.run_jobs_key(run_id), self.record_ttl)
         pipe.execute()
         self.drop_sessions(run_id)
 
