@@ -11,6 +11,7 @@ fixture) and bench/hosts.py.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -99,7 +100,10 @@ class SecondDocker:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
         stopped = time.monotonic()
+        bridge = DefaultBridge.snapshot()
         self._launch(timeout)
+        if bridge is not None:
+            bridge.restore_if_deleted()
         return {
             "old_pid": old,
             "new_pid": self.proc.pid,
@@ -143,6 +147,46 @@ class SecondDocker:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+
+class DefaultBridge:
+    """The first daemon's docker0, kept across a restart of this one: dockerd 20.10, started
+    again on a data root that has its network store, deletes docker0 (the other daemon's default
+    bridge, in the same network namespace), which breaks the first daemon's default network.
+    A host has one daemon in production; here the bridge is put back as it was (its addresses
+    and the container interfaces it held)."""
+
+    NAME = "docker0"
+    WATCH_SECONDS = 5.0  # the deletion lands while the daemon starts, or just after it answers
+
+    def __init__(self, addresses: list[str], ports: list[str]):
+        self.addresses, self.ports = addresses, ports
+
+    @classmethod
+    def snapshot(cls) -> DefaultBridge | None:
+        shown = subprocess.run(["ip", "-j", "addr", "show", cls.NAME], capture_output=True, text=True)
+        if shown.returncode != 0:
+            return None
+        (link,) = json.loads(shown.stdout)
+        addresses = [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"]
+        ports = subprocess.run(["ip", "-j", "link", "show", "master", cls.NAME], capture_output=True, text=True)
+        return cls(addresses, [port["ifname"] for port in json.loads(ports.stdout or "[]")])
+
+    def restore_if_deleted(self) -> None:
+        deadline = time.monotonic() + self.WATCH_SECONDS
+        while time.monotonic() < deadline:
+            if subprocess.run(["ip", "link", "show", self.NAME], capture_output=True).returncode != 0:
+                self._recreate()
+                return
+            time.sleep(0.1)
+
+    def _recreate(self) -> None:
+        subprocess.run(["ip", "link", "add", self.NAME, "type", "bridge"], check=True)
+        for address in self.addresses:
+            subprocess.run(["ip", "addr", "add", address, "dev", self.NAME], check=True)
+        subprocess.run(["ip", "link", "set", self.NAME, "up"], check=True)
+        for port in self.ports:  # a container interface gone meanwhile is left out
+            subprocess.run(["ip", "link", "set", port, "master", self.NAME], capture_output=True)
 
 
 def _remove_tree(root: Path) -> None:
