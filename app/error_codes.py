@@ -24,6 +24,7 @@ CLIENT_STATUS = {
     "RUN_CLOSED": (500, 409),
     "TASK_SLOTS_EXHAUSTED": (429, 429),
     "RUN_SLOTS_EXHAUSTED": (429, 429),
+    "FORK_TOO_DEEP": (409, 409),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "HOST_LOST", "WORKERS_DOWN", "NOT_READY")

@@ -210,12 +210,23 @@ def _build_with_compose(
 
 
 # ---- start ----------------------------------------------------------------------------------
-def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: float, force_compose: bool = False):
+def start(
+    run: dict,
+    task_dir: Path,
+    run_dir: Path,
+    cfg: Settings,
+    timeout: float,
+    force_compose: bool = False,
+    images: dict | None = None,
+):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
     `run` needs run_id, task_key and task_meta.task_name; a warm-pool container is started
     the same way under its warm id. force_compose starts even a fast-path task with compose.
+    `images` (a fork's child, environments/forking.py) names the image each service starts
+    from instead of the task's, by compose service ("" : the one container of a fast-path task).
     """
+    images = images or {}
     task_name = run["task_meta"]["task_name"]
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
@@ -235,12 +246,15 @@ def start(run: dict, task_dir: Path, run_dir: Path, cfg: Settings, timeout: floa
         boot = _boot_server(resolved, client, task_name)
         if not force_compose and is_template(resolved, cfg, task_dir, task_name, name):
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
-            container = _start_direct(image, {**options, **boot}, labels, name)
+            container = _start_direct(images.get("", image), {**options, **boot}, labels, name)
             mode = "direct"
         else:
             override = container_spec.run_override(
                 resolved, task_name, labels, name, mounts, cfg, engine_cpus(), client_entry=boot
             )
+            for service, committed in images.items():
+                if service in override["services"]:
+                    override["services"][service]["image"] = committed
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )

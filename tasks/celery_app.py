@@ -11,7 +11,14 @@ from termpool.queues import follow_monitor, make_celery
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
-JOB_MODULES = ["tasks.run_jobs", "tasks.warm_pool", "tasks.maintenance", "tasks.episode", "tasks.lost_jobs"]
+JOB_MODULES = [
+    "tasks.run_jobs",
+    "tasks.fork_jobs",
+    "tasks.warm_pool",
+    "tasks.maintenance",
+    "tasks.episode",
+    "tasks.lost_jobs",
+]
 
 BEAT_SCHEDULE = {
     "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},

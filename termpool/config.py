@@ -155,6 +155,8 @@ class Settings:
     log_level: str
     dataset_sources: dict
     host_silence: float = 10.0  # HOST_SILENCE_SECONDS: a host's workers silent this long are lost
+    fork_max_depth: int = 4  # FORK_MAX_DEPTH: forks of forks at most this deep
+    fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
 
     @property
     def default_log_dir(self) -> Path:
@@ -239,7 +241,16 @@ def load_settings(env=None) -> Settings:
         log_level=_str(env, "LOG_LEVEL", "INFO").upper(),
         dataset_sources=_dataset_sources(env),
         host_silence=_float(env, "HOST_SILENCE_SECONDS", 10.0),
+        fork_max_depth=_int(env, "FORK_MAX_DEPTH", 4, minimum=1),
+        fork_processes=_fork_processes(env),
     )
+
+
+def _fork_processes(env) -> str:
+    value = _str(env, "FORK_PROCESSES", "auto").lower()
+    if value not in ("auto", "off"):
+        raise ValueError(f"FORK_PROCESSES must be 'auto' or 'off', not {value!r}")
+    return value
 
 
 @functools.lru_cache(maxsize=1)
