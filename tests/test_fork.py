@@ -10,6 +10,8 @@ import pytest
 import requests
 
 from environments import forking
+from termpool.config import load_settings
+from termpool.queues import make_celery
 from termpool.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
 from tests.test_harbor_tasks import HARBOR, _close, _reset, _sh, _solve
@@ -251,3 +253,29 @@ def test_fork_a_harbor_task_through_the_pool_api(hstack, docker_client):
     _close(hstack, docker_client, lease)
     _close(hstack, docker_client, child)
     assert wait_for(lambda: not fork_images(docker_client, hstack, lease), 30)
+
+
+def test_a_worker_killed_during_a_fork_leaves_nothing(hstack, docker_client):
+    """The lifecycle worker dies (-9) in the middle of a fork: the job fails WORKER_LOST, and the
+    host's reconcile (as beat sends it) closes the children still starting and removes the
+    images no run needs, whatever step the fork had reached."""
+    store = Store.from_url(hstack.env["REDIS_URL"])
+    lease, _ = _reset(hstack, "harbor-hello")
+    _sh(hstack, lease, "head -c 300000000 /dev/zero > /tmp/big.bin")  # a commit that takes a while
+    reply = hstack.post(f"/v1/runs/{lease}/fork", {"count": 2})
+    assert reply.status_code == 202, reply.text
+    job_id, children = reply.json()["job_id"], reply.json()["run_ids"]
+    assert wait_for(lambda: store.get_job(job_id)["state"] == "running", 60, 0.05)
+    hstack.kill("lifecycle")
+    hstack.start_worker("lifecycle")
+    job = finished(hstack, job_id)
+    assert job["state"] == "failed" and job["code"] == "WORKER_LOST", job
+    make_celery(load_settings(hstack.env)).send_task("pool.reconcile", kwargs={"host": hstack.host_id})
+    for child in children:
+        assert wait_for(lambda c=child: get_run(hstack, c)["state"] == "closed", 60), get_run(hstack, child)
+        assert wait_for(lambda c=child: not run_containers(docker_client, store, c), 60), child
+    assert wait_for(lambda: not fork_images(docker_client, hstack, lease), 60), fork_images(
+        docker_client, hstack, lease
+    )
+    assert _sh(hstack, lease, "ls /tmp/big.bin").strip() == "/tmp/big.bin"  # the source goes on
+    _close(hstack, docker_client, lease)
