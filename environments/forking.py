@@ -37,8 +37,11 @@ log = logging.getLogger(__name__)
 
 # One exec per running session, as root: the command's cwd, environment and argv. The session's
 # pid file holds "<supervisor pid> <its start time> <command pid>"; no rc file: still running.
+# The task can write that file: only a number is taken, so what is read is a process's own
+# /proc entries (bounded by the kernel), never a file the task made as large as it likes.
 _CAPTURE = (
-    'read s t p < "$1/pid" 2>/dev/null && [ -n "$p" ] && [ ! -e "$1/rc" ] && cd "/proc/$p/cwd" 2>/dev/null '
+    'read s t p < "$1/pid" 2>/dev/null || exit 1; case "$p" in ""|*[!0-9]*) exit 1;; esac; '
+    '[ ! -e "$1/rc" ] && cd "/proc/$p/cwd" 2>/dev/null '
     '&& pwd -P && cat "/proc/$p/environ" && printf "\\001" && cat "/proc/$p/cmdline"'
 )
 

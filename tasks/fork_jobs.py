@@ -32,21 +32,17 @@ PROCESSES_RESTARTED = "restarted"
 STALE_FORK_SECONDS = 60.0  # a child whose fork job was never recorded is closed after this long
 
 
-def _fork_failed(run_id: str, error: str, code: str) -> None:
-    """The source goes on as it was; its children were closed by the job itself."""
-
-
 @shared_task(name="pool.fork_run", bind=True)
-@_job(on_failure=_fork_failed)
+@_job
 def fork_run(self, *, host, run_id, job_id, children):
+    """The source goes on as it was whatever happens; a failed fork closes its children."""
     made: dict = {}
     try:
         result = _fork(run_id, job_id, host, children, made)
     except BaseException as exc:
         _undo(children, made, f"the fork of {run_id} failed: {failures.cap(str(exc) or type(exc).__name__, 500)}")
         raise
-    source = store().get_run(run_id) or {}
-    store().update_run(run_id, children=[*(source.get("children") or []), *result["run_ids"]])
+    store().add_children(run_id, result["run_ids"])
     return result
 
 

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from environments import forking
+from environments.session_helper import session_dir
 from termpool.config import load_settings
 from termpool.queues import make_celery
 from termpool.state import Store
@@ -279,3 +280,16 @@ def test_a_worker_killed_during_a_fork_leaves_nothing(hstack, docker_client):
     )
     assert _sh(hstack, lease, "ls /tmp/big.bin").strip() == "/tmp/big.bin"  # the source goes on
     _close(hstack, docker_client, lease)
+
+
+def test_a_forged_session_pid_file_is_not_followed(stack, docker_client):
+    """The task can rewrite a session's pid file: the fork reads only a numeric pid's /proc
+    entries, never a file the task points it to (here a 64 MB one)."""
+    run_id = started(stack, "hello-file")
+    assert "started" in call(stack, run_id, "shell_exec", id="s", command="sleep 1000", block=False)
+    sh(stack, run_id, "mkdir -p /tmp/x/cwd && head -c 67108864 /dev/zero > /tmp/x/environ")
+    sh(stack, run_id, "printf 'sleep\\0' > /tmp/x/cmdline")  # would pass for a session's command line
+    sh(stack, run_id, f"echo '1 1 ../tmp/x' > {session_dir('s')}/pid")
+    job, (child,) = fork(stack, run_id, 1)
+    assert job["state"] == "succeeded" and job["result"]["sessions_restarted"] == [], job
+    close_all(stack, docker_client, run_id, child)

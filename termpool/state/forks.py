@@ -108,6 +108,22 @@ class ForksState:
             raise ForkRefused(reply[0], reply[1] if len(reply) > 1 else "")
         return reply[1]
 
+    def add_children(self, run_id: str, children: list[str]) -> None:
+        """Append to the run's `children` (a JSON list in its record), safe against another
+        fork of it ending at the same time (optimistic: WATCH, and again on a conflict)."""
+        key = keys.run_key(run_id)
+        with self._r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    known = json.loads(pipe.hget(key, "children") or "[]")
+                    pipe.multi()
+                    pipe.hset(key, "children", json.dumps([*known, *children]))
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+
     def need_images(self, run_id: str, images: list[str]) -> None:
         """The run's containers start from these images (or from images made from them)."""
         if not images:
