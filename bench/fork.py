@@ -17,6 +17,7 @@ The machine may be shared: the load average before and after is in the results.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -106,10 +107,17 @@ def measure(pool: Pool, sizes, counts, repeats: int) -> list[dict]:
             [container] = docker_client().containers.list(filters={"label": f"termpool.run={parent.id}"})
             for count in counts:
                 samples = {"fork": [], "floor": [], "replay": []}
+                failures = []
                 for _ in range(repeats):  # interleaved, so a load change hits all three alike
-                    samples["fork"].append(fork_once(pool, parent, count))
-                    samples["floor"].append(floor_once(container, count))
-                    samples["replay"].append(replay_once(pool, size, count))
+                    for name, once in (
+                        ("fork", functools.partial(fork_once, pool, parent, count)),
+                        ("floor", functools.partial(floor_once, container, count)),
+                        ("replay", functools.partial(replay_once, pool, size, count)),
+                    ):
+                        try:
+                            samples[name].append(once())
+                        except Exception as exc:  # a shared machine's Docker hiccup: noted, not measured
+                            failures.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
                 p50 = {name: statistics.median(values) for name, values in samples.items()}
                 rows.append(
                     {
@@ -119,6 +127,7 @@ def measure(pool: Pool, sizes, counts, repeats: int) -> list[dict]:
                         "fork_over_floor": round(p50["fork"] / p50["floor"], 2),
                         "replay_over_fork": round(p50["replay"] / p50["fork"], 2),
                         "samples": {name: [round(v, 3) for v in values] for name, values in samples.items()},
+                        "failures": failures,
                     }
                 )
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "samples"}), flush=True)
@@ -142,6 +151,9 @@ def markdown(result: dict) -> str:
             f"| {row['size_mb']} | {row['count']} | {row['fork_p50']:.2f} | {row['floor_p50']:.2f} "
             f"| {row['fork_over_floor']:.2f} | {row['replay_p50']:.2f} |"
         )
+    failed = [f"- {row['size_mb']} MB, K={row['count']}: {f}" for row in result["rows"] for f in row["failures"]]
+    if failed:
+        lines += ["", "Samples that failed (left out of the figures):", *failed]
     return "\n".join(lines) + "\n"
 
 
