@@ -106,6 +106,8 @@ def test_children_of_a_one_service_task(stack, docker_client):
         "ready",
     )
     assert set(get_run(stack, parent)["children"]) == {one, two}
+    assert f'href="/ui/runs/{parent}"' in stack.get(f"/ui/runs/{one}").text  # the viewer links both ways
+    assert all(f'href="/ui/runs/{child}"' in stack.get(f"/ui/runs/{parent}").text for child in (one, two))
     assert record["user_msg"] == get_run(stack, parent)["user_msg"]
     for child in (one, two):
         assert sh(stack, child, "cat /app/before.txt").strip() == "parent-wrote"
