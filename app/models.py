@@ -375,8 +375,8 @@ class ResetRequest(_Body):
 MAX_FORK = 64  # children of one fork request at most; capacity usually says no sooner
 ForkCount = Annotated[
     StrictInt,
-    BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v),  # JSON's 2.0 is 2
     Field(ge=1, le=MAX_FORK, description="How many children (runs) to make."),
+    BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v),  # JSON's 2.0 is 2
 ]
 
 
