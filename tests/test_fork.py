@@ -6,6 +6,8 @@ needs them; bad input and a Docker fault leave nothing behind. The session's rea
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import requests
 
@@ -295,3 +297,26 @@ def test_a_forged_session_pid_file_is_not_followed(stack, docker_client):
     job, (child,) = fork(stack, run_id, 1)
     assert job["state"] == "succeeded" and job["result"]["sessions_restarted"] == [], job
     close_all(stack, docker_client, run_id, child)
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("Version: 3.17.1", "criu 3.17 is older than 4.2"),
+        ("Version: 4.1", "criu 4.1 is older than 4.2"),
+        ("Version: 4.2\nGitID: v4.2", None),
+    ],
+)
+def test_process_carry_reads_criu_version(tmp_path, monkeypatch, version, reason):
+    """The start-up check reads `criu --version` (a script standing in for it here); a new
+    enough CRIU goes on to ask dockerd whether it runs with experimental features."""
+    criu = tmp_path / "criu"
+    criu.write_text(f"#!/bin/sh\nprintf '{version}\\n'\n")
+    criu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    found = forking.process_carry("auto")
+    if reason:
+        assert found == reason
+    else:
+        assert "experimental" in found or "does not checkpoint" in found, found
+    assert forking.process_carry("off") == "FORK_PROCESSES=off"
