@@ -14,7 +14,17 @@ from celery import Celery
 from termpool import dispatch, hosts, liveness, task_spec
 from termpool.config import Settings
 from termpool.paths import resolve_task_path
-from termpool.state import LOST_STATE, NO_FAILURE, STARTED_STATES, Allocation, CapacityError, RecordLost, Store
+from termpool.state import (
+    LOST_STATE,
+    NO_FAILURE,
+    STARTED_STATES,
+    Allocation,
+    CapacityError,
+    ForkRefused,
+    RecordLost,
+    Store,
+    new_run_id,
+)
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -58,6 +68,15 @@ class NotReady(RuntimeError):
 
 class RunClosed(RuntimeError):
     """The run has been released; it takes no more operations (runs API)."""
+
+
+class Refused(RuntimeError):
+    """A request refused with this code before anything was done (a fork: FORK_TOO_DEEP, or
+    no room on the run's host)."""
+
+    def __init__(self, code: str, error: str):
+        super().__init__(error)
+        self.code = code
 
 
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
@@ -209,6 +228,45 @@ class Engine:
     def _require_started(run: dict) -> None:
         if run["state"] == "allocated" or not run.get("env") and run["state"] != "starting":
             raise NotReady(f"run {run['run_id']} has not been reset")
+
+    def fork(self, run_id: str, count: int) -> tuple[str, list[str]]:
+        """K children of a started run on its host, made by one fork job: (job id, child ids).
+        The slots are reserved in one script (Store.place_fork) or not at all: CapacityError
+        when the host has fewer than `count` free, ForkRefused (FORK_TOO_DEEP) past the depth."""
+        run = self.live_run(run_id)
+        self.require_serving(run, "fork")
+        reasons = self.one_per_host(run["task_meta"]["task_path"])
+        children = [new_run_id() for _ in range(count)]
+        job_id = str(uuid.uuid4())
+        try:
+            host = self.store.place_fork(
+                run_id, children, job_id, self.cfg.fork_max_depth, self.cfg.max_runs_per_task, 1 if reasons else 0
+            )
+        except ForkRefused as exc:
+            raise self._fork_refusal(run_id, count, exc, reasons) from None
+        return dispatch.enqueue_fork(self.celery, self.store, run_id, host, job_id, children), children
+
+    def _fork_refusal(self, run_id: str, count: int, exc: ForkRefused, reasons: tuple) -> Exception:
+        """The error a refused fork answers (the run changed since live_run, or no room)."""
+        if exc.code == "UNKNOWN_RUN":
+            return UnknownLease(run_id)
+        if exc.code == "RUN_CLOSED":
+            return RunClosed(f"run {run_id} is {exc.detail}")
+        if exc.code == "HOST_LOST":
+            return HostUnavailable("HOST_LOST", f"the worker host of run {run_id} is lost")
+        if exc.code == "RUN_NOT_READY":
+            return NotReady(f"run {run_id} is {exc.detail}; only a started run can be forked")
+        if exc.code == "FORK_TOO_DEEP":
+            limit = self.cfg.fork_max_depth
+            return Refused(
+                exc.code, f"run {run_id} is a fork {exc.detail} deep; FORK_MAX_DEPTH ({limit}) allows no deeper"
+            )
+        why = f" (the task allows one live run per host: {'; '.join(reasons)})" if reasons else ""
+        free = max(int(exc.detail or 0), 0)
+        return Refused(
+            exc.code,
+            f"no capacity for {count} children of run {run_id}: its host has {free} free run slots of its task key{why}",
+        )
 
     # ---- waiting ----------------------------------------------------------------------------
     def wait(self, job_id: str, timeout: float | None) -> dict:

@@ -25,6 +25,7 @@ CLIENT_STATUS = {
     "TASK_SLOTS_EXHAUSTED": (429, 429),
     "RUN_SLOTS_EXHAUSTED": (429, 429),
     "HOST_DISK_LOW": (429, 429),
+    "FORK_TOO_DEEP": (409, 409),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")

@@ -372,6 +372,23 @@ class ResetRequest(_Body):
     task_timeouts: TaskTimeouts = Field(default_factory=TaskTimeouts)
 
 
+MAX_FORK = 64  # children of one fork request at most; capacity usually says no sooner
+ForkCount = Annotated[
+    StrictInt,
+    Field(ge=1, le=MAX_FORK, description="How many children (runs) to make."),
+    BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v),  # JSON's 2.0 is 2
+]
+
+
+class ForkRequest(_Body):
+    count: ForkCount
+
+
+class PoolForkRequest(_Body):
+    lease_id: LeaseId
+    count: ForkCount
+
+
 class ExecToolRequest(_Body):
     lease_id: LeaseId
     tool_call: ToolCall
@@ -501,6 +518,15 @@ class JobAccepted(Reply):
     job_id: JobId
 
 
+class ForkAccepted(Reply):
+    job_id: JobId = Field(description="The fork job; it succeeds once every child is ready.")
+    run_ids: list[RunId] = Field(description="The children, state starting until the fork job ends.")
+
+
+class ForkReply(Reply):
+    lease_ids: list[RunId]
+
+
 class Released(Reply):
     job_id: JobId
     found: Literal[True]
@@ -533,17 +559,22 @@ class Run(_Out):
     code: Code | None = None
     retryable: Retryable | None = None
     jobs: list[JobId] = Field(description="Job ids, oldest first.")
+    parent: RunId | None = Field(None, description="The run this one was forked from.")
+    children: list[RunId] | None = Field(None, description="Runs forked from this one.")
+    fork_depth: int | None = Field(None, description="Forks between this run and a started one (1: a child).")
+    processes: Literal["restarted"] | None = Field(None, description="A child's processes: started again.")
 
 
 class Job(_Out):
     job_id: JobId
     run_id: RunId
-    kind: Literal["start", "tool_call", "evaluation", "close"]
+    kind: Literal["start", "tool_call", "evaluation", "close", "fork"]
     state: JobState
     result: Any = Field(
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
-        "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}.",
+        "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
+        "processes, sessions_restarted}.",
     )
     error: str | None = None
     code: Code | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from app import error_codes, models
-from app.engine import NotReady, Refused, UnknownLease, capacity_message
+from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from termpool.state import CapacityError
 
@@ -152,6 +152,26 @@ def close(body: models.LeaseRequest):
     return ok(models.CloseReply(found=engine().close(body.lease_id) is not None))
 
 
+@bp.post("/fork")
+@operation(
+    "Fork a reset lease into `count` new leases on its host, started from its files as they are now "
+    "(an addition to the reference's API).",
+    {
+        200: ("Forked; the new leases are reset already", models.ForkReply),
+        409: "Forked FORK_MAX_DEPTH deep (FORK_TOO_DEEP)",
+        429: "Fewer free run slots of its task key on its host than count (RUN_SLOTS_EXHAUSTED)",
+        500: "Unknown lease, lease not reset or closed, or the fork failed; code says which",
+        503: UNAVAILABLE,
+    },
+    models.PoolForkRequest,
+)
+def fork(body: models.PoolForkRequest):
+    run = engine().lease(body.lease_id)
+    job_id, children = engine().fork(run["run_id"], body.count)
+    job = engine().wait(job_id, engine().start_wait_limit(run.get("task_timeouts") or {}))
+    return _job_reply(job, models.ForkReply, lease_ids=children)
+
+
 @bp.errorhandler(UnknownLease)
 def _unknown_lease(exc):
     return fail("UNKNOWN_LEASE", str(exc))
@@ -165,3 +185,13 @@ def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT 
 @bp.errorhandler(NotReady)
 def _not_ready(exc):
     return fail("RUN_NOT_READY", str(exc))
+
+
+@bp.errorhandler(RunClosed)
+def _closed(exc):
+    return fail("RUN_CLOSED", str(exc))
+
+
+@bp.errorhandler(Refused)
+def _refused(exc):
+    return fail(exc.code, str(exc))

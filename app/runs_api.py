@@ -15,7 +15,9 @@ Statuses (every body is JSON with ``ok``; failures carry ``error``, a ``code`` a
        ``failed``, or allocated through the pool API and never reset). Wait for the start
        job instead of racing it: the start and the tool call would run on different queues.
        RUN_CLOSED: any operation on a run that is ``closing`` or ``closed``.
-  429  as /allocate: TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED or HOST_DISK_LOW.
+       FORK_TOO_DEEP: a fork of a run that is a fork FORK_MAX_DEPTH deep.
+  429  as /allocate: TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED or HOST_DISK_LOW (a fork: too
+       few free slots of the run's task key on its host).
   503  HOST_LOST: the run's worker host is lost; WORKERS_DOWN: no live worker consumes the
        queue the call needs (or, on POST /v1/runs, no host takes new runs). At once, not
        after the call's time limit; a job already queued or running fails with the same code.
@@ -150,6 +152,24 @@ def create_evaluation(run_id: str):
     return ok(models.JobAccepted(job_id=engine().evaluation(run)), 202)
 
 
+@bp.post("/runs/<run_id>/fork")
+@operation(
+    "Fork a started run: `count` new runs on its host whose services start from its files as they are now.",
+    {
+        202: ("Accepted; the children are starting until the fork job ends", models.ForkAccepted),
+        404: UNKNOWN_RUN,
+        409: "Run not started (RUN_NOT_READY), closing/closed (RUN_CLOSED), or forked FORK_MAX_DEPTH deep "
+        "(FORK_TOO_DEEP)",
+        429: "Fewer free run slots of its task key on its host than count (RUN_SLOTS_EXHAUSTED)",
+    },
+    models.ForkRequest,
+    tag="runs",
+)
+def fork_run(run_id: str, body: models.ForkRequest):
+    job_id, children = engine().fork(run_id, body.count)
+    return ok(models.ForkAccepted(job_id=job_id, run_ids=children), 202)
+
+
 @bp.delete("/runs/<run_id>")
 @operation(
     "Release the run and tear it down (idempotent).",
@@ -214,3 +234,8 @@ def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT 
 @bp.errorhandler(RunClosed)
 def _closed(exc):
     return fail("RUN_CLOSED", str(exc))
+
+
+@bp.errorhandler(Refused)
+def _refused(exc):
+    return fail(exc.code, str(exc))

@@ -233,6 +233,7 @@ def start(
     timeout: float,
     force_compose: bool = False,
     disk_limit: int = 0,
+    images: dict | None = None,
 ):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
@@ -240,7 +241,10 @@ def start(
     the same way under its warm id. force_compose starts even a fast-path task with compose.
     disk_limit (bytes, 0: none) caps each container's writable layer where the storage driver
     enforces a size (disk_usage.storage_quota); the periodic check sums the run's containers.
+    `images` (a fork's child, environments/forking.py) names the image each service starts
+    from instead of the task's, by compose service ("" : the one container of a fast-path task).
     """
+    images = images or {}
     quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
     task_name = run["task_meta"]["task_name"]
     name = run_name(task_name, run["run_id"])
@@ -263,7 +267,7 @@ def start(
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
             if quota:
                 options["storage_opt"] = quota
-            container = _start_direct(image, {**options, **boot}, labels, name)
+            container = _start_direct(images.get("", image), {**options, **boot}, labels, name)
             mode = "direct"
         else:
             override = container_spec.run_override(
@@ -271,6 +275,9 @@ def start(
             )
             for service in override["services"].values() if quota else ():
                 service["storage_opt"] = quota
+            for service, committed in images.items():
+                if service in override["services"]:
+                    override["services"][service]["image"] = committed
             container = _start_compose(
                 task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
             )

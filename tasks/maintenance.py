@@ -10,11 +10,12 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import disk_usage, lifecycle
-from tasks import disk_check
+from environments import disk_usage, forking, lifecycle
+from tasks import disk_check, fork_jobs
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
+from termpool.dispatch import enqueue_close
 from termpool.queues import queue_kind
 from termpool.state import STARTED_STATES, Store
 
@@ -41,9 +42,15 @@ def reconcile(self, *, host, at_start=False):
         log.warning("host %s is back: closing its %d runs marked lost", host, len(settled))
     if at_start:
         _lose_runs_without_containers(host)
+    stale = fork_jobs.close_stale_forks(host, lambda run_id: enqueue_close(self.app, store(), run_id, host))
+    if stale:
+        log.warning("closing children of forks that never ended: %s", stale)
     removed = lifecycle.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
+    images = fork_jobs.remove_orphan_images(host, _run_is_live)
+    if images:
+        log.warning("reconcile removed fork images no run needs: %s", images)
     return removed
 
 
@@ -80,7 +87,6 @@ def reconcile_hosts(self):
 def reap(self):
     """Release idle runs and leases never reset, queue their teardown; re-queue teardowns
     that were lost."""
-    from termpool.dispatch import enqueue_close  # the same path the facade uses
 
     cfg = settings()
     lost = hosts.sweep(store(), hosts.process_watch())
@@ -146,6 +152,10 @@ def _on_worker_ready(sender=None, **_):
     threading.Thread(
         target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
     ).start()
+    try:
+        store().set_fork_processes(host, forking.process_carry(settings().fork_processes))
+    except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
+        log.warning("could not tell whether forks can carry processes", exc_info=True)
 
 
 @worker_shutdown.connect

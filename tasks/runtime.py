@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from environments import lifecycle
+from environments import forking, lifecycle
 from termpool.config import settings
 from termpool.state import FULL, UNREACHABLE, Store
 
@@ -42,7 +42,8 @@ def through_outage(call: Callable[[], T], what: str) -> T:
 
 def remove_env(run_id: str, env: dict) -> int:
     """Remove a run's containers and networks (its warm container's too) and its socket folder
-    (whatever else fails: it is this host's file, and nothing else would remove it)."""
+    (whatever else fails: it is this host's file, and nothing else would remove it); then the
+    committed fork images that no other run needs (forking.py)."""
     try:
         removed = lifecycle.remove_run_resources(run_id, env.get("project", ""))
         if env.get("warm_id"):
@@ -50,4 +51,6 @@ def remove_env(run_id: str, env: dict) -> int:
             through_outage(lambda: store().warm_forget(env["warm_id"]), f"run {run_id}'s warm container forgotten")
     finally:
         lifecycle.remove_ctl_dir(env.get("ctl_dir", ""))
+    for image in forking.remove_images(store().drop_images(run_id)):
+        store().forget_image(image)
     return removed

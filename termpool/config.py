@@ -210,6 +210,8 @@ class Settings:
     disk_check_seconds: float = 10.0  # how often each host measures its live runs' disk use; 0: never
     host_disk_min_free: DiskFloor = DiskFloor(percent=5.0)
     record_ttl: int = 24 * 3600  # seconds closed runs and ended jobs stay readable in Redis
+    fork_max_depth: int = 4  # FORK_MAX_DEPTH: forks of forks at most this deep
+    fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
 
     @property
     def default_log_dir(self) -> Path:
@@ -305,7 +307,16 @@ def load_settings(env=None) -> Settings:
         disk_check_seconds=_float(env, "DISK_CHECK_SECONDS", 10.0),
         host_disk_min_free=_disk_floor(env, "HOST_DISK_MIN_FREE", "5%"),
         record_ttl=_int(env, "RECORD_TTL", 24 * 3600, minimum=60),
+        fork_max_depth=_int(env, "FORK_MAX_DEPTH", 4, minimum=1),
+        fork_processes=_fork_processes(env),
     )
+
+
+def _fork_processes(env) -> str:
+    value = _str(env, "FORK_PROCESSES", "auto").lower()
+    if value not in ("auto", "off"):
+        raise ValueError(f"FORK_PROCESSES must be 'auto' or 'off', not {value!r}")
+    return value
 
 
 @functools.lru_cache(maxsize=1)

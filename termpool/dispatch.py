@@ -96,6 +96,15 @@ def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> 
     return enqueue(celery, store, "evaluation", "pool.evaluate", run_id, host)
 
 
+def enqueue_fork(celery: Celery, store: Store, run_id: str, host: str, job_id: str, children: list) -> str:
+    """The fork job of children already placed (Store.place_fork), on the source's host."""
+    store.create_job(job_id, run_id, "fork", children=children)
+    _signature(celery, "pool.fork_run", host=host, run_id=run_id, job_id=job_id, children=children).apply_async(
+        task_id=job_id
+    )
+    return job_id
+
+
 def enqueue_close(celery: Celery, store: Store, run_id: str, host: str) -> str:
     return enqueue(celery, store, "close", "pool.close_run", run_id, host)
 

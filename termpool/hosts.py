@@ -41,6 +41,7 @@ JOB_QUEUE_KINDS = {
     "start": ("build", "lifecycle"),
     "tool_call": ("exec",),
     "evaluation": ("eval",),
+    "fork": ("lifecycle",),
 }
 
 
@@ -164,6 +165,8 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
             "last_heartbeat": snap.hosts.get(host),
             "live_queue_kinds": sorted(judged.serving),
             "disk": disk_view(info),
+            # forks restart processes; why they do not carry them (FORK_PROCESSES, CRIU)
+            "fork_processes": {"carried": False, "reason": info.get("fork_processes") or "not reported yet"},
         }
     return out
 

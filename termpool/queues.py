@@ -30,6 +30,7 @@ MONITOR_POLL = 5.0  # seconds between two looks for a listening monitor (Flower 
 JOB_KINDS = {
     "pool.ensure_image": "build",
     "pool.start_run": "lifecycle",
+    "pool.fork_run": "lifecycle",
     "pool.refill_warm": "lifecycle",
     "pool.start_warm": "lifecycle",
     "pool.size_warm": "lifecycle",

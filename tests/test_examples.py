@@ -115,3 +115,19 @@ def test_sidecar_serves_each_run_its_own_inventory(pool):
         assert first.evaluate().score == 1.0
     started = time.monotonic()
     assert wait_for(lambda: not pool.status()["tasks"].get("inventory-total"), 120), time.monotonic() - started
+
+
+def test_best_of_k_forks_and_keeps_the_best_reward(examples_stack):
+    """examples/best_of_k.py: K children of one run at step 2, each evaluated; the best is 1.0."""
+    proc = subprocess.run(
+        ["python3", str(ROOT / "examples" / "best_of_k.py"), examples_stack.url, "--fork-at", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**examples_stack.env, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    rewards = [float(re.search(r"reward (\S+)", line)[1]) for line in lines[:-1]]
+    assert len(rewards) == 3 and len(set(rewards)) > 1, proc.stdout  # the children's futures differ
+    assert lines[-1] == "best of 3 from step 2: reward 1.00 (awk on the level field)", proc.stdout

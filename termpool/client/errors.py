@@ -104,6 +104,10 @@ class RunClosed(ClientError):
     code = "RUN_CLOSED"  # noqa: E701
 
 
+class ForkTooDeep(ClientError):
+    code = "FORK_TOO_DEEP"  # noqa: E701
+
+
 class TaskSlotsExhausted(CapacityExhausted):
     code = "TASK_SLOTS_EXHAUSTED"  # noqa: E701
 

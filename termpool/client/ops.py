@@ -203,6 +203,16 @@ class _RunOps(_SessionOps):
         self.user_msg, self.tool_schemas = result.get("user_msg"), result.get("tool_schemas")
         return self
 
+    def fork(self, count: int = 1, wait: bool = True) -> Op:
+        """`count` new runs on this run's host whose services start from its files as they are
+        now (POST /v1/runs/<id>/fork); this run goes on unchanged. Returns the children (Runs to
+        close like any other), ready unless wait=False (then wait_ready() each)."""
+        reply = yield from self._call("POST", f"/v1/runs/{self.id}/fork", body={"count": count})
+        if wait:
+            yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout)
+        start = {"user_msg": self.user_msg, "tool_schemas": self.tool_schemas}
+        return [self._pool._run_class(self._pool, run_id, reply["job_id"], start) for run_id in reply["run_ids"]]
+
     def info(self) -> Op:
         """The run record: state, host, score, tests, error, code, job ids, ..."""
         return (yield from self._call("GET", f"/v1/runs/{self.id}", idempotent=True))["run"]
@@ -255,6 +265,14 @@ class _LeaseOps(_SessionOps):
         """Run the task's tests (POST /evaluate): an Evaluation (tests: {} when the reply has none)."""
         reply = yield from self._post("/evaluate")
         return Evaluation(score=float(reply.get("score") or 0.0), tests=reply.get("tests") or {})
+
+    def fork(self, count: int = 1) -> Op:
+        """`count` new leases, reset already, started from this lease's files (POST /fork)."""
+        reply = yield from self._post("/fork", {"count": count})
+        children = [self._pool._lease_class(self._pool, lease_id) for lease_id in reply["lease_ids"]]
+        for child in children:
+            child.user_msg, child.tool_schemas = self.user_msg, self.tool_schemas
+        return children
 
     def heartbeat(self) -> Op:
         """Mark the lease as used, so the idle reaper leaves it (POST /heartbeat)."""

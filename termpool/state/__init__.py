@@ -24,6 +24,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   node:<name>                string, NODE_TTL: a worker process (by node name) is alive
   worker:<token>             string, NODE_TTL: one worker process (incarnation) is alive
   worker:<token>:jobs        set: jobs that worker process is running now (lost if it dies)
+  fork-image:<image>         set: runs whose containers need a committed fork image
+  fork-images:<run>          set: the committed fork images a run needs (its ancestors' too)
   sess:<run>                 set: the run's shell session ids
   sess:<run>:<sid>           hash: read offset and kind of a shell session
   warm:<h>:<task path>       list: pre-started warm containers (JSON entries), LPOP claims one
@@ -53,7 +55,7 @@ transport one priority step (Store.queue_depths).
 `Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
-hosts), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+hosts), forks.py (forks of a live run and their committed images), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
 Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
@@ -68,6 +70,7 @@ from termpool.config import Settings
 from termpool.state import connection
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
+from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
 from termpool.state.jobs import _BEGIN_JOB, _FINISH_JOB, JobsState
 from termpool.state.keys import (
@@ -145,7 +148,7 @@ class RecordLost(redis.exceptions.ConnectionError):
     replica they had not reached yet; docs/operations.md). Met like Redis away: 503, retryable."""
 
 
-class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState):
+class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState, ForksState):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
     def __init__(self, client: redis.Redis, record_ttl: int = RECORD_TTL):
@@ -159,6 +162,8 @@ class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksSta
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
         self._finish_job = client.register_script(_FINISH_JOB)
+        self._fork_place = client.register_script(_FORK_PLACE)
+        self._drop_images = client.register_script(_DROP_IMAGES)
 
     @classmethod
     def connect(cls, cfg: Settings, timeout: float = 30) -> Store:
@@ -233,6 +238,7 @@ __all__ = [
     "LOCK_TTL",
     "LOCK_POLL",
     "OwnedLock",
+    "ForkRefused",
     # here
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",

@@ -19,6 +19,7 @@ JSON_FIELDS = (
     "score",
     "retryable",
     "call",
+    "children",
 )
 INT_FIELDS = ("attempts", "disk_limit")
 

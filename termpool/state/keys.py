@@ -129,3 +129,11 @@ def host_info_key(host: str) -> str:
 
 def host_lost_key(host: str) -> str:
     return f"{PREFIX}host:{host}:lost"  # and in the host-lost script
+
+
+def fork_image_key(image: str) -> str:
+    return f"{PREFIX}fork-image:{image}"  # and in the fork scripts
+
+
+def fork_images_key(run_id: str) -> str:
+    return f"{PREFIX}fork-images:{run_id}"  # and in the fork scripts

@@ -20,6 +20,18 @@ class SessionsState:
         self._r.hset(key, mapping={k: str(v) for k, v in fields.items()})
         self._r.sadd(keys.sessions_key(run_id), sid)
 
+    def session_ids(self, run_id: str) -> list[str]:
+        return sorted(self._r.smembers(keys.sessions_key(run_id)))
+
+    def copy_sessions(self, source: str, target: str, restarted: set) -> None:
+        """A fork's child gets the source's sessions; a restarted one reads its new output from 0."""
+        for sid in self.session_ids(source):
+            record = self.session(source, sid)
+            if sid in restarted:
+                record.update(offset="0", done="0")
+            if record:
+                self.update_session(target, sid, **record)
+
     def drop_sessions(self, run_id: str) -> None:
         sids = self._r.smembers(keys.sessions_key(run_id))
         if sids:

@@ -1,0 +1,162 @@
+"""The fork job: K new runs from a live one, on its host (docs/http-api.md, "Forking a run").
+
+The facade has placed the children already (Store.place_fork: "starting", a slot each). This
+job commits every service of the source, starts each child's services from those images,
+carries the shell sessions over and makes the children ready. All or nothing: when anything
+fails, every child is closed and torn down and the images go with the last run needing them;
+a worker killed mid-fork leaves children whose fork job has ended, which the reconcile closes
+(close_stale_forks), and labelled images nobody needs, which it removes (remove_orphan_images).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from celery import shared_task
+
+from environments import forking, lifecycle
+from environments.session_helper import prepare_container
+from tasks.run_jobs import RunNotStarted, _job, _live_run, _run_path, _task_dir, _timeouts
+from tasks.runtime import remove_env, store
+from termpool import failures
+from termpool.config import settings
+from termpool.state import NO_FAILURE, STARTED_STATES
+
+log = logging.getLogger(__name__)
+
+PROCESSES_RESTARTED = "restarted"
+STALE_FORK_SECONDS = 60.0  # a child whose fork job was never recorded is closed after this long
+
+
+@shared_task(name="pool.fork_run", bind=True)
+@_job
+def fork_run(self, *, host, run_id, job_id, children):
+    """The source goes on as it was whatever happens; a failed fork closes its children."""
+    made: dict = {}
+    try:
+        result = _fork(run_id, job_id, host, children, made)
+    except BaseException as exc:
+        _undo(children, made, f"the fork of {run_id} failed: {failures.cap(str(exc) or type(exc).__name__, 500)}")
+        raise
+    store().add_children(run_id, result["run_ids"])
+    return result
+
+
+def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> dict:
+    source = _live_run(run_id)
+    if source["state"] not in STARTED_STATES or not source.get("env"):
+        raise RunNotStarted(f"run {run_id} is {source['state']}: only a started run can be forked")
+    env = source["env"]
+    containers = forking.service_containers(env)
+    names = forking.image_names(run_id, secrets.token_hex(4), containers)
+    inherited = store().images_needed(run_id)  # a fork of a fork needs its ancestors' images too
+    for child in children:  # before the commit: an image made is always someone's (or an orphan)
+        store().need_images(child, [*names.values(), *inherited])
+    sids = store().session_ids(run_id)
+    captured = forking.capture_sessions(containers[_client_service(env, containers)], sids)
+    forking.commit(containers, names, run_id, host)
+    start = functools.partial(_start_child, source, names, captured)
+    with ThreadPoolExecutor(max_workers=len(children), thread_name_prefix="fork") as pool:
+        futures = {child: pool.submit(start, child) for child in children}
+        for child, future in futures.items():
+            made[child] = future.exception() or future.result()
+    errors = [value for value in made.values() if isinstance(value, BaseException)]
+    if errors:
+        raise errors[0]
+    return {
+        "run_ids": list(children),
+        "processes": PROCESSES_RESTARTED,
+        "sessions_restarted": sorted(captured),
+        "user_msg": source.get("user_msg"),
+        "tool_schemas": source.get("tool_schemas"),
+    }
+
+
+def _client_service(env: dict, containers: dict) -> str:
+    """The key of the run's client container among its services."""
+    return next((svc for svc, c in containers.items() if c.name == env["client"]), forking.DIRECT_CLIENT)
+
+
+def _start_child(source: dict, names: dict, captured: dict, child_id: str) -> dict:
+    """One child's services from the committed images, its tool server, its sessions; ready."""
+    child = store().require_run(child_id)
+    task_dir = _task_dir(child)
+    cfg = settings()
+    force_compose = source["env"].get("mode") == "compose"
+    disk_limit = int(source.get("disk_limit") or 0)  # a child is held to its source's disk limit
+    env, container = lifecycle.start(
+        child,
+        task_dir,
+        _run_path(child),
+        cfg,
+        _timeouts(child).reset_session,
+        force_compose,
+        disk_limit=disk_limit,
+        images=names,
+    )
+    try:
+        if not env.booted:
+            prepare_container(container, serve=bool(env.ctl_dir))
+        kinds = {sid: store().session(source["run_id"], sid).get("kind", "") for sid in captured}
+        restarted = forking.restart_sessions(
+            container, lifecycle.ctl_socket(env.to_dict()), captured, kinds, cfg.session_output_limit
+        )
+        store().copy_sessions(source["run_id"], child_id, set(restarted))
+    except BaseException:
+        remove_env(child_id, env.to_dict())
+        raise
+    fields = {
+        "env": env.to_dict(),
+        "user_msg": source.get("user_msg"),
+        "tool_schemas": source.get("tool_schemas"),
+        "processes": PROCESSES_RESTARTED,
+        "forked_at": time.time(),
+        "disk_limit": disk_limit,
+        **NO_FAILURE,
+    }
+    if not store().set_state_if_live(child_id, "ready", **fields):
+        remove_env(child_id, env.to_dict())  # closed while it was being made: its close found nothing yet
+    return env.to_dict()
+
+
+def _undo(children: list, made: dict, error: str) -> None:
+    """Close every child of a failed fork: containers, slot, record and image references."""
+    for child in children:
+        env = made.get(child)
+        try:
+            remove_env(child, env if isinstance(env, dict) else {})
+        finally:
+            store().release(child, reason="fork_failed")
+            store().mark_closed(child)
+            store().update_run(child, error=error)
+
+
+# ---- the reconcile's part -------------------------------------------------------------------
+def close_stale_forks(host: str, enqueue_close) -> list[str]:
+    """Children still "starting" whose fork job has ended (its worker was killed) or was never
+    recorded: released and torn down through `enqueue_close(run_id)`."""
+    closed = []
+    for run_id in store().live_runs(host):
+        run = store().get_run(run_id) or {}
+        if not run.get("parent") or run.get("state") != "starting":
+            continue
+        job = store().get_job(run.get("fork_job", "")) if run.get("fork_job") else None
+        ended = job is not None and job.get("state") in ("succeeded", "failed")
+        never = job is None and time.time() - float(run.get("created_at") or 0) > STALE_FORK_SECONDS
+        if (ended or never) and store().release(run_id, reason="fork_failed", only_state="starting"):
+            enqueue_close(run_id)
+            closed.append(run_id)
+    return closed
+
+
+def remove_orphan_images(host: str, is_live) -> list[str]:
+    """Committed fork images of this host that no live run needs (a crash between commit and
+    teardown): removed, with their reference sets."""
+    orphans = [image for image in forking.host_images(host) if not any(map(is_live, store().image_users(image)))]
+    for image in forking.remove_images(orphans):
+        store().forget_image(image)
+    return orphans
