@@ -36,7 +36,9 @@ class UnknownLease(LookupError):
 
 
 class Refused(RuntimeError):
-    """A call refused with a failure code of its own (both faces answer it by its code)."""
+    """A call refused with a failure code of its own (both faces answer it by its code): the
+    subclasses below, and a fork refused before anything was done (FORK_TOO_DEEP, no room on
+    the run's host)."""
 
     def __init__(self, code: str, error: str):
         super().__init__(error)
@@ -68,15 +70,6 @@ class NotReady(RuntimeError):
 
 class RunClosed(RuntimeError):
     """The run has been released; it takes no more operations (runs API)."""
-
-
-class Refused(RuntimeError):
-    """A request refused with this code before anything was done (a fork: FORK_TOO_DEEP, or
-    no room on the run's host)."""
-
-    def __init__(self, code: str, error: str):
-        super().__init__(error)
-        self.code = code
 
 
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message

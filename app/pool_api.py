@@ -190,8 +190,3 @@ def _not_ready(exc):
 @bp.errorhandler(RunClosed)
 def _closed(exc):
     return fail("RUN_CLOSED", str(exc))
-
-
-@bp.errorhandler(Refused)
-def _refused(exc):
-    return fail(exc.code, str(exc))

@@ -234,8 +234,3 @@ def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT 
 @bp.errorhandler(RunClosed)
 def _closed(exc):
     return fail("RUN_CLOSED", str(exc))
-
-
-@bp.errorhandler(Refused)
-def _refused(exc):
-    return fail(exc.code, str(exc))

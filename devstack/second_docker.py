@@ -23,12 +23,21 @@ from pathlib import Path
 
 import docker
 
-# Addresses for the bridge and the networks of the second daemon, away from Docker's defaults
-# (172.17-31.x, 192.168.x) the first one uses.
-BRIDGE_CIDR = "10.213.0.1/24"
-ADDRESS_POOL = "base=10.214.0.0/16,size=24"
-# Those addresses are fixed, so two second daemons (two test runs side by side) take turns.
-LOCK_PATH = "/run/termpool-second-docker.lock"
+# Second daemons run side by side (a session's fixture, a chaos scenario, another test run on the
+# machine), each in a slot of its own: its bridge address and its networks' address pool, away
+# from Docker's defaults (172.17-31.x, 192.168.x) the first daemon uses and from each other. A
+# slot is held by a lock file (flock) from start to stop; a start waits for a free one.
+SLOTS = 4
+LOCK_PATH = "/run/termpool-second-docker-{slot}.lock"
+SLOT_WAIT_SECONDS = 1800.0
+
+
+def bridge_cidr(slot: int) -> str:
+    return f"10.213.{slot}.1/24"
+
+
+def address_pool(slot: int) -> str:
+    return f"base=10.{214 + slot}.0.0/16,size=24"
 
 
 class SecondDocker:
@@ -41,6 +50,7 @@ class SecondDocker:
         self.pidfile = self.root / "dockerd.pid"
         self.proc: subprocess.Popen | None = None
         self._lock = None
+        self.slot = 0
 
     def argv(self) -> list[str]:
         return [
@@ -56,7 +66,7 @@ class SecondDocker:
             "--bridge",
             self.bridge,
             "--default-address-pool",
-            ADDRESS_POOL,
+            address_pool(self.slot),
             "--default-runtime",
             "runc",
             "--containerd-namespace",
@@ -66,13 +76,30 @@ class SecondDocker:
         ]
 
     def start(self, timeout: float = 90) -> SecondDocker:
-        self._lock = open(LOCK_PATH, "w")  # noqa: SIM115 (held until stop)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._take_slot()
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
-        subprocess.run(["ip", "addr", "add", BRIDGE_CIDR, "dev", self.bridge], check=True)
+        subprocess.run(["ip", "addr", "add", bridge_cidr(self.slot), "dev", self.bridge], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
         self._launch(timeout)
         return self
+
+    def _take_slot(self) -> None:
+        """The first free slot (its lock taken without waiting: one process may run two second
+        daemons); when all are held, try again until SLOT_WAIT_SECONDS have passed."""
+        deadline = time.monotonic() + SLOT_WAIT_SECONDS
+        while True:
+            for slot in range(SLOTS):
+                lock = open(LOCK_PATH.format(slot=slot), "a")  # noqa: SIM115 (held until stop)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    lock.close()
+                    continue
+                self._lock, self.slot = lock, slot
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no free second-daemon slot of {SLOTS} in {SLOT_WAIT_SECONDS:.0f} s")
+            time.sleep(1.0)
 
     def _launch(self, timeout: float) -> None:
         """Start dockerd with argv() and wait until it answers."""

@@ -17,7 +17,7 @@ from termpool.config import load_settings
 from termpool.queues import make_celery
 from termpool.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
-from tests.test_harbor_tasks import HARBOR, _close, _reset, _sh, _solve
+from tests.test_harbor_tasks import STACK_ENV, _close, _reset, _sh, _solve
 from tests.test_runs_api import (
     assert_error,
     delete,
@@ -238,7 +238,7 @@ def test_process_carry_where_criu_works(stack):
 # ---- Harbor task, through the pool API's POST /fork -----------------------------------------
 @pytest.fixture(scope="module")
 def hstack(base_image, docker_client):
-    yield from private_stack(docker_client, {"DATASET_DIR": str(HARBOR)})
+    yield from private_stack(docker_client, STACK_ENV)  # the Harbor tests' dataset and settings
 
 
 def test_fork_a_harbor_task_through_the_pool_api(hstack, docker_client):
