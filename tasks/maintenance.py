@@ -153,7 +153,7 @@ def _on_worker_ready(sender=None, **_):
         target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
     ).start()
     try:
-        store().set_fork_processes(host, forking.process_carry(settings().fork_processes))
+        store().set_fork_processes(host, *forking.process_carry(settings().fork_processes))
     except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
         log.warning("could not tell whether forks can carry processes", exc_info=True)
 
