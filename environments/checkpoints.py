@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 from environments.docker_client import docker_client
@@ -102,3 +103,16 @@ def _copy_files(source: Path, target: Path) -> None:
 def remove(container_id: str, name: str) -> None:
     """Remove the source's checkpoint folder (the container may be gone already)."""
     shutil.rmtree(folder(container_id, name), ignore_errors=True)
+
+
+def remove_stale(containers, prefix: str, older_than: float) -> list[str]:
+    """Checkpoint folders named `prefix`... of these containers, made more than `older_than`
+    seconds ago (a worker killed mid-fork): removed. Returns their paths."""
+    gone = []
+    for container in containers:
+        parent = folder(container.id, "x").parent
+        for item in parent.glob(f"{prefix}*") if parent.is_dir() else ():
+            if time.time() - item.stat().st_mtime > older_than:
+                shutil.rmtree(item, ignore_errors=True)
+                gone.append(str(item))
+    return gone

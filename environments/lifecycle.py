@@ -472,10 +472,15 @@ def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
     raise TimeoutError(f"container {container_id[:12]} was still being removed after {limit:.0f} s")
 
 
+def host_containers(host: str) -> list:
+    """This host's termpool containers that are running."""
+    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
+    return docker_client().containers.list(filters=mine, ignore_removed=True)
+
+
 def running_containers(host: str) -> set[str]:
     """Names of this host's termpool containers that are running."""
-    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
-    return {c.name for c in docker_client().containers.list(filters=mine, ignore_removed=True)}
+    return {c.name for c in host_containers(host)}
 
 
 def is_running(name: str) -> bool:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 PROCESSES_RESTARTED = "restarted"
 PROCESSES_CARRIED = "carried"
 STALE_FORK_SECONDS = 60.0  # a child whose fork job was never recorded is closed after this long
+CHECKPOINT_PREFIX = "termpool-fork-"  # a fork's checkpoint of its source (environments/checkpoints.py)
 
 
 @shared_task(name="pool.fork_run", bind=True)
@@ -60,7 +61,7 @@ def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> di
         store().need_images(child, [*names.values(), *inherited])
     sids = store().session_ids(run_id)
     captured = forking.capture_sessions(containers[_client_service(env, containers)], sids)
-    carry = Carry(name=f"fork-{secrets.token_hex(4)}")
+    carry = Carry(name=f"{CHECKPOINT_PREFIX}{secrets.token_hex(4)}")
     try:
         _checkpoint_and_commit(carry, host, env, containers, names, run_id)
         start = functools.partial(_start_child, source, names, captured, carry)
@@ -219,6 +220,13 @@ def close_stale_forks(host: str, enqueue_close) -> list[str]:
             enqueue_close(run_id)
             closed.append(run_id)
     return closed
+
+
+def remove_stale_checkpoints(host: str) -> list[str]:
+    """Checkpoints of fork sources older than a fork takes (a worker killed mid-fork)."""
+    if not store().carries_processes(host):
+        return []
+    return checkpoints.remove_stale(lifecycle.host_containers(host), CHECKPOINT_PREFIX, STALE_FORK_SECONDS)
 
 
 def remove_orphan_images(host: str, is_live) -> list[str]:

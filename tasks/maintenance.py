@@ -51,6 +51,9 @@ def reconcile(self, *, host, at_start=False):
     images = fork_jobs.remove_orphan_images(host, _run_is_live)
     if images:
         log.warning("reconcile removed fork images no run needs: %s", images)
+    checkpoints = fork_jobs.remove_stale_checkpoints(host)
+    if checkpoints:
+        log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
     return removed
 
 

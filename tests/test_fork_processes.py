@@ -17,6 +17,7 @@ import requests
 from devstack import criu
 from devstack.second_docker import SecondDocker
 from devstack.stack import Stack
+from tasks.fork_jobs import Carry
 from tests.conftest import stop_checking_leaks, wait_for
 from tests.test_fork import call, close_all, fork, shell_says, start_shell, started
 from tests.test_runs_api import get_run
@@ -105,3 +106,22 @@ def test_a_refused_checkpoint_restarts_processes(carry_stack):
     record = get_run(stack, child)
     assert record["processes"] == "restarted" and "checkpoint" in record["processes_reason"], record
     close_all(stack, carry_stack_client(stack), parent, child)
+
+
+# ---- without Docker -------------------------------------------------------------------------
+def test_runc_options_adds_file_locks_once(tmp_path):
+    conf = tmp_path / "criu" / "runc.conf"
+    criu.runc_options(conf)
+    assert conf.read_text() == "file-locks\n"
+    conf.write_text("tcp-established\n")
+    criu.runc_options(conf)
+    criu.runc_options(conf)
+    assert conf.read_text().split() == ["tcp-established", "file-locks"]
+
+
+def test_a_fork_says_why_it_restarts_processes():
+    carry = Carry(name="termpool-fork-x")
+    carry.carried.update(a=True, b="restore of b: criu failed")
+    assert carry.why(["a"]) == "" and carry.why(["a", "b"]) == "restore of b: criu failed"
+    carry.reason = "criu is not on PATH"
+    assert carry.why(["a"]) == "criu is not on PATH"
