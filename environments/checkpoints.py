@@ -15,12 +15,16 @@ session) to the documented Engine API endpoints.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 
 from environments.docker_client import docker_client
+
+HELD_MAX = 65536  # bytes of a held file copied into a child (tp-session's lock file is empty)
 
 
 class CheckpointFailed(RuntimeError):
@@ -67,15 +71,16 @@ def folder(container_id: str, name: str) -> Path:
     return Path(root) / "containers" / container_id / "checkpoints" / name
 
 
-def restore(source_id: str, container, name: str, bound=()) -> None:
+def restore(source_id: str, container, name: str, held=()) -> None:
     """Start a created container from the source's checkpoint `name`, copied into its own
     checkpoints folder (removed again whatever happens: the restored processes do not need it).
-    `bound`: container paths of host folders bind-mounted in both whose files the processes
-    hold open (tp-session's lock in CTL_DIR): copied from the source's folder first."""
+    `held`: container paths of small files in a bind-mounted host folder that the processes
+    hold open (tp-session's lock file in CTL_DIR), copied from the source's folder first."""
     target = folder(container.id, name)
     try:
-        for path in bound:
-            _copy_files(_bind_source(docker_client().containers.get(source_id), path), _bind_source(container, path))
+        source = docker_client().containers.get(source_id)
+        for path in held:
+            _copy_held(_host_path(source, path), _host_path(container, path))
         shutil.copytree(folder(source_id, name), target)
         # dockerd stores the folder in containerd's content store for the restore and deletes it
         # after: two children restored at once from identical folders collide on the one
@@ -87,17 +92,26 @@ def restore(source_id: str, container, name: str, bound=()) -> None:
         shutil.rmtree(target, ignore_errors=True)
 
 
-def _bind_source(container, destination: str) -> Path:
-    mounts = (container.attrs or {}).get("Mounts") or []
-    return Path(next(m["Source"] for m in mounts if m.get("Destination") == destination))
+def _host_path(container, path: str) -> Path:
+    """The host path of a container path inside one of its bind mounts."""
+    for mount in (container.attrs or {}).get("Mounts") or []:
+        inside = mount.get("Destination", "")
+        if mount.get("Type") == "bind" and path.startswith(inside.rstrip("/") + "/"):
+            return Path(mount["Source"]) / path[len(inside) :].lstrip("/")
+    raise CheckpointFailed(f"{path} is in no bind mount of {container.name}")
 
 
-def _copy_files(source: Path, target: Path) -> None:
-    """The regular files at the top of `source` that `target` lacks (a socket is bound anew by
-    the restore)."""
-    for item in source.iterdir():
-        if item.is_file() and not item.is_symlink() and not (target / item.name).exists():
-            shutil.copy2(item, target / item.name)
+def _copy_held(source: Path, target: Path) -> None:
+    """Copy a small regular file; the task can write in the source's folder, so no link is
+    followed and no large file is taken (the restore then fails on its size, and the fork
+    restarts processes)."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # not there: the restore says what it misses
+    with os.fdopen(fd, "rb") as f:
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) and not target.exists():
+            target.write_bytes(f.read(HELD_MAX))
 
 
 def remove(container_id: str, name: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from celery import shared_task
 
 from environments import checkpoints, forking, lifecycle
-from environments.session_helper import CTL_DIR, prepare_container, start_server
+from environments.session_helper import CTL_SOCKET, prepare_container, start_server
 from tasks.run_jobs import RunNotStarted, _job, _live_run, _run_path, _task_dir, _timeouts
 from tasks.runtime import remove_env, store
 from termpool import failures
@@ -97,7 +97,10 @@ class Carry:
     carried: dict = field(default_factory=dict)  # child -> True, or the restore's error
 
     def why(self, children) -> str:
-        return self.reason or next((str(v) for c in children if (v := self.carried.get(c)) is not True), "")
+        left = [self.carried.get(c) for c in children if self.carried.get(c) is not True]
+        return self.reason or (
+            str(left[0] or "the child was started with compose, not from the checkpoint") if left else ""
+        )
 
 
 def _checkpoint_and_commit(carry: Carry, host: str, env: dict, containers: dict, names: dict, run_id: str) -> None:
@@ -121,7 +124,9 @@ def _checkpoint_and_commit(carry: Carry, host: str, env: dict, containers: dict,
             carry.reason = str(exc)
         forking.commit(containers, names, run_id, host, pause=False)
     finally:
-        container.unpause()
+        container.reload()
+        if container.status == "paused":  # (a failed checkpoint may have thawed it already)
+            container.unpause()
 
 
 def _client_service(env: dict, containers: dict) -> str:
@@ -184,7 +189,7 @@ def _restore(carry: Carry, child_id: str, container) -> None:
     """lifecycle.start's starter: the child's container from the source's checkpoint; when the
     restore fails, started afresh (its sessions are then restarted) with the reason kept."""
     try:
-        checkpoints.restore(carry.source_id, container, carry.name, bound=(CTL_DIR,))
+        checkpoints.restore(carry.source_id, container, carry.name, held=(f"{CTL_SOCKET}.lock",))
         carry.carried[child_id] = True
     except checkpoints.CheckpointFailed as exc:
         log.warning("child %s restarts processes: %s", child_id, exc)
