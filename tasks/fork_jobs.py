@@ -16,6 +16,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from celery import shared_task
 
@@ -160,8 +161,9 @@ def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_
         kinds = {sid: store().session(source["run_id"], sid).get("kind", "") for sid in captured}
         if carried:
             forking.refresh_sessions(container, captured)
-            if env.ctl_dir:  # the restored server quits: its socket file is not the one it made
-                start_server(container)
+            if env.ctl_dir:  # a new tool server: the restored one's socket file is not the one it made
+                Path(lifecycle.ctl_socket(env.to_dict())).unlink(missing_ok=True)  # so it quits (<= 1 s)
+                start_server(container)  # waits for the old one's lock
             restarted = []
         else:
             ctl = lifecycle.ctl_socket(env.to_dict())
