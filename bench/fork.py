@@ -52,11 +52,14 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def fork_once(pool: Pool, parent, count: int) -> float:
+def fork_once(pool: Pool, parent, count: int, processes: bool = False) -> float:
     children = []
     seconds = timed(lambda: children.extend(parent.fork(count)))
+    said = {child.info().get("processes_reason") or "carried" for child in children} if processes else set()
     for child in children:
         child.close(wait=True)
+    if said - {"carried"}:  # a fork that fell back to restarting is not what --processes measures
+        raise RuntimeError(f"processes were not carried: {said}")
     return seconds
 
 
@@ -120,7 +123,7 @@ def measure(pool: Pool, sizes, counts, repeats: int, processes: bool = False) ->
                 failures = []
                 for _ in range(repeats):  # interleaved, so a load change hits all three alike
                     for name, once in (
-                        ("fork", functools.partial(fork_once, pool, parent, count)),
+                        ("fork", functools.partial(fork_once, pool, parent, count, processes)),
                         ("floor", functools.partial(floor_once, container, count)),
                         ("replay", functools.partial(replay_once, pool, size, count)),
                     ):

@@ -113,6 +113,13 @@ _REFRESH = (
     'printf "%s %s %s\\n" "$s" "$n" "$p" > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"; done'
 )
 
+# The restored tool server of a carried child: found by the lock file it holds open (only the
+# server holds it) and stopped, so a new one can take the lock at once.
+_STOP_SERVER = (
+    'for d in /proc/[0-9]*; do for f in "$d"/fd/*; do '
+    'if [ "$(readlink "$f" 2>/dev/null)" = "$1" ]; then kill "${d#/proc/}"; break; fi; done; done'
+)
+
 
 # ---- shell sessions -------------------------------------------------------------------------
 def capture_sessions(container, sids) -> dict:
@@ -143,6 +150,12 @@ def refresh_sessions(container, sids) -> None:
         result = container.exec_run(["sh", "-c", _REFRESH, "sh", *dirs], user="root")
         if result.exit_code != 0:
             log.warning("carried sessions of %s: %s", container.name, (result.output or b"")[-300:])
+
+
+def stop_restored_server(container, lock_path: str) -> None:
+    """Stop the carried tool server (it would quit on its own within a second: its socket file
+    is not the one it made)."""
+    container.exec_run(["sh", "-c", _STOP_SERVER, "sh", lock_path], user="root")
 
 
 def restart_sessions(container, ctl_socket: str, captured: dict, kinds: dict, limit: int) -> list[str]:

@@ -162,8 +162,9 @@ def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_
         if carried:
             forking.refresh_sessions(container, captured)
             if env.ctl_dir:  # a new tool server: the restored one's socket file is not the one it made
-                Path(lifecycle.ctl_socket(env.to_dict())).unlink(missing_ok=True)  # so it quits (<= 1 s)
-                start_server(container)  # waits for the old one's lock
+                forking.stop_restored_server(container, f"{CTL_SOCKET}.lock")
+                Path(lifecycle.ctl_socket(env.to_dict())).unlink(missing_ok=True)  # else it quits within 1 s
+                start_server(container)  # takes the old one's lock once it is gone
             restarted = []
         else:
             ctl = lifecycle.ctl_socket(env.to_dict())
