@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import docker
 import pytest
@@ -17,8 +18,11 @@ import requests
 from devstack import criu
 from devstack.second_docker import SecondDocker
 from devstack.stack import Stack
-from tasks.fork_jobs import Carry
-from tests.conftest import stop_checking_leaks, wait_for
+from tasks.fork_jobs import CHECKPOINT_PREFIX, Carry
+from termpool.config import load_settings
+from termpool.queues import make_celery
+from termpool.state import Store
+from tests.conftest import run_containers, stop_checking_leaks, wait_for
 from tests.test_fork import call, close_all, fork, shell_says, start_shell, started
 from tests.test_runs_api import get_run
 
@@ -106,6 +110,25 @@ def test_a_refused_checkpoint_restarts_processes(carry_stack):
     record = get_run(stack, child)
     assert record["processes"] == "restarted" and "checkpoint" in record["processes_reason"], record
     close_all(stack, carry_stack_client(stack), parent, child)
+
+
+def test_the_reconcile_removes_checkpoints_of_forks_that_never_ended(carry_stack):
+    """A worker killed between checkpoint and cleanup leaves the source's checkpoint folder:
+    the host's reconcile removes it once it is older than a fork takes, not a fresh one."""
+    stack = carry_stack
+    run_id = started(stack, "hello-file")
+    client = carry_stack_client(stack)
+    [container] = run_containers(client, Store.from_url(stack.env["REDIS_URL"]), run_id)
+    folder = Path(client.info()["DockerRootDir"]) / "containers" / container.id / "checkpoints"
+    stale, fresh = folder / f"{CHECKPOINT_PREFIX}stale", folder / f"{CHECKPOINT_PREFIX}fresh"
+    for made in (stale, fresh):
+        made.mkdir(parents=True)
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    make_celery(load_settings(stack.env)).send_task("pool.reconcile", kwargs={"host": stack.host_id})
+    assert wait_for(lambda: not stale.exists(), 30)
+    assert fresh.is_dir()
+    close_all(stack, client, run_id)
 
 
 # ---- without Docker -------------------------------------------------------------------------
