@@ -562,7 +562,10 @@ class Run(_Out):
     parent: RunId | None = Field(None, description="The run this one was forked from.")
     children: list[RunId] | None = Field(None, description="Runs forked from this one.")
     fork_depth: int | None = Field(None, description="Forks between this run and a started one (1: a child).")
-    processes: Literal["restarted"] | None = Field(None, description="A child's processes: started again.")
+    processes: Literal["restarted", "carried"] | None = Field(
+        None, description="A child's processes: restored from a checkpoint (carried) or started again (restarted)."
+    )
+    processes_reason: str | None = Field(None, description="Why a child's processes were restarted, not carried.")
 
 
 class Job(_Out):
@@ -574,7 +577,7 @@ class Job(_Out):
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
         "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
-        "processes, sessions_restarted}.",
+        "processes, processes_reason, sessions_restarted}.",
     )
     error: str | None = None
     code: Code | None = None

@@ -1,6 +1,6 @@
 """Forking a run against its floor and against replaying its prefix (issue 21, item 4).
 
-    python -m bench.fork [--sizes 10,200] [--counts 1,4,8] [--repeats 5] [--out bench/results]
+    python -m bench.fork [--sizes 10,200] [--counts 1,4,8] [--repeats 5] [--out bench/results] [--processes]
 
 Starts its own stack (devstack, the fixture task hello-file). For each size S (MB written into
 the run) and count K, repeated and interleaved in one process:
@@ -11,6 +11,9 @@ the run) and count K, repeated and interleaved in one process:
   * replay: what a trainer does without forks: K fresh runs at once (POST /v1/runs), each
             replaying the 10-step prefix that made the parent (S MB written, 9 echo calls).
 Figures are p50 over the repeats, in seconds; ratio = fork / floor (the issue's target: <= 1.3).
+--processes: the stack's host is a second dockerd with --experimental and CRIU 4.2
+(devstack/criu.py), and the parent runs a background loop, so each fork carries its processes
+(pause, checkpoint, commit, K restores); the floor stays commit + K plain starts.
 The machine may be shared: the load average before and after is in the results.
 """
 
@@ -22,12 +25,14 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from devstack import Stack
+from devstack import Stack, criu
+from devstack.second_docker import SecondDocker
 from environments.docker_client import docker_client
 from termpool.client import Pool
 
@@ -47,11 +52,14 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def fork_once(pool: Pool, parent, count: int) -> float:
+def fork_once(pool: Pool, parent, count: int, processes: bool = False) -> float:
     children = []
     seconds = timed(lambda: children.extend(parent.fork(count)))
+    said = {child.info().get("processes_reason") or "carried" for child in children} if processes else set()
     for child in children:
         child.close(wait=True)
+    if said - {"carried"}:  # a fork that fell back to restarting is not what --processes measures
+        raise RuntimeError(f"processes were not carried: {said}")
     return seconds
 
 
@@ -98,19 +106,24 @@ def replay_once(pool: Pool, size_mb: int, count: int) -> float:
     return seconds
 
 
-def measure(pool: Pool, sizes, counts, repeats: int) -> list[dict]:
+LOOP = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+
+
+def measure(pool: Pool, sizes, counts, repeats: int, processes: bool = False) -> list[dict]:
     rows = []
     for size in sizes:
         with pool.start(TASK) as parent:
             for command in prefix(size):
                 parent.exec(command, timeout=120)
+            if processes:  # a session whose process the forks carry
+                parent.exec(LOOP, id="loop", block=False)
             [container] = docker_client().containers.list(filters={"label": f"termpool.run={parent.id}"})
             for count in counts:
                 samples = {"fork": [], "floor": [], "replay": []}
                 failures = []
                 for _ in range(repeats):  # interleaved, so a load change hits all three alike
                     for name, once in (
-                        ("fork", functools.partial(fork_once, pool, parent, count)),
+                        ("fork", functools.partial(fork_once, pool, parent, count, processes)),
                         ("floor", functools.partial(floor_once, container, count)),
                         ("replay", functools.partial(replay_once, pool, size, count)),
                     ):
@@ -163,21 +176,27 @@ def main() -> None:
     parser.add_argument("--counts", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--processes", action="store_true", help="fork with process carry (CRIU)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     counts = [int(c) for c in args.counts.split(",")]
     env = {"WORKER_MAX_RUNS_PER_TASK": str(2 * max(counts) + 2), "WARM_POOL_SIZE": "0", "LOG_LEVEL": "WARNING"}
+    daemon = carrying_daemon(env) if args.processes else None
     stack = Stack(env=env).start()
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
         with Pool(stack.url, retries=0) as pool:
-            rows = measure(pool, sizes, counts, args.repeats)
+            rows = measure(pool, sizes, counts, args.repeats, args.processes)
     finally:
         stack.stop()
+        if daemon:
+            daemon.stop()
     date = time.strftime("%Y%m%d-%H%M", time.gmtime())
     result = {
         "date": date,
-        "command": "python -m bench.fork " + " ".join(f"--{k} {v}" for k, v in vars(args).items()).replace("_", "-"),
+        "command": "python -m bench.fork "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "processes").replace("_", "-")
+        + (" --processes" if args.processes else ""),
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
         "load_before": load_before,
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -189,6 +208,17 @@ def main() -> None:
     (out / f"fork-{date}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"fork-{date}.md").write_text(markdown(result))
     print(markdown(result))
+
+
+def carrying_daemon(env: dict) -> SecondDocker:
+    """A second dockerd that carries processes; the stack's workers and this process use it."""
+    folder = criu.ensure()
+    daemon = SecondDocker(experimental=True, path_first=str(folder), args=criu.dockerd_args()).start()
+    subprocess.run(["bash", "tests/base_image.sh"], check=True, capture_output=True)
+    daemon.load_image("termpool-test-base:bookworm")
+    env.update(DOCKER_HOST=daemon.host, PATH=f"{folder}:{os.environ['PATH']}")
+    os.environ["DOCKER_HOST"] = daemon.host  # the floor's docker_client()
+    return daemon
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ def address_pool(slot: int) -> str:
 
 
 class SecondDocker:
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, experimental: bool = False, path_first: str = "", args=()):
+        """experimental: dockerd --experimental (checkpoints); path_first: a folder put first on
+        the daemon's PATH (its containerd and runc find `criu` there: devstack/criu.py); args:
+        more dockerd options."""
+        self.experimental, self.path_first, self.args = experimental, path_first, list(args)
         self.name = name or "tpd" + secrets.token_hex(3)
         self.bridge = "br-" + self.name  # within iptables' 15 characters; br-+ is a task interface
         self.root = Path(tempfile.mkdtemp(prefix=f"termpool-{self.name}-"))
@@ -73,6 +77,8 @@ class SecondDocker:
             self.name,
             "--containerd-plugins-namespace",
             self.name + "-plugins",
+            *(["--experimental"] if self.experimental else []),
+            *self.args,
         ]
 
     def start(self, timeout: float = 90) -> SecondDocker:
@@ -104,7 +110,8 @@ class SecondDocker:
     def _launch(self, timeout: float) -> None:
         """Start dockerd with argv() and wait until it answers."""
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 (the daemon's output: it outlives this call)
-        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "PATH": f"{self.path_first}:{os.environ['PATH']}"} if self.path_first else None
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

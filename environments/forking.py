@@ -11,7 +11,8 @@ Shell sessions: tp-session keeps each session's files (output, pid, exit status)
 SESSIONS_ROOT in the container, so they are in the commit. A session whose command still runs
 is carried as its working directory (/proc/<pid>/cwd), the environment the command was started
 with (/proc/<pid>/environ) and its command line: without process carry the child starts that
-command again there (`processes: "restarted"`).
+command again there (`processes: "restarted"`). With it (environments/checkpoints.py) the
+child's processes are the source's, restored (`processes: "carried"`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import docker.errors
 
@@ -32,6 +34,8 @@ FORK_HOST_LABEL = "termpool.fork.host"
 FORK_REPOSITORY = "termpool-fork"
 DIRECT_CLIENT = ""  # the service key of a run started without compose: its one container
 CRIU_MIN = (4, 2)  # older CRIU fails on this kernel's vDSO layout (3.17) or socket options (4.1)
+RUNC_CRIU_CONF = Path("/etc/criu/runc.conf")  # CRIU options runc adds to every checkpoint and restore
+CRIU_OPTIONS = ("file-locks",)  # tp-session holds flock locks: CRIU refuses to dump them without it
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +72,13 @@ def image_names(source: str, nonce: str, services) -> dict:
     return names
 
 
-def commit(containers: dict, names: dict, source: str, host: str) -> None:
-    """Commit each service container into its image, labelled with its source run and host."""
+def commit(containers: dict, names: dict, source: str, host: str, pause: bool = True) -> None:
+    """Commit each service container into its image, labelled with its source run and host
+    (pause=False: the caller has paused them already)."""
     changes = [f"LABEL {FORK_LABEL}={source}", f"LABEL {FORK_HOST_LABEL}={host}"]
     for service, container in containers.items():
         repository, tag = names[service].split(":", 1)
-        container.commit(repository=repository, tag=tag, pause=True, changes=changes)
+        container.commit(repository=repository, tag=tag, pause=pause, changes=changes)
 
 
 def remove_images(images) -> list[str]:
@@ -99,6 +104,23 @@ def host_images(host: str) -> list[str]:
     return sorted(tag for image in found for tag in image.tags if tag.startswith(f"{FORK_REPOSITORY}:"))
 
 
+# After a restore each carried session's supervisor runs under its old pid but with a new start
+# time (the kernel's, not restorable), which tp-session compares to tell a live session from a
+# reused pid: the pid file gets the new one. Only a numeric pid's own /proc entry is read.
+_REFRESH = (
+    'for d in "$@"; do read s t p < "$d/pid" 2>/dev/null || continue; case "$s" in ""|*[!0-9]*) continue;; esac; '
+    'n=$(sed "s/.*) //" "/proc/$s/stat" 2>/dev/null | cut -d" " -f20); case "$n" in ""|*[!0-9]*) continue;; esac; '
+    'printf "%s %s %s\\n" "$s" "$n" "$p" > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"; done'
+)
+
+# The restored tool server of a carried child: found by the lock file it holds open (only the
+# server holds it) and stopped, so a new one can take the lock at once.
+_STOP_SERVER = (
+    'for d in /proc/[0-9]*; do for f in "$d"/fd/*; do '
+    'if [ "$(readlink "$f" 2>/dev/null)" = "$1" ]; then kill "${d#/proc/}"; break; fi; done; done'
+)
+
+
 # ---- shell sessions -------------------------------------------------------------------------
 def capture_sessions(container, sids) -> dict:
     """The sessions (by id) whose command still runs: cwd, environment and argv of each."""
@@ -120,6 +142,22 @@ def capture_sessions(container, sids) -> dict:
     return captured
 
 
+def refresh_sessions(container, sids) -> None:
+    """Carried sessions (restored, not restarted): their pid files get their supervisors' new
+    start times, so tp-session sees them running."""
+    if sids:
+        dirs = [session_dir(sid) for sid in sids]
+        result = container.exec_run(["sh", "-c", _REFRESH, "sh", *dirs], user="root")
+        if result.exit_code != 0:
+            log.warning("carried sessions of %s: %s", container.name, (result.output or b"")[-300:])
+
+
+def stop_restored_server(container, lock_path: str) -> None:
+    """Stop the carried tool server (it would quit on its own within a second: its socket file
+    is not the one it made)."""
+    container.exec_run(["sh", "-c", _STOP_SERVER, "sh", lock_path], user="root")
+
+
 def restart_sessions(container, ctl_socket: str, captured: dict, kinds: dict, limit: int) -> list[str]:
     """Start each captured session's command again in the child, in its directory with its
     environment, under the same session id (its output starts empty). An interactive session
@@ -138,23 +176,30 @@ def restart_sessions(container, ctl_socket: str, captured: dict, kinds: dict, li
 
 
 # ---- process carry --------------------------------------------------------------------------
-def process_carry(setting: str) -> str:
-    """Why this host's forks restart processes rather than carry them (shown per host in
-    /status). Carrying needs CRIU >= CRIU_MIN on PATH and a dockerd with experimental features
-    (checkpoints); termpool does not checkpoint processes yet even there (docs/http-api.md)."""
+def process_carry(setting: str) -> tuple[bool, str]:
+    """Whether this host's forks carry processes, and why or why not (shown per host in
+    /status). Carrying needs CRIU >= CRIU_MIN on PATH (the worker's, which must be dockerd's
+    too: runc runs `criu` from it) and a dockerd with experimental features (checkpoints)."""
     if setting == "off":
-        return "FORK_PROCESSES=off"
+        return False, "FORK_PROCESSES=off"
     criu = shutil.which("criu")
     if criu is None:
-        return "criu is not on PATH"
+        return False, "criu is not on PATH"
     try:
         out = subprocess.run([criu, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"criu --version failed: {exc}"
+        return False, f"criu --version failed: {exc}"
     match = re.search(r"Version:\s*(\d+)\.(\d+)", out)
     if not match or (int(match[1]), int(match[2])) < CRIU_MIN:
         found = f"{match[1]}.{match[2]}" if match else "of unknown version"
-        return f"criu {found} is older than {'.'.join(map(str, CRIU_MIN))}"
-    if not docker_client().info().get("ExperimentalBuild"):
-        return "dockerd runs without --experimental (no checkpoints)"
-    return "CRIU and checkpoints are there, but termpool does not checkpoint processes yet"
+        return False, f"criu {found} is older than {'.'.join(map(str, CRIU_MIN))}"
+    info = docker_client().info()
+    if not info.get("ExperimentalBuild"):
+        return False, "dockerd runs without --experimental (no checkpoints)"
+    init = shutil.which(info.get("InitBinary") or "docker-init")
+    if init and Path(init).is_symlink():  # CRIU restores the bind mount of a symlink as the link
+        return False, f"dockerd's docker-init is a symlink: start dockerd with --init-path {Path(init).resolve()}"
+    conf = RUNC_CRIU_CONF.read_text().split() if RUNC_CRIU_CONF.exists() else []
+    if missing := [option for option in CRIU_OPTIONS if option not in conf]:
+        return False, f"{RUNC_CRIU_CONF} lacks the CRIU option {', '.join(missing)}"
+    return True, f"criu {match[1]}.{match[2]} and dockerd checkpoints: processes of one-container runs are carried"

@@ -234,6 +234,7 @@ def start(
     force_compose: bool = False,
     disk_limit: int = 0,
     images: dict | None = None,
+    starter=None,
 ):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
@@ -243,6 +244,8 @@ def start(
     enforces a size (disk_usage.storage_quota); the periodic check sums the run's containers.
     `images` (a fork's child, environments/forking.py) names the image each service starts
     from instead of the task's, by compose service ("" : the one container of a fast-path task).
+    `starter(container)` starts the created container of a run without compose in place of
+    `container.start()` (a fork's child restored from a checkpoint, environments/checkpoints.py).
     """
     images = images or {}
     quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
@@ -267,7 +270,7 @@ def start(
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
             if quota:
                 options["storage_opt"] = quota
-            container = _start_direct(images.get("", image), {**options, **boot}, labels, name)
+            container = _start_direct(images.get("", image), {**options, **boot}, labels, name, starter)
             mode = "direct"
         else:
             override = container_spec.run_override(
@@ -358,10 +361,10 @@ def client_if_running(name: str):
     return container if container.status == "running" else None
 
 
-def _start_direct(image: str, options: dict, labels: dict, name: str):
+def _start_direct(image: str, options: dict, labels: dict, name: str, starter=None):
     # create + start, not run(): run() would try to pull a missing image from a registry.
     container = docker_client().containers.create(image, name=name, labels=labels, **options)
-    container.start()
+    (starter or type(container).start)(container)
     container.reload()
     _raise_if_failed([container], "", name)
     return container
@@ -469,10 +472,15 @@ def _wait_removed(client, container_id: str, limit: float = 60.0) -> None:
     raise TimeoutError(f"container {container_id[:12]} was still being removed after {limit:.0f} s")
 
 
+def host_containers(host: str) -> list:
+    """This host's termpool containers that are running."""
+    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
+    return docker_client().containers.list(filters=mine, ignore_removed=True)
+
+
 def running_containers(host: str) -> set[str]:
     """Names of this host's termpool containers that are running."""
-    mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
-    return {c.name for c in docker_client().containers.list(filters=mine, ignore_removed=True)}
+    return {c.name for c in host_containers(host)}
 
 
 def is_running(name: str) -> bool:

@@ -15,11 +15,13 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from celery import shared_task
 
-from environments import forking, lifecycle
-from environments.session_helper import prepare_container
+from environments import checkpoints, forking, lifecycle
+from environments.session_helper import CTL_SOCKET, prepare_container, start_server
 from tasks.run_jobs import RunNotStarted, _job, _live_run, _run_path, _task_dir, _timeouts
 from tasks.runtime import remove_env, store
 from termpool import failures
@@ -29,7 +31,9 @@ from termpool.state import NO_FAILURE, STARTED_STATES
 log = logging.getLogger(__name__)
 
 PROCESSES_RESTARTED = "restarted"
+PROCESSES_CARRIED = "carried"
 STALE_FORK_SECONDS = 60.0  # a child whose fork job was never recorded is closed after this long
+CHECKPOINT_PREFIX = "termpool-fork-"  # a fork's checkpoint of its source (environments/checkpoints.py)
 
 
 @shared_task(name="pool.fork_run", bind=True)
@@ -58,22 +62,72 @@ def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> di
         store().need_images(child, [*names.values(), *inherited])
     sids = store().session_ids(run_id)
     captured = forking.capture_sessions(containers[_client_service(env, containers)], sids)
-    forking.commit(containers, names, run_id, host)
-    start = functools.partial(_start_child, source, names, captured)
-    with ThreadPoolExecutor(max_workers=len(children), thread_name_prefix="fork") as pool:
-        futures = {child: pool.submit(start, child) for child in children}
-        for child, future in futures.items():
-            made[child] = future.exception() or future.result()
+    carry = Carry(name=f"{CHECKPOINT_PREFIX}{secrets.token_hex(4)}")
+    try:
+        _checkpoint_and_commit(carry, host, env, containers, names, run_id)
+        start = functools.partial(_start_child, source, names, captured, carry)
+        with ThreadPoolExecutor(max_workers=len(children), thread_name_prefix="fork") as pool:
+            futures = {child: pool.submit(start, child) for child in children}
+            for child, future in futures.items():
+                made[child] = future.exception() or future.result()
+    finally:
+        if carry.source_id:
+            checkpoints.remove(carry.source_id, carry.name)
     errors = [value for value in made.values() if isinstance(value, BaseException)]
     if errors:
         raise errors[0]
+    carried = all(carry.carried.get(child) is True for child in children)
     return {
         "run_ids": list(children),
-        "processes": PROCESSES_RESTARTED,
-        "sessions_restarted": sorted(captured),
+        "processes": PROCESSES_CARRIED if carried else PROCESSES_RESTARTED,
+        "processes_reason": "" if carried else carry.why(children),
+        "sessions_restarted": [] if carried else sorted(captured),
         "user_msg": source.get("user_msg"),
         "tool_schemas": source.get("tool_schemas"),
     }
+
+
+@dataclass
+class Carry:
+    """A fork's process carry: the source container's checkpoint, and per child whether its
+    processes were restored (True) or why they were restarted."""
+
+    name: str
+    source_id: str = ""  # set once a checkpoint may exist (removed at the end of the fork)
+    reason: str = ""  # why the fork restarts processes ("": it carries them)
+    carried: dict = field(default_factory=dict)  # child -> True, or the restore's error
+
+    def why(self, children) -> str:
+        left = [self.carried.get(c) for c in children if self.carried.get(c) is not True]
+        return self.reason or (
+            str(left[0] or "the child was started with compose, not from the checkpoint") if left else ""
+        )
+
+
+def _checkpoint_and_commit(carry: Carry, host: str, env: dict, containers: dict, names: dict, run_id: str) -> None:
+    """Commit the source's services; where this host carries processes, checkpoint the
+    container first (paused across both, so its processes and files are one instant)."""
+    if not store().carries_processes(host):
+        carry.reason = store().host_info(host).get("fork_processes") or "FORK_PROCESSES is not checked yet"
+    elif env.get("mode") == "compose":
+        carry.reason = "processes are carried for runs without compose only"
+    if carry.reason:
+        forking.commit(containers, names, run_id, host)
+        return
+    container = containers[forking.DIRECT_CLIENT]
+    container.pause()
+    try:
+        carry.source_id = container.id
+        try:
+            checkpoints.create(container, carry.name)
+        except checkpoints.CheckpointFailed as exc:
+            log.warning("fork of %s restarts processes: %s", run_id, exc)
+            carry.reason = str(exc)
+        forking.commit(containers, names, run_id, host, pause=False)
+    finally:
+        container.reload()
+        if container.status == "paused":  # (a failed checkpoint may have thawed it already)
+            container.unpause()
 
 
 def _client_service(env: dict, containers: dict) -> str:
@@ -81,8 +135,9 @@ def _client_service(env: dict, containers: dict) -> str:
     return next((svc for svc, c in containers.items() if c.name == env["client"]), forking.DIRECT_CLIENT)
 
 
-def _start_child(source: dict, names: dict, captured: dict, child_id: str) -> dict:
-    """One child's services from the committed images, its tool server, its sessions; ready."""
+def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_id: str) -> dict:
+    """One child's services from the committed images (its processes from the checkpoint where
+    the fork carries them), its tool server, its sessions; ready."""
     child = store().require_run(child_id)
     task_dir = _task_dir(child)
     cfg = settings()
@@ -97,14 +152,23 @@ def _start_child(source: dict, names: dict, captured: dict, child_id: str) -> di
         force_compose,
         disk_limit=disk_limit,
         images=names,
+        starter=None if carry.reason else functools.partial(_restore, carry, child_id),
     )
+    carried = carry.carried.get(child_id) is True
     try:
         if not env.booted:
             prepare_container(container, serve=bool(env.ctl_dir))
         kinds = {sid: store().session(source["run_id"], sid).get("kind", "") for sid in captured}
-        restarted = forking.restart_sessions(
-            container, lifecycle.ctl_socket(env.to_dict()), captured, kinds, cfg.session_output_limit
-        )
+        if carried:
+            forking.refresh_sessions(container, captured)
+            if env.ctl_dir:  # a new tool server: the restored one's socket file is not the one it made
+                forking.stop_restored_server(container, f"{CTL_SOCKET}.lock")
+                Path(lifecycle.ctl_socket(env.to_dict())).unlink(missing_ok=True)  # else it quits within 1 s
+                start_server(container)  # takes the old one's lock once it is gone
+            restarted = []
+        else:
+            ctl = lifecycle.ctl_socket(env.to_dict())
+            restarted = forking.restart_sessions(container, ctl, captured, kinds, cfg.session_output_limit)
         store().copy_sessions(source["run_id"], child_id, set(restarted))
     except BaseException:
         remove_env(child_id, env.to_dict())
@@ -113,7 +177,8 @@ def _start_child(source: dict, names: dict, captured: dict, child_id: str) -> di
         "env": env.to_dict(),
         "user_msg": source.get("user_msg"),
         "tool_schemas": source.get("tool_schemas"),
-        "processes": PROCESSES_RESTARTED,
+        "processes": PROCESSES_CARRIED if carried else PROCESSES_RESTARTED,
+        "processes_reason": "" if carried else carry.why([child_id]),
         "forked_at": time.time(),
         "disk_limit": disk_limit,
         **NO_FAILURE,
@@ -121,6 +186,18 @@ def _start_child(source: dict, names: dict, captured: dict, child_id: str) -> di
     if not store().set_state_if_live(child_id, "ready", **fields):
         remove_env(child_id, env.to_dict())  # closed while it was being made: its close found nothing yet
     return env.to_dict()
+
+
+def _restore(carry: Carry, child_id: str, container) -> None:
+    """lifecycle.start's starter: the child's container from the source's checkpoint; when the
+    restore fails, started afresh (its sessions are then restarted) with the reason kept."""
+    try:
+        checkpoints.restore(carry.source_id, container, carry.name, held=(f"{CTL_SOCKET}.lock",))
+        carry.carried[child_id] = True
+    except checkpoints.CheckpointFailed as exc:
+        log.warning("child %s restarts processes: %s", child_id, exc)
+        carry.carried[child_id] = str(exc)
+        container.start()
 
 
 def _undo(children: list, made: dict, error: str) -> None:
@@ -151,6 +228,13 @@ def close_stale_forks(host: str, enqueue_close) -> list[str]:
             enqueue_close(run_id)
             closed.append(run_id)
     return closed
+
+
+def remove_stale_checkpoints(host: str) -> list[str]:
+    """Checkpoints of fork sources older than a fork takes (a worker killed mid-fork)."""
+    if not store().carries_processes(host):
+        return []
+    return checkpoints.remove_stale(lifecycle.host_containers(host), CHECKPOINT_PREFIX, STALE_FORK_SECONDS)
 
 
 def remove_orphan_images(host: str, is_live) -> list[str]:

@@ -51,6 +51,9 @@ def reconcile(self, *, host, at_start=False):
     images = fork_jobs.remove_orphan_images(host, _run_is_live)
     if images:
         log.warning("reconcile removed fork images no run needs: %s", images)
+    checkpoints = fork_jobs.remove_stale_checkpoints(host)
+    if checkpoints:
+        log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
     return removed
 
 
@@ -153,7 +156,7 @@ def _on_worker_ready(sender=None, **_):
         target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
     ).start()
     try:
-        store().set_fork_processes(host, forking.process_carry(settings().fork_processes))
+        store().set_fork_processes(host, *forking.process_carry(settings().fork_processes))
     except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
         log.warning("could not tell whether forks can carry processes", exc_info=True)
 

@@ -165,8 +165,11 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
             "last_heartbeat": snap.hosts.get(host),
             "live_queue_kinds": sorted(judged.serving),
             "disk": disk_view(info),
-            # forks restart processes; why they do not carry them (FORK_PROCESSES, CRIU)
-            "fork_processes": {"carried": False, "reason": info.get("fork_processes") or "not reported yet"},
+            # whether forks carry processes, and why (FORK_PROCESSES, CRIU, dockerd --experimental)
+            "fork_processes": {
+                "carried": info.get("fork_processes_carried") == "1",
+                "reason": info.get("fork_processes") or "not reported yet",
+            },
         }
     return out
 

@@ -99,6 +99,7 @@ def test_children_of_a_one_service_task(stack, docker_client):
     job, (one, two) = fork(stack, parent, 2)
     assert job["state"] == "succeeded", job
     assert job["result"]["processes"] == "restarted" and job["result"]["sessions_restarted"] == ["repl"]
+    assert job["result"]["processes_reason"] == forking.process_carry("auto")[1]
 
     record = get_run(stack, one)
     assert (record["parent"], record["fork_depth"], record["processes"], record["state"]) == (
@@ -228,11 +229,12 @@ def test_a_docker_fault_during_a_fork_leaves_nothing(stack, docker_client):
     close_all(stack, docker_client, run_id)
 
 
-def test_process_carry_where_criu_works(stack):
-    reason = forking.process_carry("auto")
+def test_status_says_whether_forks_carry_processes(stack):
+    """The machine's own dockerd runs without --experimental: forks restart processes here, and
+    /status and the child's record say why (tests/test_fork_processes.py carries them)."""
+    carried, reason = forking.process_carry("auto")
     status = requests.get(f"{stack.url}/status", timeout=10).json()["pool"]["hosts"][stack.host_id]
-    assert status["fork_processes"] == {"carried": False, "reason": reason}
-    pytest.skip(f"processes are not carried on this host: {reason}")
+    assert status["fork_processes"] == {"carried": carried, "reason": reason}
 
 
 # ---- Harbor task, through the pool API's POST /fork -----------------------------------------
@@ -314,9 +316,9 @@ def test_process_carry_reads_criu_version(tmp_path, monkeypatch, version, reason
     criu.write_text(f"#!/bin/sh\nprintf '{version}\\n'\n")
     criu.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    found = forking.process_carry("auto")
+    carried, found = forking.process_carry("auto")
     if reason:
-        assert found == reason
+        assert (carried, found) == (False, reason)
     else:
-        assert "experimental" in found or "does not checkpoint" in found, found
-    assert forking.process_carry("off") == "FORK_PROCESSES=off"
+        assert "experimental" in found or carried, found
+    assert forking.process_carry("off") == (False, "FORK_PROCESSES=off")

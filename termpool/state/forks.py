@@ -147,6 +147,12 @@ class ForksState:
     def forget_image(self, image: str) -> None:
         self._r.delete(keys.fork_image_key(image))
 
-    def set_fork_processes(self, host: str, reason: str) -> None:
-        """Why host's forks restart processes (forking.process_carry), shown in /status."""
-        self._r.hset(keys.host_info_key(host), "fork_processes", reason)
+    def set_fork_processes(self, host: str, carried: bool, reason: str) -> None:
+        """Whether host's forks carry processes, and why (forking.process_carry): read by the
+        fork job and shown in /status."""
+        self._r.hset(
+            keys.host_info_key(host), mapping={"fork_processes": reason, "fork_processes_carried": int(carried)}
+        )
+
+    def carries_processes(self, host: str) -> bool:
+        return self._r.hget(keys.host_info_key(host), "fork_processes_carried") == "1"
