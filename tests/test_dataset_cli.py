@@ -125,6 +125,13 @@ def git(*args, cwd):
     )
 
 
+def commit_all(repo: Path) -> None:
+    """Make `repo` a git repository whose one commit holds every file in it (a download's origin)."""
+    git("init", "-q", "-b", "main", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "tasks", cwd=repo)
+
+
 @pytest.fixture
 def origin(tmp_path) -> Path:
     """A local repository laid out like terminal-bench: tasks/<task>/, plus other folders."""
@@ -133,9 +140,7 @@ def origin(tmp_path) -> Path:
         shutil.copytree(FIXTURES / "hello-file", repo / "tasks" / task)
     (repo / "docs").mkdir()
     (repo / "docs" / "README.md").write_text("not a task\n")
-    git("init", "-q", "-b", "main", cwd=repo)
-    git("add", "-A", cwd=repo)
-    git("commit", "-q", "-m", "tasks", cwd=repo)
+    commit_all(repo)
     return repo
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from cli import download as dl
 from devstack import FIXTURES
-from tests.test_dataset_cli import cli, git
+from tests.test_dataset_cli import cli, commit_all, git
 from tests.test_harbor_tasks import HARBOR
 
 SERVED = ["harbor-hello", "harbor-partial", "harbor-no-reward", "harbor-compose-sidecar", "harbor-env"]
@@ -93,9 +93,7 @@ def harbor_origin(tmp_path) -> Path:
     (repo / ".github" / "workflows" / "ci.yaml").write_text("on: push\n")
     (repo / "scripts").mkdir()
     (repo / "scripts" / "lint.sh").write_text("true\n")
-    git("init", "-q", "-b", "main", cwd=repo)
-    git("add", "-A", cwd=repo)
-    git("commit", "-q", "-m", "tasks", cwd=repo)
+    commit_all(repo)
     return repo
 
 
