@@ -155,6 +155,12 @@ def _on_worker_ready(sender=None, **_):
     threading.Thread(
         target=disk_usage.learn, args=(_stop_heartbeat,), daemon=True, name="termpool-docker-facts"
     ).start()
+    # Asks Docker (and criu) like disk_usage.learn: off the main thread, so a slow dockerd does
+    # not hold back the worker's first job.
+    threading.Thread(target=_learn_fork_processes, args=(host,), daemon=True, name="termpool-fork-facts").start()
+
+
+def _learn_fork_processes(host: str) -> None:
     try:
         store().set_fork_processes(host, *forking.process_carry(settings().fork_processes))
     except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
