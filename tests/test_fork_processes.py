@@ -63,6 +63,17 @@ def count(stack, run_id: str) -> tuple[str, int]:
     return stamp, int(number)
 
 
+def fork_restarting(stack, run_id: str, sid: str, command: str) -> str:
+    """Start `command` in session `sid`, fork one child: its processes are restarted, that
+    session with them. The child's id."""
+    assert "started" in call(stack, run_id, "shell_exec", id=sid, command=command, block=False)
+    time.sleep(1)
+    job, (child,) = fork(stack, run_id, 1)
+    assert job["state"] == "succeeded", job
+    assert (job["result"]["processes"], job["result"]["sessions_restarted"]) == ("restarted", [sid]), job["result"]
+    return child
+
+
 def test_processes_are_carried_into_children(carry_stack):
     stack = carry_stack
     status = requests.get(f"{stack.url}/status", timeout=10).json()["pool"]["hosts"][stack.host_id]
@@ -102,11 +113,7 @@ def test_a_refused_checkpoint_restarts_processes(carry_stack):
         "python3 -c \"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
         'c=socket.create_connection(s.getsockname()); a,_=s.accept(); time.sleep(1e6)"'
     )
-    assert "started" in call(stack, parent, "shell_exec", id="tcp", command=held, block=False)
-    time.sleep(1)
-    job, (child,) = fork(stack, parent, 1)
-    assert job["state"] == "succeeded", job
-    assert job["result"]["processes"] == "restarted" and job["result"]["sessions_restarted"] == ["tcp"]
+    child = fork_restarting(stack, parent, "tcp", held)
     record = get_run(stack, child)
     assert record["processes"] == "restarted" and "checkpoint" in record["processes_reason"], record
     close_all(stack, carry_stack_client(stack), parent, child)
