@@ -22,7 +22,7 @@ from tests.test_fork import call, close_all, fork, fork_images, started
 from tests.test_fork_processes import COUNTER, carry_stack_client, count, fork_restarting
 from tests.test_runs_api import get_run
 
-compose_carry_stack = test_fork_processes.carry_stack  # the fixture (its name stays carry_stack): a daemon per module
+compose_stack = test_fork_processes.carry_stack  # its second dockerd, one per module
 
 TASK = "compose-counter"
 ASK = "python3 -c \"import urllib.request as u; print(u.urlopen('http://counter:8000/', timeout=10).read().decode())\""
@@ -34,16 +34,19 @@ def ask(stack, run_id: str) -> tuple[str, int]:
     return stamp, int(number)
 
 
+def project(stack, run_id: str) -> str:
+    return Store.from_url(stack.env["REDIS_URL"]).get_run(run_id)["env"]["project"]
+
+
 def leftover_checkpoints(client, stack, run_id: str) -> list[str]:
     """Checkpoint folders a fork left in the run's containers."""
-    project = Store.from_url(stack.env["REDIS_URL"]).get_run(run_id)["env"]["project"]
     root = Path(client.info()["DockerRootDir"]) / "containers"
-    found = client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})
+    found = client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project(stack, run_id)}"})
     return [str(p) for c in found for p in (root / c.id / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*")]
 
 
-def test_every_service_of_a_compose_run_is_carried(carry_stack):
-    stack, client = carry_stack, carry_stack_client(carry_stack)
+def test_every_service_of_a_compose_run_is_carried(compose_stack):
+    stack, client = compose_stack, carry_stack_client(compose_stack)
     parent = started(stack, TASK)
     assert "started" in call(stack, parent, "shell_exec", id="counter", command=COUNTER, block=False)
     for _ in range(3):
@@ -59,7 +62,7 @@ def test_every_service_of_a_compose_run_is_carried(carry_stack):
     for child in (one, two):
         record = get_run(stack, child)
         assert (record["processes"], record["processes_reason"]) == ("carried", ""), record["processes_reason"]
-        assert record["env"]["project"] != get_run(stack, parent)["env"]["project"]
+        assert project(stack, child) != project(stack, parent)
         child_stamp, at_fork = count(stack, child)  # the client's session loop goes on
         assert child_stamp == loop_stamp and at_fork >= before, (loop_stamp, before, child_stamp, at_fork)
     assert leftover_checkpoints(client, stack, parent) == []
@@ -75,10 +78,10 @@ def test_every_service_of_a_compose_run_is_carried(carry_stack):
     assert wait_for(lambda: not fork_images(client, stack, parent), 30), fork_images(client, stack, parent)
 
 
-def test_an_established_connection_between_services_restarts_processes(carry_stack):
+def test_an_established_connection_between_services_restarts_processes(compose_stack):
     """CRIU refuses a connected TCP socket (dockerd asks for no --tcp-established): the whole
     fork restarts processes, and the reason names the service whose checkpoint failed."""
-    stack, client = carry_stack, carry_stack_client(carry_stack)
+    stack, client = compose_stack, carry_stack_client(compose_stack)
     parent = started(stack, TASK)
     stamp, _ = ask(stack, parent)
     held = "python3 -c \"import socket,time; c=socket.create_connection(('counter',8000)); time.sleep(1e6)\""
@@ -93,11 +96,11 @@ def test_an_established_connection_between_services_restarts_processes(carry_sta
     assert wait_for(lambda: not fork_images(client, stack, parent), 30), fork_images(client, stack, parent)
 
 
-def test_a_failed_restore_restarts_the_whole_child(carry_stack):
+def test_a_failed_restore_restarts_the_whole_child(compose_stack):
     """A listener bound to the client's own address is checkpointed, but the child's client has
     another address: its restore fails after the sidecar's succeeded. The restored sidecar is
     stopped and the child starts afresh: no half-restored child."""
-    stack, client = carry_stack, carry_stack_client(carry_stack)
+    stack, client = compose_stack, carry_stack_client(compose_stack)
     parent = started(stack, TASK)
     stamp, _ = ask(stack, parent)
     bind = (
