@@ -8,6 +8,7 @@ when it starts a run and in `dataset check` (one set of rules for both).
 
 from __future__ import annotations
 
+import graphlib
 import json
 import posixpath
 import secrets
@@ -189,6 +190,12 @@ def client_service(resolved: dict, client_name: str, task_dir: Path | None = Non
     if problem:
         raise TaskInvalid(problem)
     return client_candidates(resolved, client_name)[0]
+
+
+def start_order(resolved: dict) -> list[str]:
+    """The services in compose's start order: each after those it depends on (depends_on)."""
+    graph = {name: list(svc.get("depends_on") or ()) for name, svc in resolved["services"].items()}
+    return list(graphlib.TopologicalSorter(graph).static_order())
 
 
 def service_images(task_name: str, resolved: dict) -> dict:

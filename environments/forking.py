@@ -202,4 +202,4 @@ def process_carry(setting: str) -> tuple[bool, str]:
     conf = RUNC_CRIU_CONF.read_text().split() if RUNC_CRIU_CONF.exists() else []
     if missing := [option for option in CRIU_OPTIONS if option not in conf]:
         return False, f"{RUNC_CRIU_CONF} lacks the CRIU option {', '.join(missing)}"
-    return True, f"criu {match[1]}.{match[2]} and dockerd checkpoints: processes of one-container runs are carried"
+    return True, f"criu {match[1]}.{match[2]} and dockerd checkpoints: processes of every service are carried"

@@ -39,6 +39,7 @@ from environments.compose_config import (
     client_service,
     compose_env,
     service_images,
+    start_order,
     task_files,
 )
 from environments.docker_client import (
@@ -244,8 +245,9 @@ def start(
     enforces a size (disk_usage.storage_quota); the periodic check sums the run's containers.
     `images` (a fork's child, environments/forking.py) names the image each service starts
     from instead of the task's, by compose service ("" : the one container of a fast-path task).
-    `starter(container)` starts the created container of a run without compose in place of
-    `container.start()` (a fork's child restored from a checkpoint, environments/checkpoints.py).
+    `starter(containers, restart)` starts the created containers ({service: container}, in
+    compose's start order) in place of a plain start: a fork's child restored from checkpoints
+    (environments/checkpoints.py); `restart()` is that plain start, for when a restore fails.
     """
     images = images or {}
     quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
@@ -281,9 +283,8 @@ def start(
             for service, committed in images.items():
                 if service in override["services"]:
                     override["services"][service]["image"] = committed
-            container = _start_compose(
-                task_dir, override, env, name, run_dir, cfg, max(1.0, deadline - time.monotonic())
-            )
+            project = Project(name, task_dir, run_dir, env, start_order(resolved))
+            container = _start_compose(project, override, cfg, max(1.0, deadline - time.monotonic()), starter)
             mode = "compose"
     except BaseException as exc:
         remove_run_resources(run["run_id"], name)
@@ -364,7 +365,10 @@ def client_if_running(name: str):
 def _start_direct(image: str, options: dict, labels: dict, name: str, starter=None):
     # create + start, not run(): run() would try to pull a missing image from a registry.
     container = docker_client().containers.create(image, name=name, labels=labels, **options)
-    (starter or type(container).start)(container)
+    if starter:
+        starter({"": container}, container.start)
+    else:
+        container.start()
     container.reload()
     _raise_if_failed([container], "", name)
     return container
@@ -376,17 +380,47 @@ def _compose_files(task_dir: Path, cfg: Settings, override: dict, run_dir: Path)
     return task_files(task_dir, cfg) + ["-f", str(path)]
 
 
-def _start_compose(task_dir, override, env, name, run_dir, cfg, timeout):
-    files = _compose_files(task_dir, cfg, override, run_dir)
+@dataclass
+class Project:
+    """A run's compose project: its name (= the client container's), task and run folders,
+    compose variables and services in start order."""
+
+    name: str
+    task_dir: Path
+    run_dir: Path
+    env: dict
+    order: list
+
+
+def _start_compose(project: Project, override: dict, cfg: Settings, timeout: float, starter=None):
+    name, task_dir = project.name, project.task_dir
+    files = _compose_files(task_dir, cfg, override, project.run_dir)
+    deadline = time.monotonic() + timeout
+
+    def up(*how: str) -> None:
+        left = max(1.0, deadline - time.monotonic())
+        run_compose(["-p", name, *files, "up", *how, "--no-build", "--pull", "never"], project.env, left, task_dir)
+
     stderr = ""
     try:
-        run_compose(["-p", name, *files, "up", "-d", "--no-build", "--pull", "never"], env, timeout, task_dir)
+        if starter is None:
+            up("-d")
+        else:  # created only; the starter starts them (a fallback recreates them all afresh)
+            up("--no-start")
+            starter(_by_service(name, project.order), lambda: up("-d", "--force-recreate"))
     except (ComposeError, TimeoutError) as exc:
         stderr = getattr(exc, "stderr_tail", "") or str(exc)
         _raise_if_failed(_project_containers(name), stderr, name)
         raise
     _raise_if_failed(_project_containers(name), stderr, name)
     return docker_client().containers.get(name)
+
+
+def _by_service(project: str, order: list) -> dict:
+    """The project's containers by service, in start order."""
+    found = {c.labels.get("com.docker.compose.service", c.name): c for c in _project_containers(project)}
+    rank = {service: i for i, service in enumerate(order)}
+    return dict(sorted(found.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def _project_containers(project: str) -> list:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import docker.errors
 from celery import shared_task
 
 from environments import checkpoints, forking, lifecycle
@@ -62,17 +63,17 @@ def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> di
         store().need_images(child, [*names.values(), *inherited])
     sids = store().session_ids(run_id)
     captured = forking.capture_sessions(containers[_client_service(env, containers)], sids)
-    carry = Carry(name=f"{CHECKPOINT_PREFIX}{secrets.token_hex(4)}")
+    carry = Carry(name=f"{CHECKPOINT_PREFIX}{secrets.token_hex(4)}", client=_client_service(env, containers))
     try:
-        _checkpoint_and_commit(carry, host, env, containers, names, run_id)
+        _checkpoint_and_commit(carry, host, containers, names, run_id)
         start = functools.partial(_start_child, source, names, captured, carry)
         with ThreadPoolExecutor(max_workers=len(children), thread_name_prefix="fork") as pool:
             futures = {child: pool.submit(start, child) for child in children}
             for child, future in futures.items():
                 made[child] = future.exception() or future.result()
     finally:
-        if carry.source_id:
-            checkpoints.remove(carry.source_id, carry.name)
+        for source_id in carry.sources.values():
+            checkpoints.remove(source_id, carry.name)
     errors = [value for value in made.values() if isinstance(value, BaseException)]
     if errors:
         raise errors[0]
@@ -89,45 +90,57 @@ def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> di
 
 @dataclass
 class Carry:
-    """A fork's process carry: the source container's checkpoint, and per child whether its
+    """A fork's process carry: each source service's checkpoint, and per child whether its
     processes were restored (True) or why they were restarted."""
 
     name: str
-    source_id: str = ""  # set once a checkpoint may exist (removed at the end of the fork)
+    client: str = forking.DIRECT_CLIENT  # the client's service (it alone holds tp-session's lock)
+    sources: dict = field(default_factory=dict)  # service -> source container id, once it may have a checkpoint
     reason: str = ""  # why the fork restarts processes ("": it carries them)
     carried: dict = field(default_factory=dict)  # child -> True, or the restore's error
 
     def why(self, children) -> str:
         left = [self.carried.get(c) for c in children if self.carried.get(c) is not True]
-        return self.reason or (
-            str(left[0] or "the child was started with compose, not from the checkpoint") if left else ""
-        )
+        return self.reason or (str(left[0] or "the child was not started from the checkpoints") if left else "")
 
 
-def _checkpoint_and_commit(carry: Carry, host: str, env: dict, containers: dict, names: dict, run_id: str) -> None:
-    """Commit the source's services; where this host carries processes, checkpoint the
-    container first (paused across both, so its processes and files are one instant)."""
+def _checkpoint_and_commit(carry: Carry, host: str, containers: dict, names: dict, run_id: str) -> None:
+    """Commit the source's services; where this host carries processes, checkpoint each running
+    one first, all paused across both (their processes and files are one instant). The first
+    checkpoint CRIU refuses makes the whole fork restart processes."""
     if not store().carries_processes(host):
         carry.reason = store().host_info(host).get("fork_processes") or "FORK_PROCESSES is not checked yet"
-    elif env.get("mode") == "compose":
-        carry.reason = "processes are carried for runs without compose only"
-    if carry.reason:
         forking.commit(containers, names, run_id, host)
         return
-    container = containers[forking.DIRECT_CLIENT]
-    container.pause()
+    running = {service: c for service, c in containers.items() if c.status == "running"}
+    paused = []
     try:
-        carry.source_id = container.id
-        try:
-            checkpoints.create(container, carry.name)
-        except checkpoints.CheckpointFailed as exc:
-            log.warning("fork of %s restarts processes: %s", run_id, exc)
-            carry.reason = str(exc)
+        for container in running.values():
+            container.pause()
+            paused.append(container)
+        for service, container in running.items():
+            carry.sources[service] = container.id
+            try:
+                checkpoints.create(container, carry.name)
+            except checkpoints.CheckpointFailed as exc:
+                log.warning("fork of %s restarts processes: %s", run_id, exc)
+                carry.reason = _named(service, exc)
+                break
+        for container in paused:  # a failed checkpoint may have thawed its container
+            container.reload()
+            if container.status == "running":
+                container.pause()
         forking.commit(containers, names, run_id, host, pause=False)
     finally:
-        container.reload()
-        if container.status == "paused":  # (a failed checkpoint may have thawed it already)
-            container.unpause()
+        for container in paused:
+            container.reload()
+            if container.status == "paused":
+                container.unpause()
+
+
+def _named(service: str, exc: Exception) -> str:
+    """A checkpoint's or restore's error, naming the compose service it was of."""
+    return f"service {service!r}: {exc}" if service != forking.DIRECT_CLIENT else str(exc)
 
 
 def _client_service(env: dict, containers: dict) -> str:
@@ -188,16 +201,35 @@ def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_
     return env.to_dict()
 
 
-def _restore(carry: Carry, child_id: str, container) -> None:
-    """lifecycle.start's starter: the child's container from the source's checkpoint; when the
-    restore fails, started afresh (its sessions are then restarted) with the reason kept."""
+def _restore(carry: Carry, child_id: str, containers: dict, restart) -> None:
+    """lifecycle.start's starter: each of the child's containers (in start order) from its
+    source's checkpoint; a service whose source was not running stays created. When a restore
+    fails, the services restored so far are stopped and `restart()` starts the child afresh
+    (its sessions are then restarted), the reason kept: never a half-restored child."""
+    restored = []
+    for service, container in containers.items():
+        if service not in carry.sources:
+            continue
+        held = (f"{CTL_SOCKET}.lock",) if service == carry.client else ()
+        try:
+            checkpoints.restore(carry.sources[service], container, carry.name, held=held)
+        except checkpoints.CheckpointFailed as exc:
+            log.warning("child %s restarts processes: %s", child_id, exc)
+            carry.carried[child_id] = _named(service, exc)
+            for done in restored:
+                _kill(done)
+            restart()
+            return
+        restored.append(container)
+    carry.carried[child_id] = True
+
+
+def _kill(container) -> None:
     try:
-        checkpoints.restore(carry.source_id, container, carry.name, held=(f"{CTL_SOCKET}.lock",))
-        carry.carried[child_id] = True
-    except checkpoints.CheckpointFailed as exc:
-        log.warning("child %s restarts processes: %s", child_id, exc)
-        carry.carried[child_id] = str(exc)
-        container.start()
+        container.kill()
+    except docker.errors.APIError as exc:  # its processes ended on their own already
+        if exc.status_code != 409:
+            raise
 
 
 def _undo(children: list, made: dict, error: str) -> None:

@@ -26,9 +26,13 @@ from tests.conftest import run_containers, stop_checking_leaks, wait_for
 from tests.test_fork import call, close_all, fork, shell_says, start_shell, started
 from tests.test_runs_api import get_run
 
-# A loop whose count lives in the shell's memory; the file only shows it. A restarted loop
-# would count from 1 again under a new start stamp.
-COUNTER = 's=$(date +%s%N); i=0; while :; do i=$((i+1)); echo "$s $i" > /tmp/count; sleep 0.2; done'
+# A loop whose count lives in the shell's memory; the file only shows it (replaced whole, by a
+# rename: never read half-written). A restarted loop would count from 1 again under a new
+# start stamp.
+COUNTER = (
+    's=$(date +%s%N); i=0; while :; do i=$((i+1)); echo "$s $i" > /tmp/count.new; '
+    "mv /tmp/count.new /tmp/count; sleep 0.2; done"
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +63,20 @@ def carry_stack_client(stack) -> docker.DockerClient:
 
 
 def count(stack, run_id: str) -> tuple[str, int]:
-    stamp, number = call(stack, run_id, "shell_exec", id="look", command="cat /tmp/count", block=True).split()[-2:]
-    return stamp, int(number)
+    """The loop's (start stamp, count); ("", 0) before its first write."""
+    said = call(stack, run_id, "shell_exec", id="look", command="cat /tmp/count 2>/dev/null", block=True).split()
+    return (said[-2], int(said[-1])) if len(said) >= 2 and said[-1].isdigit() else ("", 0)
+
+
+def fork_restarting(stack, run_id: str, sid: str, command: str) -> str:
+    """Start `command` in session `sid`, fork one child: its processes are restarted, that
+    session with them. The child's id."""
+    assert "started" in call(stack, run_id, "shell_exec", id=sid, command=command, block=False)
+    time.sleep(1)
+    job, (child,) = fork(stack, run_id, 1)
+    assert job["state"] == "succeeded", job
+    assert (job["result"]["processes"], job["result"]["sessions_restarted"]) == ("restarted", [sid]), job["result"]
+    return child
 
 
 def test_processes_are_carried_into_children(carry_stack):
@@ -102,11 +118,7 @@ def test_a_refused_checkpoint_restarts_processes(carry_stack):
         "python3 -c \"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
         'c=socket.create_connection(s.getsockname()); a,_=s.accept(); time.sleep(1e6)"'
     )
-    assert "started" in call(stack, parent, "shell_exec", id="tcp", command=held, block=False)
-    time.sleep(1)
-    job, (child,) = fork(stack, parent, 1)
-    assert job["state"] == "succeeded", job
-    assert job["result"]["processes"] == "restarted" and job["result"]["sessions_restarted"] == ["tcp"]
+    child = fork_restarting(stack, parent, "tcp", held)
     record = get_run(stack, child)
     assert record["processes"] == "restarted" and "checkpoint" in record["processes_reason"], record
     close_all(stack, carry_stack_client(stack), parent, child)

@@ -39,6 +39,7 @@ FIXTURE_NAMES = [
     "fifo-repl",
     "tmux-detached",
     "compose-fixed-subnet",
+    "compose-counter",
 ]
 
 
