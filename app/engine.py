@@ -147,10 +147,11 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def lease(self, run_id: str) -> dict:
-        """A live run, marked as used; UnknownLease for unknown or released leases,
-        HostUnavailable for a run whose host is lost."""
-        run = self.store.use_run(run_id)
+    def lease(self, run_id: str, call_job: str = "") -> dict:
+        """A live run, marked as used (with call_job: busy until that tool call's job ends);
+        UnknownLease for unknown or released leases, HostUnavailable for a run whose host is
+        lost."""
+        run = self.store.use_run(run_id, call_job)
         if run is None:
             raise_if_ended(self.store.get_run(run_id))
             raise UnknownLease(run_id)
@@ -202,10 +203,14 @@ class Engine:
         )
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
-    def tool_call(self, run: dict, call: dict) -> str:
+    def tool_call(self, run: dict, call: dict, job_id: str = "") -> str:
+        """Queue a tool call (as job `job_id`, the id the run was used with, if given). The
+        worker gets the run's environment with it, so it reads nothing of the run per call."""
         self._require_started(run)
         self.require_serving(run, "tool_call")
-        return dispatch.enqueue_tool_call(self.celery, self.store, run["run_id"], run["host"], call)
+        return dispatch.enqueue_tool_call(
+            self.celery, self.store, run["run_id"], run["host"], call, job_id=job_id, env=run.get("env")
+        )
 
     def evaluation(self, run: dict) -> str:
         self._require_started(run)
@@ -338,19 +343,21 @@ class Engine:
         )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
-    def live_run(self, run_id: str, allowed: tuple = STARTED_STATES) -> dict:
-        """A run that can take an operation now, marked as used.
+    def live_run(self, run_id: str, allowed: tuple = STARTED_STATES, call_job: str = "") -> dict:
+        """A run that can take an operation now, marked as used (with call_job: busy until that
+        tool call's job ends), in one round trip.
 
         UnknownLease when there is no such run, RunClosed once released, NotReady in any
         state but `allowed` (starting, failed, or allocated by the pool API and never reset):
         a tool call queued before the start ends would race it on another queue.
         """
-        run = self.store.get_run(run_id)
-        if run is None:
-            raise UnknownLease(run_id)
-        raise_if_ended(run)
-        if run["state"] in ("closing", "closed"):
-            raise RunClosed(f"run {run_id} is {run['state']}")
+        run = self.store.use_run(run_id, call_job)
+        if run is None:  # unknown, or released
+            ended = self.store.get_run(run_id)
+            if ended is None:
+                raise UnknownLease(run_id)
+            raise_if_ended(ended)
+            raise RunClosed(f"run {run_id} is {ended['state']}")
         if run["state"] == LOST_STATE:
             raise HostUnavailable(run.get("code") or "HOST_LOST", run.get("error") or f"run {run_id} is lost")
         if run["state"] not in allowed:
@@ -358,8 +365,6 @@ class Engine:
                 f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "
                 f"(state {' / '.join(allowed)})"
             )
-        if not self.store.touch(run_id):  # released between the read and now
-            raise RunClosed(f"run {run_id} is closing")
         return run
 
     def last_job(self, run_id: str, kind: str) -> str | None:
