@@ -23,8 +23,13 @@ def _short(value) -> str:
     return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + f"... ({len(text)} chars)"
 
 
+# Left out of what Flower shows: the host is the queue's name, the job id is the task's id, and
+# a tool call's env is the run's (Flower parses every event's arguments: shorter is cheaper).
+HIDDEN_KWARGS = ("host", "job_id", "env")
+
+
 def _kwargs_repr(kwargs: dict) -> str:
-    return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items()) + "}"
+    return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
 def _signature(celery: Celery, name: str, **kwargs):

@@ -11,6 +11,7 @@ keyword every pool job carries. Reaping goes to the shared ``termpool.maintenanc
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -74,7 +75,13 @@ def route_job(name, args, kwargs, options, task=None, **kw):
     host = (kwargs or {}).get("host")
     if not host:
         raise ValueError(f"{name} needs a host to be routed")
-    return {"queue": Queue(queue_name(host, kind))}
+    return {"queue": _queue(queue_name(host, kind))}
+
+
+@functools.lru_cache(maxsize=1024)
+def _queue(name: str) -> Queue:
+    """One Queue entity per queue name, not one per message (kombu binds and checks each)."""
+    return Queue(name)
 
 
 def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
