@@ -147,11 +147,11 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def lease(self, run_id: str, call_job: str = "") -> dict:
-        """A live run, marked as used (with call_job: busy until that tool call's job ends);
-        UnknownLease for unknown or released leases, HostUnavailable for a run whose host is
-        lost."""
-        run = self.store.use_run(run_id, call_job)
+    def lease(self, run_id: str, call_job: str = "", job: dict | None = None) -> dict:
+        """A live run, marked as used (with call_job: busy until that tool call's job ends, and
+        `job` recorded: Store.use_run); UnknownLease for unknown or released leases,
+        HostUnavailable for a run whose host is lost."""
+        run = self.store.use_run(run_id, call_job, job)
         if run is None:
             raise_if_ended(self.store.get_run(run_id))
             raise UnknownLease(run_id)
@@ -203,14 +203,24 @@ class Engine:
         )
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
-    def tool_call(self, run: dict, call: dict, job_id: str = "") -> str:
-        """Queue a tool call (as job `job_id`, the id the run was used with, if given). The
-        worker gets the run's environment with it, so it reads nothing of the run per call."""
-        self._require_started(run)
-        self.require_serving(run, "tool_call")
-        return dispatch.enqueue_tool_call(
-            self.celery, self.store, run["run_id"], run["host"], call, job_id=job_id, env=run.get("env")
-        )
+    def tool_call(self, run_id: str, call: dict, runs_api: bool = False) -> str:
+        """Queue a tool call on a run; its job id. The run's use and the job's record are one
+        round trip (Store.use_run), taken back if the call is then refused; the worker gets
+        the run's environment with the call, so it reads nothing of the run."""
+        job_id = dispatch.new_job_id()
+        job = self.store.job_fields(job_id, run_id, "tool_call", call=dispatch.recorded_call(call))
+        try:
+            if runs_api:
+                run = self.live_run(run_id, call_job=job_id, job=job)
+            else:
+                run = self.lease(run_id, call_job=job_id, job=job)
+            self._require_started(run)
+            self.require_serving(run, "tool_call")
+            dispatch.send_tool_call(self.celery, run_id, run["host"], call, job_id, run.get("env"))
+        except BaseException:
+            self.store.discard_job(job_id, run_id)
+            raise
+        return job_id
 
     def evaluation(self, run: dict) -> str:
         self._require_started(run)
@@ -343,7 +353,9 @@ class Engine:
         )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
-    def live_run(self, run_id: str, allowed: tuple = STARTED_STATES, call_job: str = "") -> dict:
+    def live_run(
+        self, run_id: str, allowed: tuple = STARTED_STATES, call_job: str = "", job: dict | None = None
+    ) -> dict:
         """A run that can take an operation now, marked as used (with call_job: busy until that
         tool call's job ends), in one round trip.
 
@@ -351,7 +363,7 @@ class Engine:
         state but `allowed` (starting, failed, or allocated by the pool API and never reset):
         a tool call queued before the start ends would race it on another queue.
         """
-        run = self.store.use_run(run_id, call_job)
+        run = self.store.use_run(run_id, call_job, job)
         if run is None:  # unknown, or released
             ended = self.store.get_run(run_id)
             if ended is None:

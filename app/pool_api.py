@@ -12,7 +12,6 @@ from flask import Blueprint
 from app import error_codes, models
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
-from termpool import dispatch
 from termpool.state import CapacityError
 
 bp = Blueprint("pool", __name__)
@@ -120,9 +119,7 @@ def reset(body: models.ResetRequest):
 )
 def exec_tool(body: models.ExecToolRequest):
     call = body.tool_call.model_dump()
-    job_id = dispatch.new_job_id()  # the run reads as busy until this job ends
-    run = engine().lease(body.lease_id, call_job=job_id)
-    engine().tool_call(run, call, job_id)
+    job_id = engine().tool_call(body.lease_id, call)
     job = engine().wait(job_id, engine().tool_wait_limit(call))
     return _job_reply(job, models.ExecToolReply, observation=job.get("result"))
 

@@ -50,7 +50,6 @@ from pydantic import TypeAdapter, ValidationError
 from app import error_codes, models
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
-from termpool import dispatch
 from termpool.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
@@ -138,9 +137,7 @@ def get_run(run_id: str):
     tag="runs",
 )
 def create_tool_call(run_id: str, body: models.ToolCall):
-    job_id = dispatch.new_job_id()  # the run reads as busy until this job ends
-    run = engine().live_run(run_id, call_job=job_id)
-    return ok(models.JobAccepted(job_id=engine().tool_call(run, body.model_dump(), job_id)), 202)
+    return ok(models.JobAccepted(job_id=engine().tool_call(run_id, body.model_dump(), runs_api=True)), 202)
 
 
 @bp.post("/runs/<run_id>/evaluation")

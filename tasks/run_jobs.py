@@ -376,7 +376,10 @@ def exec_tool(self, *, host, run_id, job_id, tool_call, env=None):
         if env:  # a run closed since the facade took the call answers that, whatever Docker said
             _live_run(run_id)
         raise
-    artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
+    seconds = time.monotonic() - started  # the call's record is written once its caller has the answer
+    after_reply(
+        functools.partial(artifacts.log_tool_call, Path(run["env"]["run_dir"]), tool_call, observation, seconds)
+    )
     return observation
 
 

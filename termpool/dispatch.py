@@ -40,8 +40,8 @@ def new_job_id() -> str:
     return str(uuid.uuid4())
 
 
-def new_job(store: Store, run_id: str, kind: str, job_id: str = "", **extra) -> str:
-    job_id = job_id or new_job_id()
+def new_job(store: Store, run_id: str, kind: str, **extra) -> str:
+    job_id = new_job_id()
     store.create_job(job_id, run_id, kind, **extra)
     return job_id
 
@@ -81,38 +81,18 @@ def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_pat
 
 
 def enqueue(
-    celery: Celery,
-    store: Store,
-    kind: str,
-    task: str,
-    run_id: str,
-    host: str,
-    job_fields: dict | None = None,
-    job_id: str = "",
-    **kwargs,
+    celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, job_fields: dict | None = None, **kwargs
 ) -> str:
-    job_id = new_job(store, run_id, kind, job_id, **(job_fields or {}))
+    job_id = new_job(store, run_id, kind, **(job_fields or {}))
     _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     return job_id
 
 
-def enqueue_tool_call(
-    celery: Celery, store: Store, run_id: str, host: str, tool_call: dict, job_id: str = "", env: dict | None = None
-) -> str:
-    """A tool call; with `env` (the run's environment as the caller read it) its worker reads
-    nothing of the run."""
-    return enqueue(
-        celery,
-        store,
-        "tool_call",
-        "pool.exec_tool",
-        run_id,
-        host,
-        job_fields={"call": recorded_call(tool_call)},
-        job_id=job_id,
-        tool_call=tool_call,
-        **({"env": env} if env else {}),
-    )
+def send_tool_call(celery: Celery, run_id: str, host: str, tool_call: dict, job_id: str, env: dict | None) -> None:
+    """Send a tool call whose job is recorded already (Store.use_run); with `env` (the run's
+    environment as the caller read it) its worker reads nothing of the run."""
+    kwargs = {"tool_call": tool_call, **({"env": env} if env else {})}
+    _signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
 
 
 def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:

@@ -60,17 +60,25 @@ class JobsState:
     _r: redis.Redis  # Store.__init__ sets it
     record_ttl: int  # and this (RECORD_TTL)
 
+    @staticmethod
+    def job_fields(job_id: str, run_id: str, kind: str, **extra) -> dict:
+        """A new (queued) job's record."""
+        return {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
+
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         # One round trip, not a transaction: a job recorded but not yet listed under its run
         # is harmless, and MULTI/EXEC would be two more commands on every tool call.
         pipe = self._r.pipeline(transaction=False)
-        pipe.hset(
-            keys.job_key(job_id),
-            mapping=_encode(
-                {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
-            ),
-        )
+        pipe.hset(keys.job_key(job_id), mapping=_encode(self.job_fields(job_id, run_id, kind, **extra)))
         pipe.rpush(keys.run_jobs_key(run_id), job_id)
+        pipe.execute()
+
+    def discard_job(self, job_id: str, run_id: str) -> None:
+        """Take back a job recorded with its run's use (use_run) whose call was then refused:
+        it was never sent."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.delete(keys.job_key(job_id))
+        pipe.lrem(keys.run_jobs_key(run_id), 0, job_id)
         pipe.execute()
 
     def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:

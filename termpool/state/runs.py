@@ -64,10 +64,12 @@ return 1
 
 
 # A live run's record, marked as used (last_used_at), and, for a tool call, with the call's job
-# as the run's call_job (a run whose call_job has not ended shows as busy: Store.get_run). The
-# record is returned as it was: one read and one write, on every operation's hot path. The
-# host's live zset keeps the score of the run's allocation: the reaper reads last_used_at
-# itself before it calls a run idle (idle_runs), so no call pays a ZADD for it.
+# as the run's call_job (a run whose call_job has not ended shows as busy: Store.get_run) and
+# the job's record written and listed under the run (KEYS[2], KEYS[3]; ARGV[3..]: its fields)
+# in the same round trip. The record is returned as it was: one read and one write, on every
+# operation's hot path. The host's live zset keeps the score of the run's allocation: the
+# reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
+# ZADD for it.
 _USE_RUN = """
 local run_key, now, call_job = KEYS[1], ARGV[1], ARGV[2]
 local record = redis.call('HGETALL', run_key)
@@ -76,6 +78,10 @@ for i = 1, #record, 2 do if record[i] == 'state' then state = record[i + 1] end 
 if not state or state == 'closing' or state == 'closed' then return false end
 if call_job ~= '' then
   redis.call('HSET', run_key, 'last_used_at', now, 'call_job', call_job)
+  if #ARGV > 2 then
+    redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+    redis.call('RPUSH', KEYS[3], call_job)
+  end
 else
   redis.call('HSET', run_key, 'last_used_at', now)
 end
@@ -146,15 +152,21 @@ class RunsState:
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
-        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id)], args=[time.time(), ""]))
+        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id), "", ""], args=[time.time(), ""]))
 
-    def use_run(self, run_id: str, call_job: str = "") -> dict | None:
+    def use_run(self, run_id: str, call_job: str = "", job: dict | None = None) -> dict | None:
         """A live run's record, marked as used (touch) in the same round trip; None when the
         lease is unknown or released. With call_job (a tool call's job), the run reads as
-        busy until that job ends. The record is returned as it was."""
+        busy until that job ends, and `job` (the fields of its record: JobsState.job_fields)
+        is recorded and listed under the run, only if the run is live. The record is returned
+        as it was."""
         if not run_id:
             return None
-        raw = self._use_run(keys=[keys.run_key(run_id)], args=[time.time(), call_job])
+        fields = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
+        raw = self._use_run(
+            keys=[keys.run_key(run_id), keys.job_key(call_job), keys.run_jobs_key(run_id)],
+            args=[time.time(), call_job, *fields],
+        )
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
