@@ -72,6 +72,9 @@ class RunClosed(RuntimeError):
     """The run has been released; it takes no more operations (runs API)."""
 
 
+# What a tool call reads of its run (not its tool schemas and prompt: kilobytes per call).
+TOOL_CALL_FIELDS = ("run_id", "state", "host", "env", "code", "error")
+
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
 
 
@@ -147,11 +150,11 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def lease(self, run_id: str, call_job: str = "", job: dict | None = None) -> dict:
+    def lease(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict:
         """A live run, marked as used (with call_job: busy until that tool call's job ends, and
         `job` recorded: Store.use_run); UnknownLease for unknown or released leases,
         HostUnavailable for a run whose host is lost."""
-        run = self.store.use_run(run_id, call_job, job)
+        run = self.store.use_run(run_id, call_job, job, fields)
         if run is None:
             raise_if_ended(self.store.get_run(run_id))
             raise UnknownLease(run_id)
@@ -211,9 +214,9 @@ class Engine:
         job = self.store.job_fields(job_id, run_id, "tool_call", call=dispatch.recorded_call(call))
         try:
             if runs_api:
-                run = self.live_run(run_id, call_job=job_id, job=job)
+                run = self.live_run(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
             else:
-                run = self.lease(run_id, call_job=job_id, job=job)
+                run = self.lease(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
             self._require_started(run)
             self.require_serving(run, "tool_call")
             dispatch.send_tool_call(self.celery, run_id, run["host"], call, job_id, run.get("env"))
@@ -354,7 +357,12 @@ class Engine:
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
     def live_run(
-        self, run_id: str, allowed: tuple = STARTED_STATES, call_job: str = "", job: dict | None = None
+        self,
+        run_id: str,
+        allowed: tuple = STARTED_STATES,
+        call_job: str = "",
+        job: dict | None = None,
+        fields: tuple = (),
     ) -> dict:
         """A run that can take an operation now, marked as used (with call_job: busy until that
         tool call's job ends), in one round trip.
@@ -363,7 +371,7 @@ class Engine:
         state but `allowed` (starting, failed, or allocated by the pool API and never reset):
         a tool call queued before the start ends would race it on another queue.
         """
-        run = self.store.use_run(run_id, call_job, job)
+        run = self.store.use_run(run_id, call_job, job, fields)
         if run is None:  # unknown, or released
             ended = self.store.get_run(run_id)
             if ended is None:

@@ -65,21 +65,30 @@ return 1
 
 # A live run's record, marked as used (last_used_at), and, for a tool call, with the call's job
 # as the run's call_job (a run whose call_job has not ended shows as busy: Store.get_run) and
-# the job's record written and listed under the run (KEYS[2], KEYS[3]; ARGV[3..]: its fields)
-# in the same round trip. The record is returned as it was: one read and one write, on every
+# the job's record written and listed under the run (KEYS[2], KEYS[3]; after ARGV[3]'s count
+# of field names to return, ARGV[4..]: the record's fields) in the same round trip. The record is returned as it was: one read and one write, on every
 # operation's hot path. The host's live zset keeps the score of the run's allocation: the
 # reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
 # ZADD for it.
 _USE_RUN = """
-local run_key, now, call_job = KEYS[1], ARGV[1], ARGV[2]
-local record = redis.call('HGETALL', run_key)
-local state
-for i = 1, #record, 2 do if record[i] == 'state' then state = record[i + 1] end end
+local run_key, now, call_job, n = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local record, state = {}, nil
+if n > 0 then  -- only these fields: a tool call needs a few, not the run's tool schemas and prompt
+  local names = {unpack(ARGV, 4, 3 + n)}
+  local values = redis.call('HMGET', run_key, unpack(names))
+  for i = 1, n do
+    if values[i] then table.insert(record, names[i]) table.insert(record, values[i]) end
+    if names[i] == 'state' then state = values[i] end
+  end
+else
+  record = redis.call('HGETALL', run_key)
+  for i = 1, #record, 2 do if record[i] == 'state' then state = record[i + 1] end end
+end
 if not state or state == 'closing' or state == 'closed' then return false end
 if call_job ~= '' then
   redis.call('HSET', run_key, 'last_used_at', now, 'call_job', call_job)
-  if #ARGV > 2 then
-    redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+  if #ARGV > 3 + n then
+    redis.call('HSET', KEYS[2], unpack(ARGV, 4 + n))
     redis.call('RPUSH', KEYS[3], call_job)
   end
 else
@@ -152,20 +161,22 @@ class RunsState:
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
-        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id), "", ""], args=[time.time(), ""]))
+        args = [time.time(), "", 1, "state"]
+        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id), "", ""], args=args))
 
-    def use_run(self, run_id: str, call_job: str = "", job: dict | None = None) -> dict | None:
-        """A live run's record, marked as used (touch) in the same round trip; None when the
-        lease is unknown or released. With call_job (a tool call's job), the run reads as
-        busy until that job ends, and `job` (the fields of its record: JobsState.job_fields)
-        is recorded and listed under the run, only if the run is live. The record is returned
-        as it was."""
+    def use_run(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict | None:
+        """A live run's record (only `fields` of it, with `state`, when given), marked as used
+        (touch) in the same round trip; None when the lease is unknown or released. With
+        call_job (a tool call's job), the run reads as busy until that job ends, and `job`
+        (the fields of its record: JobsState.job_fields) is recorded and listed under the run,
+        only if the run is live. The record is returned as it was."""
         if not run_id:
             return None
-        fields = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
+        names = list(dict.fromkeys(("state", *fields))) if fields else []
+        pairs = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
         raw = self._use_run(
             keys=[keys.run_key(run_id), keys.job_key(call_job), keys.run_jobs_key(run_id)],
-            args=[time.time(), call_job, *fields],
+            args=[time.time(), call_job, len(names), *names, *pairs],
         )
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
