@@ -282,11 +282,12 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
-    env = warm_pool.claim(run, host, _run_path) if settings().warm_pool_size > 0 else None
+    pooled = settings().warm_pool_size > 0  # off: no claim, no demand noted, no refill job sent
+    env = warm_pool.claim(run, host, _run_path) if pooled else None
     if env is not None:  # served by a spare: its demand is noted (and a refill sent) after the reply
         after_reply(functools.partial(warm_pool.demanded, self.app, run, host, served=True))
-    elif lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call): its
-        warm_pool.demanded(self.app, run, host, served=False)  # spares start beside this cold start
+    elif pooled and lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call):
+        warm_pool.demanded(self.app, run, host, served=False)  # its spares start beside this cold start
     disk_limit = disk.run_limit(settings().container_disk_limit, spec.disk_limit_mb)
     if env is None:
         try:
