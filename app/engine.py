@@ -72,6 +72,9 @@ class RunClosed(RuntimeError):
     """The run has been released; it takes no more operations (runs API)."""
 
 
+# What a tool call reads of its run (not its tool schemas and prompt: kilobytes per call).
+TOOL_CALL_FIELDS = ("run_id", "state", "host", "env", "code", "error")
+
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
 
 
@@ -147,10 +150,11 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def lease(self, run_id: str) -> dict:
-        """A live run, marked as used; UnknownLease for unknown or released leases,
+    def lease(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict:
+        """A live run, marked as used (with call_job: busy until that tool call's job ends, and
+        `job` recorded: Store.use_run); UnknownLease for unknown or released leases,
         HostUnavailable for a run whose host is lost."""
-        run = self.store.use_run(run_id)
+        run = self.store.use_run(run_id, call_job, job, fields)
         if run is None:
             raise_if_ended(self.store.get_run(run_id))
             raise UnknownLease(run_id)
@@ -202,10 +206,24 @@ class Engine:
         )
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
-    def tool_call(self, run: dict, call: dict) -> str:
-        self._require_started(run)
-        self.require_serving(run, "tool_call")
-        return dispatch.enqueue_tool_call(self.celery, self.store, run["run_id"], run["host"], call)
+    def tool_call(self, run_id: str, call: dict, runs_api: bool = False) -> str:
+        """Queue a tool call on a run; its job id. The run's use and the job's record are one
+        round trip (Store.use_run), taken back if the call is then refused; the worker gets
+        the run's environment with the call, so it reads nothing of the run."""
+        job_id = dispatch.new_job_id()
+        job = self.store.job_fields(job_id, run_id, "tool_call", call=dispatch.recorded_call(call))
+        try:
+            if runs_api:
+                run = self.live_run(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
+            else:
+                run = self.lease(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
+            self._require_started(run)
+            self.require_serving(run, "tool_call")
+            dispatch.send_tool_call(self.celery, run_id, run["host"], call, job_id, run.get("env"))
+        except BaseException:
+            self.store.discard_job(job_id, run_id)
+            raise
+        return job_id
 
     def evaluation(self, run: dict) -> str:
         self._require_started(run)
@@ -338,19 +356,28 @@ class Engine:
         )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 
-    def live_run(self, run_id: str, allowed: tuple = STARTED_STATES) -> dict:
-        """A run that can take an operation now, marked as used.
+    def live_run(
+        self,
+        run_id: str,
+        allowed: tuple = STARTED_STATES,
+        call_job: str = "",
+        job: dict | None = None,
+        fields: tuple = (),
+    ) -> dict:
+        """A run that can take an operation now, marked as used (with call_job: busy until that
+        tool call's job ends), in one round trip.
 
         UnknownLease when there is no such run, RunClosed once released, NotReady in any
         state but `allowed` (starting, failed, or allocated by the pool API and never reset):
         a tool call queued before the start ends would race it on another queue.
         """
-        run = self.store.get_run(run_id)
-        if run is None:
-            raise UnknownLease(run_id)
-        raise_if_ended(run)
-        if run["state"] in ("closing", "closed"):
-            raise RunClosed(f"run {run_id} is {run['state']}")
+        run = self.store.use_run(run_id, call_job, job, fields)
+        if run is None:  # unknown, or released
+            ended = self.store.get_run(run_id)
+            if ended is None:
+                raise UnknownLease(run_id)
+            raise_if_ended(ended)
+            raise RunClosed(f"run {run_id} is {ended['state']}")
         if run["state"] == LOST_STATE:
             raise HostUnavailable(run.get("code") or "HOST_LOST", run.get("error") or f"run {run_id} is lost")
         if run["state"] not in allowed:
@@ -358,8 +385,6 @@ class Engine:
                 f"run {run_id} is {run['state']}; tool calls and evaluations need a started run "
                 f"(state {' / '.join(allowed)})"
             )
-        if not self.store.touch(run_id):  # released between the read and now
-            raise RunClosed(f"run {run_id} is closing")
         return run
 
     def last_job(self, run_id: str, kind: str) -> str | None:

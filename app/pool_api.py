@@ -119,8 +119,7 @@ def reset(body: models.ResetRequest):
 )
 def exec_tool(body: models.ExecToolRequest):
     call = body.tool_call.model_dump()
-    run = engine().lease(body.lease_id)
-    job_id = engine().tool_call(run, call)
+    job_id = engine().tool_call(body.lease_id, call)
     job = engine().wait(job_id, engine().tool_wait_limit(call))
     return _job_reply(job, models.ExecToolReply, observation=job.get("result"))
 

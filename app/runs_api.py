@@ -137,8 +137,7 @@ def get_run(run_id: str):
     tag="runs",
 )
 def create_tool_call(run_id: str, body: models.ToolCall):
-    run = engine().live_run(run_id)
-    return ok(models.JobAccepted(job_id=engine().tool_call(run, body.model_dump())), 202)
+    return ok(models.JobAccepted(job_id=engine().tool_call(run_id, body.model_dump(), runs_api=True)), 202)
 
 
 @bp.post("/runs/<run_id>/evaluation")

@@ -2,7 +2,7 @@
 Docker and no logic, for bench/stack_floor.py. Flask's documented Celery pattern (a request
 enqueues a job and waits for its result), made as lean as termpool's own: no result backend
 (the job pushes its result on a Redis list the request pops), messages consumed without
-acks, no prefetch, one priority step, no rate limits.
+acks and without kombu's ack emulation, no prefetch, one priority step, no rate limits.
 
     python -m gunicorn -k gthread -w 2 --threads 64 "bench.minimal_stack:create_app()"
     python -m celery -A bench.minimal_stack worker -P threads -c 16 -Q minimal
@@ -37,7 +37,7 @@ celery.conf.update(
     worker_disable_prefetch=True,
     worker_disable_rate_limits=True,
     task_send_sent_event=os.environ.get("MINIMAL_SENT_EVENTS") == "1",
-    broker_transport_options={"priority_steps": [0]},
+    broker_transport_options={"priority_steps": [0], "ack_emulation": False},
     broker_connection_retry_on_startup=True,
 )
 _results = redis.Redis.from_url(REDIS_URL)

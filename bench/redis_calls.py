@@ -1,12 +1,14 @@
 """Redis commands per tool call and per episode, from Redis's own command statistics.
 
-    python -m bench.redis_calls [--calls 50] [--episodes 5] [--idle 10]
+    python -m bench.redis_calls [--calls 50] [--episodes 5] [--idle 10] [--env KEY=VALUE]
 
 Starts a stack (devstack), measures the commands Redis processes while idle (heartbeats, queue
 polls, beat), then over `--calls` tool calls on one lease and over `--episodes` whole episodes
 (allocate, reset, 14 calls, evaluate, close). The idle rate over the same window is subtracted.
 Prints one JSON line with the totals and the per-command breakdown (INFO commandstats), so a
-change to the per-call path shows which commands it saved. Commands are Celery's and
+change to the per-call path shows which commands it saved, and the episode's commands by
+operation (each operation's own window; close's runs 3 s past the answer, so it holds the teardown
+job, and reset's holds the warm pool's refill when the pool is on). Commands are Celery's and
 termpool's together: both talk to the same Redis.
 """
 
@@ -21,6 +23,7 @@ from devstack import Stack
 
 TASK = "hello-file"
 EPISODE_CALLS = 14
+CLOSE_SETTLE = 3.0  # seconds after a close, so its teardown job falls in close's window (no polling: it would count)
 
 
 def command_counts(stack: Stack) -> Counter:
@@ -47,8 +50,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--idle", type=float, default=10.0)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack, e.g. WARM_POOL_SIZE=0")
     args = parser.parse_args()
-    stack = Stack(beat=True).start()
+    stack = Stack(env=dict(item.split("=", 1) for item in args.env), beat=True).start()
     try:
         lease = stack.client.allocate(f"{TASK}#bench")
         lease.reset(TASK)
@@ -63,14 +67,23 @@ def main() -> None:
         call_counts, call_seconds = window(stack, calls)
         lease.close()
 
+        by_op: Counter = Counter()
+        op_seconds: Counter = Counter()
+
+        def timed(op: str, work) -> None:
+            counts, seconds = window(stack, work)
+            by_op[op] += sum(counts.values()) - sum(idle.values()) * seconds / idle_seconds
+            op_seconds[op] += seconds
+
         def episodes() -> None:
             for i in range(args.episodes):
-                episode = stack.client.allocate(f"{TASK}#e{i}")
-                episode.reset(TASK)
-                for _ in range(EPISODE_CALLS):
-                    episode.exec("echo hi", timeout=60)
-                episode.evaluate()
-                episode.close()
+                leases: list = []
+                timed("allocate", lambda i=i, got=leases: got.append(stack.client.allocate(f"{TASK}#e{i}")))
+                episode = leases[0]
+                timed("reset", lambda ep=episode: ep.reset(TASK))
+                timed("tool_calls", lambda ep=episode: [ep.exec("echo hi", timeout=60) for _ in range(EPISODE_CALLS)])
+                timed("evaluate", lambda ep=episode: ep.evaluate())
+                timed("close", lambda ep=episode: (ep.close(), time.sleep(CLOSE_SETTLE)))
 
         episode_counts, episode_seconds = window(stack, episodes)
     finally:
@@ -85,6 +98,7 @@ def main() -> None:
                 "commands_per_episode": round(sum(per_episode.values()), 1),
                 "tool_call_by_command": per_call,
                 "episode_by_command": per_episode,
+                "episode_by_operation": {op: round(n / args.episodes, 1) for op, n in by_op.items()},
                 "idle_by_command": {k: round(v / idle_seconds, 2) for k, v in idle.most_common()},
             }
         )

@@ -6,7 +6,7 @@ Starts a private redis-server as the deployments run it (append-only file, fsync
 second; pinned to CPU 0 where the machine has more than one), then replays a tool call's
 Redis work at rising rates: the facade's and the worker's calls through termpool's own Store
 (the same Lua scripts and pipelines) and Celery's broker commands for one message (LPUSH of a
-message of a real task's size, BRPOP, the ack's MULTI ZREM HDEL EXEC). `--procs` load
+message of a real task's size, then BRPOP; no ack, as kombu's ack emulation is off). `--procs` load
 processes (pinned to the other CPUs) pace the calls open-loop. Per rate: the calls done,
 Redis's commands per call and per second (INFO commandstats), the share of one core Redis
 used (INFO cpu, its own user + system time) and the call's latency.
@@ -63,17 +63,13 @@ def seed_run(store: Store, raw: redis.Redis, run_id: str) -> None:
 
 def tool_call(store: Store, raw: redis.Redis, run_id: str, token: str, message: bytes) -> None:
     """One tool call's Redis work, in the order the facade and the worker do it."""
-    store.use_run(run_id)  # facade: the lease, marked as used
     job_id = str(uuid.uuid4())
+    store.use_run(run_id, call_job=job_id)  # facade: the lease, marked as used (busy with this call)
     store.create_job(job_id, run_id, "tool_call", call={"name": "shell_exec", "arguments": {"cmd": "echo hi"}})
     raw.lpush(QUEUE, message)  # Celery: publish
-    raw.brpop([QUEUE], timeout=1)  # the worker's consumer takes it
-    pipe = raw.pipeline()  # kombu's ack of the message (a MULTI pipeline)
-    pipe.zrem("unacked_index", job_id).hdel("unacked", job_id)
-    pipe.execute()
-    store.begin_job(job_id, "exec@bench", token)
-    store.use_run(run_id, busy=True)
-    store.job_finished(job_id, result="hi\n", worker=token, ready_run=run_id)
+    raw.brpop([QUEUE], timeout=1)  # the worker's consumer takes it (no ack emulation: nothing more)
+    store.begin_job(job_id, "exec@bench", token)  # the worker has the run's env from the message
+    store.job_finished(job_id, result="hi\n", worker=token)
     store.wait_job(job_id, timeout=5)  # facade: the wake-up and the record
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from docker.models.containers import ExecResult
 
 from termpool import failures
 from termpool.failures import DockerError
@@ -30,7 +31,12 @@ MAX_COMMAND = 600  # characters of the command line itself
 @functools.lru_cache(maxsize=1)
 def docker_client() -> docker.DockerClient:
     # Thread-pool workers share one client; size its HTTP pool to match.
-    return docker.from_env(timeout=600, max_pool_size=256)
+    client = docker.from_env(timeout=600, max_pool_size=256)
+    # The Engine API is never reached through an HTTP proxy: requests would otherwise read the
+    # proxy variables (and .netrc) from the environment on every call (APIClient is a requests
+    # Session; trust_env is its public switch).
+    client.api.trust_env = False
+    return client
 
 
 class KnownContainer:
@@ -43,6 +49,16 @@ class KnownContainer:
         self.id = name  # the Engine API takes a name wherever it takes an id
         self.client = client
         self.attrs = {"Id": name, "Config": {"User": user}}
+
+    # The two calls an evaluation makes, through the low-level API by name: no inspect first.
+    def put_archive(self, path: str, data) -> bool:
+        return self.client.api.put_archive(self.id, path, data)
+
+    def exec_run(self, cmd, user: str = "", environment=None, workdir=None, demux: bool = False):
+        """Container.exec_run's blocking form (create, start, inspect for the exit code)."""
+        exec_id = self.client.api.exec_create(self.id, cmd, user=user, environment=environment, workdir=workdir)["Id"]
+        output = self.client.api.exec_start(exec_id, demux=demux)
+        return ExecResult(self.client.api.exec_inspect(exec_id)["ExitCode"], output)
 
     @functools.cached_property
     def model(self):

@@ -451,13 +451,16 @@ def _raise_if_failed(containers: list, stderr: str, client: str) -> None:
 
 
 # ---- teardown -------------------------------------------------------------------------------
-def remove_run_resources(run_id: str, project: str = "") -> int:
+def remove_run_resources(run_id: str, project: str = "", containers_only: bool = False) -> int:
     """Remove every container, network and volume of a run (found by labels); return containers
     removed. Anonymous volumes (an image's VOLUME, a service's `- /path`) go with their container
-    (`v=True`); named ones carry the run's labels (container_spec.run_override)."""
+    (`v=True`); named ones carry the run's labels (container_spec.run_override). A run known to
+    have been started without compose (`containers_only`) has no network or volume of its own,
+    so nobody lists them: two Docker calls less per teardown."""
     client = docker_client()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True):
+    found = client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, sparse=True)
+    for container in found:  # sparse: ids from the list, no inspect per container
         try:
             container.remove(force=True, v=True)
             removed += 1
@@ -467,6 +470,8 @@ def remove_run_resources(run_id: str, project: str = "") -> int:
             if exc.status_code != 409 or "already in progress" not in str(exc):
                 raise
             _wait_removed(client, container.id)  # a teardown and a failed start's cleanup, say
+    if containers_only:
+        return removed
     filters = [{"label": f"{RUN_LABEL}={run_id}"}]
     if project:
         filters.append({"label": f"com.docker.compose.project={project}"})

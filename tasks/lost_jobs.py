@@ -154,14 +154,13 @@ def _retry_signature(job: dict) -> dict | None:
 
 
 def _fail(job: dict, error: str, code: str) -> None:
-    """Fail the job and put its run back in a state that tells the truth."""
+    """Fail the job and put its run back in a state that tells the truth (a tool call's run
+    reads as ready again once its job has ended: the sessions live on in the container)."""
     if not store().fail_lost_job(job["job_id"], error, code):
         return
     run_id, kind = job["run_id"], job.get("kind")
     if kind == "start":
         store().set_state_if_live(run_id, "failed", error=error, **failures.fields(code))
-    elif kind == "tool_call":
-        store().transition(run_id, ("busy",), "ready")  # the sessions live on in the container
     elif kind == "evaluation" and store().transition(run_id, ("evaluating",), "ready"):
         store().update_run(run_id, error=error, **failures.fields(code))
 

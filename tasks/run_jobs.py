@@ -95,18 +95,17 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError))
 
 
-def _job(fn=None, *, on_failure=None, retry=False, busy=False):
+def _job(fn=None, *, on_failure=None, retry=False):
     """Record the job's start and end around a task body; the last step of a chain ends it.
 
     A failure is recorded with its code (failures.classify) and then `on_failure(run_id,
     error, code)` runs (a failed start marks the run failed). With retry=True a transient
     failure (see `transient`) before the body's `committed()` block is retried by Celery
     instead: the job stays running, with one attempt more; the task must be declared with
-    RETRY_OPTIONS. With busy=True the body marks its run busy (_live_run(busy=True)), and the
-    job's end makes it ready again in the same round trip.
+    RETRY_OPTIONS.
     """
     if fn is None:
-        return functools.partial(_job, on_failure=on_failure, retry=retry, busy=busy)
+        return functools.partial(_job, on_failure=on_failure, retry=retry)
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
@@ -118,7 +117,7 @@ def _job(fn=None, *, on_failure=None, retry=False, busy=False):
         state = through_outage(begin, f"job {job_id}'s start")
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
-        ended, settle = False, {"worker": lost_jobs.TOKEN, "ready_run": run_id if busy else ""}
+        ended, settle = False, {"worker": lost_jobs.TOKEN}
         _deferred.calls = deferred = []
         try:
             try:
@@ -216,10 +215,10 @@ def _timeouts(run: dict):
     return settings().timeouts.merged(run.get("task_timeouts"))
 
 
-def _live_run(run_id: str, busy: bool = False) -> dict:
-    """The run's record, marked as used (and busy, when it was ready: Store.use_run): a run
-    whose job is working is in use, whoever polls it."""
-    run = store().use_run(run_id, busy) or store().require_run(run_id)  # the second: unknown, or closed
+def _live_run(run_id: str, call_job: str = "") -> dict:
+    """The run's record, marked as used (with call_job, busy until that tool call's job ends:
+    Store.use_run): a run whose job is working is in use, whoever polls it."""
+    run = store().use_run(run_id, call_job) or store().require_run(run_id)  # the second: unknown, or closed
     if run["state"] in ("closing", "closed"):
         raise RunClosed(f"run {run_id} is closed")
     return run
@@ -283,11 +282,12 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
-    env = warm_pool.claim(run, host, _run_path) if settings().warm_pool_size > 0 else None
+    pooled = settings().warm_pool_size > 0  # off: no claim, no demand noted, no refill job sent
+    env = warm_pool.claim(run, host, _run_path) if pooled else None
     if env is not None:  # served by a spare: its demand is noted (and a refill sent) after the reply
         after_reply(functools.partial(warm_pool.demanded, self.app, run, host, served=True))
-    elif lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call): its
-        warm_pool.demanded(self.app, run, host, served=False)  # spares start beside this cold start
+    elif pooled and lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call):
+        warm_pool.demanded(self.app, run, host, served=False)  # its spares start beside this cold start
     disk_limit = disk.run_limit(settings().container_disk_limit, spec.disk_limit_mb)
     if env is None:
         try:
@@ -358,19 +358,29 @@ def _start_cold(run: dict, task_dir: Path, disk_limit: int) -> lifecycle.RunEnv:
 
 
 @shared_task(name="pool.exec_tool", bind=True)
-@_job(busy=True)
-def exec_tool(self, *, host, run_id, job_id, tool_call):
-    run = _live_run(run_id, busy=True)
+@_job
+def exec_tool(self, *, host, run_id, job_id, tool_call, env=None):
+    """`env` is the run's environment as the facade read it when it took the call (an
+    episode's steps, queued before the start, read the run here): no Redis read per call."""
+    run = {"run_id": run_id, "state": "ready", "env": env} if env else _live_run(run_id, call_job=job_id)
     started = time.monotonic()
-    observation = run_tool(
-        _client_container(run),
-        tool_call.get("name"),
-        tool_call.get("arguments"),
-        _RunSessions(run_id),
-        expose_kill=settings().expose_kill_tool,
-        ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
+    try:
+        observation = run_tool(
+            _client_container(run),
+            tool_call.get("name"),
+            tool_call.get("arguments"),
+            _RunSessions(run_id),
+            expose_kill=settings().expose_kill_tool,
+            ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
+        )
+    except Exception:
+        if env:  # a run closed since the facade took the call answers that, whatever Docker said
+            _live_run(run_id)
+        raise
+    seconds = time.monotonic() - started  # the call's record is written once its caller has the answer
+    after_reply(
+        functools.partial(artifacts.log_tool_call, Path(run["env"]["run_dir"]), tool_call, observation, seconds)
     )
-    artifacts.log_tool_call(Path(run["env"]["run_dir"]), tool_call, observation, time.monotonic() - started)
     return observation
 
 

@@ -45,9 +45,10 @@ def remove_env(run_id: str, env: dict) -> int:
     (whatever else fails: it is this host's file, and nothing else would remove it); then the
     committed fork images that no other run needs (forking.py)."""
     try:
-        removed = lifecycle.remove_run_resources(run_id, env.get("project", ""))
-        if env.get("warm_id"):
-            removed += lifecycle.remove_run_resources(env["warm_id"])
+        direct = env.get("mode") == "direct"  # started without compose: containers only
+        removed = lifecycle.remove_run_resources(run_id, env.get("project", ""), containers_only=direct)
+        if env.get("warm_id"):  # a spare: started without compose
+            removed += lifecycle.remove_run_resources(env["warm_id"], containers_only=True)
             through_outage(lambda: store().warm_forget(env["warm_id"]), f"run {run_id}'s warm container forgotten")
     finally:
         lifecycle.remove_ctl_dir(env.get("ctl_dir", ""))

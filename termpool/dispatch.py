@@ -23,16 +23,25 @@ def _short(value) -> str:
     return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + f"... ({len(text)} chars)"
 
 
+# Left out of what Flower shows: the host is the queue's name, the job id is the task's id, and
+# a tool call's env is the run's (Flower parses every event's arguments: shorter is cheaper).
+HIDDEN_KWARGS = ("host", "job_id", "env")
+
+
 def _kwargs_repr(kwargs: dict) -> str:
-    return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items()) + "}"
+    return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
 def _signature(celery: Celery, name: str, **kwargs):
     return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr(kwargs))
 
 
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
 def new_job(store: Store, run_id: str, kind: str, **extra) -> str:
-    job_id = str(uuid.uuid4())
+    job_id = new_job_id()
     store.create_job(job_id, run_id, kind, **extra)
     return job_id
 
@@ -79,17 +88,11 @@ def enqueue(
     return job_id
 
 
-def enqueue_tool_call(celery: Celery, store: Store, run_id: str, host: str, tool_call: dict) -> str:
-    return enqueue(
-        celery,
-        store,
-        "tool_call",
-        "pool.exec_tool",
-        run_id,
-        host,
-        job_fields={"call": recorded_call(tool_call)},
-        tool_call=tool_call,
-    )
+def send_tool_call(celery: Celery, run_id: str, host: str, tool_call: dict, job_id: str, env: dict | None) -> None:
+    """Send a tool call whose job is recorded already (Store.use_run); with `env` (the run's
+    environment as the caller read it) its worker reads nothing of the run."""
+    kwargs = {"tool_call": tool_call, **({"env": env} if env else {})}
+    _signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
 
 
 def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:

@@ -11,6 +11,7 @@ keyword every pool job carries. Reaping goes to the shared ``termpool.maintenanc
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -55,11 +56,10 @@ def queue_kind(queue: str, host: str) -> str | None:
 
 
 # Kinds whose messages are taken without an acknowledgement. Their jobs are acked on receipt
-# anyway (task_acks_late=False) and run in threads at once (no prefetch), so kombu's copy of
-# each message in Redis' unacked hash until that ack (a round trip on the consumer loop,
-# before the job can start) protects nothing there; lost work is recovered from the job
-# records (tasks/lost_jobs.py). Builds keep it: a prefork child that dies mid-build gets its
-# message sent again (retry_on_worker_lost).
+# anyway (task_acks_late=False) and run in threads at once (no prefetch), so an ack protects
+# nothing there; lost work is recovered from the job records (tasks/lost_jobs.py). A build's
+# prefork child that dies mid-build gets its message sent again (retry_on_worker_lost: a new
+# message, whatever the ack).
 UNACKED_KINDS = frozenset(QUEUE_KINDS) - {"build"}
 
 
@@ -75,7 +75,13 @@ def route_job(name, args, kwargs, options, task=None, **kw):
     host = (kwargs or {}).get("host")
     if not host:
         raise ValueError(f"{name} needs a host to be routed")
-    return {"queue": Queue(queue_name(host, kind))}
+    return {"queue": _queue(queue_name(host, kind))}
+
+
+@functools.lru_cache(maxsize=1024)
+def _queue(name: str) -> Queue:
+    """One Queue entity per queue name, not one per message (kombu binds and checks each)."""
+    return Queue(name)
 
 
 def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
@@ -97,9 +103,8 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         task_acks_late=False,
         worker_prefetch_multiplier=1,
         # Lost work (tasks/lost_jobs.py). Acked when it starts, a job is never replayed after
-        # its worker dies, not even by Redis' unacked restore (visibility_timeout); and without
-        # prefetch a worker holds no message it has not started, so nothing of a dead worker
-        # waits unacked for that restore. A build whose prefork child dies is sent again at
+        # its worker dies (Redis keeps no unacked copy: ack_emulation below); and without
+        # prefetch a worker holds no message it has not started. A build whose prefork child dies is sent again at
         # once, once; everything else lost is recovered by tasks/lost_jobs.py.
         worker_disable_prefetch=True,
         task_annotations={
@@ -127,8 +132,13 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # Redis list named after it, whose LLEN is the queue's depth (Store.queue_depths).
         # A Sentinel deployment adds the primary's name (connection.py): kombu asks the
         # sentinels for the primary at each connection, so a failover is one more reconnect.
+        # No ack emulation (kombu's copy of every message in Redis' unacked hash and index until
+        # its ack, restored after visibility_timeout): with acks on receipt it guards only the
+        # instant between BRPOP and the ack, and costs MULTI ZADD HSET EXEC (or, for a no_ack
+        # queue, MULTI ZREM HDEL EXEC) per message plus the periodic restore scan. Lost work
+        # is recovered from the job records (tasks/lost_jobs.py) instead.
         broker_transport_options={
-            "visibility_timeout": 4 * 3600,
+            "ack_emulation": False,
             "priority_steps": [0],
             **connection.broker_transport_options(cfg),
         },

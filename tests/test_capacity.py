@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from termpool import state
 from termpool.state import IDEMPOTENCY_TTL, CapacityError, Placement, Store, request_key
 from tests.conftest import wait_for
 
@@ -130,10 +132,18 @@ def test_concurrent_allocations_never_overcommit(store):
     assert store.host_status("h1")["tasks"] == {"k": {"active_runs": 5}}
 
 
-def test_idle_runs_and_touch(store):
+def test_idle_runs_and_touch(store, redis_server):
     run = allocate(store, "a", "", max_tasks=1, max_runs=1)
     assert store.idle_runs("h1", idle_ttl=-1) == [run.run_id]
     assert store.idle_runs("h1", idle_ttl=60) == []
+    # A run used since its score was set is not idle, and its score catches up for next time.
+    long_ago = time.time() - 100
+    redis_server.zadd(state.host_live_key("h1"), {run.run_id: long_ago})
+    store.update_run(run.run_id, last_used_at=long_ago)
+    assert store.idle_runs("h1", idle_ttl=50) == [run.run_id]  # unused for 100 s
+    assert store.touch(run.run_id) is True
+    assert store.idle_runs("h1", idle_ttl=50) == []
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) > time.time() - 5
     assert store.touch(run.run_id) is True
     store.release(run.run_id)
     assert store.touch(run.run_id) is False

@@ -116,18 +116,30 @@ def test_set_state_if_live_writes_only_a_live_run(store, redis_server):
     assert not redis_server.exists(state.run_key("run-0000000000000000"))
 
 
-def test_a_tool_calls_end_makes_its_busy_run_ready_before_the_job_is_done(store, redis_server):
+def test_a_run_reads_busy_while_its_tool_call_has_not_ended(store, redis_server):
     run = allocate(store, "task-a", "", max_tasks=1, max_runs=1)
     store.update_run(run.run_id, state="ready")
-    store.use_run(run.run_id, busy=True)
+    store.use_run(run.run_id, call_job="job-1")
+    assert store.get_run(run.run_id)["state"] == "ready"  # no such job (a call refused after use)
     store.create_job("job-1", run.run_id, "tool_call")
-    store.job_finished("job-1", result="hi", ready_run=run.run_id)
+    assert store.get_run(run.run_id)["state"] == "busy"
+    assert redis_server.hget(state.run_key(run.run_id), "state") == "ready"  # derived: nothing to undo
+    store.begin_job("job-1", "exec@h1", "tok")
+    assert store.get_run(run.run_id)["state"] == "busy"
+    store.job_finished("job-1", result="hi", worker="tok")
+    # Ready again as soon as the job ends: before any waiter has woken.
     assert store.get_run(run.run_id)["state"] == "ready"
     assert store.wait_job("job-1", timeout=1)["state"] == "succeeded"
-    # Only a busy run: a run closed meanwhile stays closing.
+    store.update_run(run.run_id, state="evaluated")
+    store.use_run(run.run_id, call_job="job-2")
     store.create_job("job-2", run.run_id, "tool_call")
+    assert store.get_run(run.run_id)["state"] == "busy"
+    store.job_finished("job-2", result="hi")
+    assert store.get_run(run.run_id)["state"] == "evaluated"  # a call after the evaluation keeps it
+    # Only a started run reads busy: a run closed meanwhile stays closing.
+    store.create_job("job-3", run.run_id, "tool_call")
+    store.update_run(run.run_id, call_job="job-3")
     store.release(run.run_id)
-    store.job_finished("job-2", error="closed", code="RUN_CLOSED", ready_run=run.run_id)
     assert store.get_run(run.run_id)["state"] == "closing"
 
 
@@ -176,7 +188,8 @@ def test_use_run_marks_a_live_run_used_and_returns_its_record(store, redis_serve
     time.sleep(0.01)
     record = store.use_run(run.run_id)
     assert (record["run_id"], record["host"], record["state"]) == (run.run_id, "h1", "allocated")
-    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) > before
+    # The live zset's score is left as it was (the reaper reads last_used_at: idle_runs).
+    assert redis_server.zscore(state.host_live_key("h1"), run.run_id) == before
     assert store.get_run(run.run_id)["last_used_at"] > before
     assert store.use_run("run-unknown") is None and store.use_run("") is None
     assert store.release(run.run_id)
@@ -205,17 +218,18 @@ def test_begin_job_starts_a_queued_job_once(store):
     assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
 
 
-def test_use_run_for_a_tool_call_marks_a_ready_run_busy(store):
+def test_use_run_for_a_tool_call_names_its_job(store):
     run = allocate(store, "k", "", max_tasks=1, max_runs=1)
-    assert store.use_run(run.run_id, busy=True)["state"] == "allocated"
-    assert store.get_run(run.run_id)["state"] == "allocated"  # not started: left as it is
-    for ready in ("ready", "evaluated"):
-        store.update_run(run.run_id, state=ready)
-        assert store.use_run(run.run_id, busy=True)["state"] == ready
-        assert store.get_run(run.run_id)["state"] == "busy"
-    assert store.use_run(run.run_id, busy=True)["state"] == "busy"
+    store.create_job("j-a", run.run_id, "tool_call")
+    assert store.use_run(run.run_id, call_job="j-a")["state"] == "allocated"
+    assert store.get_run(run.run_id)["state"] == "allocated"  # not started: never busy
+    assert store.get_run(run.run_id)["call_job"] == "j-a"
+    store.update_run(run.run_id, state="ready")
+    assert store.use_run(run.run_id)["state"] == "ready"  # the record as stored
+    assert store.get_run(run.run_id)["state"] == "busy"
     store.release(run.run_id)
-    assert store.use_run(run.run_id, busy=True) is None and store.use_run("", busy=True) is None
+    assert store.use_run(run.run_id, call_job="j-b") is None and store.use_run("", call_job="j-b") is None
+    assert store.get_run(run.run_id)["call_job"] == "j-a"  # nothing written to a released run
 
 
 def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):

@@ -29,17 +29,16 @@ return state
 """
 
 # A job's end, in one script (no pipeline: one command less per call than MULTI/EXEC, and no
-# SCRIPT EXISTS check). KEYS: job, its done list, the process's job list (lost_jobs), the run to
-# make ready again ('' for none: a tool call's run goes from busy to ready before anyone
-# waiting on the job wakes), the failure counts. ARGV: the end's state, the record TTL, the
-# job id, the failure code to count ('' for none), then field, value pairs.
-# The end is written unless the job ended already: a job the facade failed (its worker silent
-# past the limit, WORKERS_DOWN / HOST_LOST) keeps the outcome its caller was given, and a late
-# end from a worker that resumes is kept beside it as late_state.
+# SCRIPT EXISTS check). KEYS: job, its done list, the process's job list (lost_jobs), the failure
+# counts. ARGV: the end's state, the record TTL, the job id, the failure code to count ('' for
+# none), then field, value pairs. The end is written unless the job ended already: a job the
+# facade failed (its worker silent past the limit, WORKERS_DOWN / HOST_LOST) keeps the outcome
+# its caller was given, and a late end from a worker that resumes is kept beside it as
+# late_state. A tool call's run needs no write: it reads as busy only while the call's job has
+# not ended (Store.get_run).
 _FINISH_JOB = """
-local job, done, worker_jobs, run, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, done, worker_jobs, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local end_state, ttl, job_id, code = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if run ~= '' and redis.call('HGET', run, 'state') == 'busy' then redis.call('HSET', run, 'state', 'ready') end
 local state = redis.call('HGET', job, 'state')
 if state == 'succeeded' or state == 'failed' then
   redis.call('HSET', job, 'late_state', end_state)
@@ -61,17 +60,25 @@ class JobsState:
     _r: redis.Redis  # Store.__init__ sets it
     record_ttl: int  # and this (RECORD_TTL)
 
+    @staticmethod
+    def job_fields(job_id: str, run_id: str, kind: str, **extra) -> dict:
+        """A new (queued) job's record."""
+        return {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
+
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         # One round trip, not a transaction: a job recorded but not yet listed under its run
         # is harmless, and MULTI/EXEC would be two more commands on every tool call.
         pipe = self._r.pipeline(transaction=False)
-        pipe.hset(
-            keys.job_key(job_id),
-            mapping=_encode(
-                {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
-            ),
-        )
+        pipe.hset(keys.job_key(job_id), mapping=_encode(self.job_fields(job_id, run_id, kind, **extra)))
         pipe.rpush(keys.run_jobs_key(run_id), job_id)
+        pipe.execute()
+
+    def discard_job(self, job_id: str, run_id: str) -> None:
+        """Take back a job recorded with its run's use (use_run) whose call was then refused:
+        it was never sent."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.delete(keys.job_key(job_id))
+        pipe.lrem(keys.run_jobs_key(run_id), 0, job_id)
         pipe.execute()
 
     def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
@@ -101,14 +108,12 @@ class JobsState:
         code: str = "",
         counted: bool = True,
         worker: str = "",
-        ready_run: str = "",
         **extra,
     ) -> None:
         """End a job. A failure (an error) carries its code and retryable, and is counted by
         code for /metrics unless `counted` is false (a step skipped for another's failure).
-        With `worker`, the job also leaves that process's list (job_left); with `ready_run`,
-        that run goes from busy back to ready (a tool call ended), before anyone waiting on
-        the job wakes; all in the same round trip."""
+        With `worker`, the job also leaves that process's list (job_left), in the same round
+        trip."""
         state = "failed" if error else "succeeded"
         fields = {"state": state, "finished_at": time.time(), "result": result, "error": failures.cap(error), **extra}
         if error:
@@ -120,7 +125,6 @@ class JobsState:
                 keys.job_key(job_id),
                 keys.job_done_key(job_id),
                 keys.worker_jobs_key(worker) if worker else "",
-                keys.run_key(ready_run) if ready_run else "",
                 keys.FAILURE_COUNTS,
             ],
             args=[state, self.record_ttl, job_id, code if error and counted else "", *pairs],

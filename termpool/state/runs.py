@@ -13,6 +13,7 @@ from termpool.state import keys
 from termpool.state.codec import _decode, _encode
 
 STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose environment is started
+CALLABLE_STATES = ("ready", "evaluated")  # stored states a tool call in flight shows as busy
 NO_FAILURE = {"error": "", "code": "", "retryable": None}  # update_run(**NO_FAILURE): forget a failure
 
 
@@ -62,22 +63,37 @@ return 1
 """
 
 
-# A live run's record, marked as used; with ARGV[4] == 'busy' also marked busy when it was
-# ready (a tool call begins). The record is returned as it was. Every tool call runs this
-# twice (facade and worker), so it reads the record once and writes it once.
+# A live run's record, marked as used (last_used_at), and, for a tool call, with the call's job
+# as the run's call_job (a run whose call_job has not ended shows as busy: Store.get_run) and
+# the job's record written and listed under the run (KEYS[2], KEYS[3]; after ARGV[3]'s count
+# of field names to return, ARGV[4..]: the record's fields) in the same round trip. The record is returned as it was: one read and one write, on every
+# operation's hot path. The host's live zset keeps the score of the run's allocation: the
+# reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
+# ZADD for it.
 _USE_RUN = """
-local run_key, now = KEYS[1], ARGV[2]
-local record = redis.call('HGETALL', run_key)
-local fields = {}
-for i = 1, #record, 2 do fields[record[i]] = record[i + 1] end
-local state = fields['state']
+local run_key, now, call_job, n = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local record, state = {}, nil
+if n > 0 then  -- only these fields: a tool call needs a few, not the run's tool schemas and prompt
+  local names = {unpack(ARGV, 4, 3 + n)}
+  local values = redis.call('HMGET', run_key, unpack(names))
+  for i = 1, n do
+    if values[i] then table.insert(record, names[i]) table.insert(record, values[i]) end
+    if names[i] == 'state' then state = values[i] end
+  end
+else
+  record = redis.call('HGETALL', run_key)
+  for i = 1, #record, 2 do if record[i] == 'state' then state = record[i + 1] end end
+end
 if not state or state == 'closing' or state == 'closed' then return false end
-if ARGV[4] == 'busy' and (state == 'ready' or state == 'evaluated') then
-  redis.call('HSET', run_key, 'last_used_at', now, 'state', 'busy')
+if call_job ~= '' then
+  redis.call('HSET', run_key, 'last_used_at', now, 'call_job', call_job)
+  if #ARGV > 3 + n then
+    redis.call('HSET', KEYS[2], unpack(ARGV, 4 + n))
+    redis.call('RPUSH', KEYS[3], call_job)
+  end
 else
   redis.call('HSET', run_key, 'last_used_at', now)
 end
-if fields['host'] then redis.call('ZADD', ARGV[1] .. 'host:' .. fields['host'] .. ':live', 'XX', now, ARGV[3]) end
 return record
 """
 
@@ -117,8 +133,21 @@ class RunsState:
     record_ttl: int  # and this (RECORD_TTL)
 
     def get_run(self, run_id: str) -> dict | None:
+        """A run's record; a started run whose tool call (call_job) has not ended reads as
+        busy (the state is derived, so a call's end writes nothing to its run)."""
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
-        return _decode(raw) if raw else None
+        if not raw:
+            return None
+        run = _decode(raw)
+        if self._calling(run.get("state"), run.get("call_job")):
+            run["state"] = "busy"
+        return run
+
+    def _calling(self, state: str | None, call_job: str | None) -> bool:
+        """A ready (or evaluated) run whose latest tool call is queued or running."""
+        if state not in CALLABLE_STATES or not call_job:
+            return False
+        return self._r.hget(keys.job_key(call_job), "state") in ("queued", "running")
 
     def require_run(self, run_id: str) -> dict:
         run = self.get_run(run_id)
@@ -132,25 +161,22 @@ class RunsState:
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
-        key = keys.run_key(run_id)
-        state, host = self._r.hmget(key, "state", "host")
-        if state is None or state in ("closing", "closed"):
-            return False
-        now = time.time()
-        pipe = self._r.pipeline()
-        pipe.hset(key, "last_used_at", now)
-        pipe.zadd(keys.host_live_key(host), {run_id: now}, xx=True)
-        pipe.execute()
-        return True
+        args = [time.time(), "", 1, "state"]
+        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id), "", ""], args=args))
 
-    def use_run(self, run_id: str, busy: bool = False) -> dict | None:
-        """A live run's record, marked as used (touch) in the same round trip; None when the
-        lease is unknown or released. With busy, a ready run is also marked busy (a tool call
-        begins); the record is returned as it was."""
+    def use_run(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict | None:
+        """A live run's record (only `fields` of it, with `state`, when given), marked as used
+        (touch) in the same round trip; None when the lease is unknown or released. With
+        call_job (a tool call's job), the run reads as busy until that job ends, and `job`
+        (the fields of its record: JobsState.job_fields) is recorded and listed under the run,
+        only if the run is live. The record is returned as it was."""
         if not run_id:
             return None
+        names = list(dict.fromkeys(("state", *fields))) if fields else []
+        pairs = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
         raw = self._use_run(
-            keys=[keys.run_key(run_id)], args=[keys.PREFIX, time.time(), run_id, "busy" if busy else ""]
+            keys=[keys.run_key(run_id), keys.job_key(call_job), keys.run_jobs_key(run_id)],
+            args=[time.time(), call_job, len(names), *names, *pairs],
         )
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
@@ -211,7 +237,25 @@ class RunsState:
         self.drop_sessions(run_id)
 
     def idle_runs(self, host: str, idle_ttl: float) -> list[str]:
-        return self._r.zrangebyscore(keys.host_live_key(host), "-inf", time.time() - idle_ttl)
+        """Live runs of `host` unused for idle_ttl seconds. The live zset's scores lag (use_run
+        does not move them), so each candidate's own last_used_at decides, and a run used
+        since gets its score moved up to it (read only by this sweep)."""
+        cutoff = time.time() - idle_ttl
+        candidates = self._r.zrangebyscore(keys.host_live_key(host), "-inf", cutoff)
+        if not candidates:
+            return []
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in candidates:
+            pipe.hget(keys.run_key(run_id), "last_used_at")
+        idle, used = [], {}
+        for run_id, at in zip(candidates, pipe.execute()):
+            if at is not None and float(at) > cutoff:
+                used[run_id] = float(at)
+            else:
+                idle.append(run_id)
+        if used:
+            self._r.zadd(keys.host_live_key(host), used, xx=True)
+        return idle
 
     def never_reset_runs(self, host: str, older_than: float) -> list[str]:
         """Runs allocated more than older_than seconds ago that were never reset or started."""
