@@ -39,6 +39,17 @@ def docker_client() -> docker.DockerClient:
     return client
 
 
+def says_not_running(exc: BaseException) -> bool:
+    """Docker's own answer that the container does not run (an exec into a stopped one: 409
+    "Container ... is not running"). Right after a daemon restart an inspect may still call it
+    running for a moment, so this answer is taken as it is."""
+    return (
+        isinstance(exc, docker.errors.APIError)
+        and exc.status_code == 409
+        and "is not running" in str(exc.explanation or exc)
+    )
+
+
 class KnownContainer:
     """A container whose name and configured user are already known (a run's client): its
     `id`, `client` and `attrs["Config"]["User"]` cost no Docker call, which is all a tool call

@@ -20,7 +20,7 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from environments import artifacts, harbor_verifier, lifecycle
-from environments.docker_client import KnownContainer, docker_client
+from environments.docker_client import KnownContainer, docker_client, says_not_running
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
@@ -169,7 +169,7 @@ def _container_lost(run_id: str, exc: Exception) -> failures.ContainerLost | Non
         client = (run.get("env") or {}).get("client")
         if run.get("state") not in STARTED_STATES or not client:
             return known
-        if known is None and lifecycle.is_running(client):
+        if known is None and not says_not_running(exc) and lifecycle.is_running(client):
             return None
         lost = known or failures.ContainerLost(f"run {run_id}: its container {client} no longer runs")
         store().mark_run_lost(run_id, str(lost), STARTED_STATES, code=lost.code)

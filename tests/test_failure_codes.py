@@ -88,6 +88,19 @@ def test_only_transient_docker_failures_are_retried():
     assert not transient(ValueError("a bug"))
 
 
+@pytest.mark.unit
+def test_dockers_not_running_answer_is_taken_as_it_is():
+    """An exec refused because the container stopped is the container lost, whatever an inspect
+    a moment later says (right after a daemon restart it may still say running)."""
+    from environments.docker_client import says_not_running
+
+    stopped = "Container 09ff2d3e is not running"
+    assert says_not_running(docker.errors.APIError("409", response=_response(409), explanation=stopped))
+    assert not says_not_running(docker.errors.APIError("409", response=_response(409), explanation="is paused"))
+    assert not says_not_running(docker.errors.APIError("500", response=_response(500), explanation=stopped))
+    assert not says_not_running(RuntimeError(stopped))
+
+
 def _response(status: int) -> requests.Response:
     response = requests.Response()
     response.status_code = status

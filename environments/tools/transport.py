@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import docker.errors
 
+from environments.docker_client import says_not_running
 from environments.session_helper import HELPER_PATH, exec_never_started, prepare_container
 from environments.tools.server_socket import (
     ask_server,
@@ -98,6 +99,8 @@ class HelperTransport:
                 self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
             )["Id"]
         except docker.errors.APIError as exc:
+            if says_not_running(exc):
+                raise ContainerLost(f"the run's container {self.container.id} no longer runs") from exc
             if exc.status_code in (404, 409):  # no such container, or it does not run
                 self.require_running()
             raise
