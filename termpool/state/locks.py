@@ -52,6 +52,7 @@ class OwnedLock:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(LOCK_POLL, max(deadline - time.monotonic(), 0)))
+        self._token = token  # what the renewer takes the lock back with, should it expire
         self._stop = threading.Event()  # one per holding: a late renewer of an earlier one stops
         threading.Thread(target=self._renew, args=(self._stop,), daemon=True, name=f"renew {self.name}").start()
         return True
@@ -78,8 +79,14 @@ class OwnedLock:
             try:
                 self._lock.reacquire()
             except redis.exceptions.LockNotOwnedError:
-                if not stop.is_set():
-                    log.warning("lock %s was lost (its TTL ran out before a renewal)", self.name)
+                if stop.is_set():
+                    return
+                # The TTL ran out before a renewal (this process stalled): take it back if nobody
+                # else has, so the owner does not go on without its lock; otherwise say so.
+                if self._lock.acquire(blocking=False, token=self._token):
+                    log.warning("lock %s expired before a renewal; taken back", self.name)
+                    continue
+                log.warning("lock %s was lost (its TTL ran out before a renewal)", self.name)
                 return
             except redis.exceptions.RedisError:
                 log.warning("renewing lock %s failed; retrying", self.name, exc_info=True)
