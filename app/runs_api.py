@@ -120,7 +120,7 @@ def create_run(body: models.RunRequest):
 @bp.get("/runs/<run_id>")
 @operation("A run's record.", {200: ("The run", models.RunReply), 404: UNKNOWN_RUN}, tag="runs")
 def get_run(run_id: str):
-    run = engine().store.get_run(run_id)
+    run = engine().store.shown_run(run_id)
     if run is None:
         raise UnknownLease(run_id)
     engine().store.touch(run_id)

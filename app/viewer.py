@@ -297,7 +297,7 @@ def _not_found(run_id: str):
 @bp.get("/runs/<run_id>")
 def run(run_id: str):
     store = _engine().store
-    record = store.get_run(run_id)
+    record = store.shown_run(run_id)
     if record is None:
         return _not_found(run_id)
     jobs = store.get_jobs(store.run_jobs(run_id))

@@ -291,7 +291,7 @@ def test_exec_worker_killed_during_a_tool_call(lost_stack, pool, own_task):
         lost_stack,
         "exec",
         lambda: lost_stack.post("/exec_tool", {"lease_id": lease, "tool_call": call}),
-        lambda: store(lost_stack).get_run(lease)["state"] == "busy",
+        lambda: store(lost_stack).shown_run(lease)["state"] == "busy",
     )
     assert reply.status_code == 500, reply.text
     assert reply.json().get("code", "WORKER_LOST") == "WORKER_LOST", reply.text

@@ -170,7 +170,7 @@ def test_host_killed_answers_host_lost_then_comes_back(pool, router, daemons):
     assert router.reset(lease, TASK).status_code == 200
     with ThreadPoolExecutor(1) as background:
         pending = background.submit(lambda: pool.post("/exec_tool", {"lease_id": lease, "tool_call": call}))
-        assert wait_for(lambda: store(pool).get_run(lease)["state"] == "busy", 60, 0.1)
+        assert wait_for(lambda: store(pool).shown_run(lease)["state"] == "busy", 60, 0.1)
         assert wait_for(lambda: store(pool).job_state(tool_job) == "running", 120, 0.1)
         pool.kill_host(b)
         killed = time.monotonic()

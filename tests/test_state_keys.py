@@ -120,27 +120,27 @@ def test_a_run_reads_busy_while_its_tool_call_has_not_ended(store, redis_server)
     run = allocate(store, "task-a", "", max_tasks=1, max_runs=1)
     store.update_run(run.run_id, state="ready")
     store.use_run(run.run_id, call_job="job-1")
-    assert store.get_run(run.run_id)["state"] == "ready"  # no such job (a call refused after use)
+    assert store.shown_run(run.run_id)["state"] == "ready"  # no such job (a call refused after use)
     store.create_job("job-1", run.run_id, "tool_call")
-    assert store.get_run(run.run_id)["state"] == "busy"
+    assert store.shown_run(run.run_id)["state"] == "busy"
     assert redis_server.hget(state.run_key(run.run_id), "state") == "ready"  # derived: nothing to undo
     store.begin_job("job-1", "exec@h1", "tok")
-    assert store.get_run(run.run_id)["state"] == "busy"
+    assert store.shown_run(run.run_id)["state"] == "busy"
     store.job_finished("job-1", result="hi", worker="tok")
     # Ready again as soon as the job ends: before any waiter has woken.
-    assert store.get_run(run.run_id)["state"] == "ready"
+    assert store.shown_run(run.run_id)["state"] == "ready"
     assert store.wait_job("job-1", timeout=1)["state"] == "succeeded"
     store.update_run(run.run_id, state="evaluated")
     store.use_run(run.run_id, call_job="job-2")
     store.create_job("job-2", run.run_id, "tool_call")
-    assert store.get_run(run.run_id)["state"] == "busy"
+    assert store.shown_run(run.run_id)["state"] == "busy"
     store.job_finished("job-2", result="hi")
-    assert store.get_run(run.run_id)["state"] == "evaluated"  # a call after the evaluation keeps it
+    assert store.shown_run(run.run_id)["state"] == "evaluated"  # a call after the evaluation keeps it
     # Only a started run reads busy: a run closed meanwhile stays closing.
     store.create_job("job-3", run.run_id, "tool_call")
     store.update_run(run.run_id, call_job="job-3")
     store.release(run.run_id)
-    assert store.get_run(run.run_id)["state"] == "closing"
+    assert store.shown_run(run.run_id)["state"] == "closing"
 
 
 # ---- locks -----------------------------------------------------------------------------------
@@ -222,11 +222,11 @@ def test_use_run_for_a_tool_call_names_its_job(store):
     run = allocate(store, "k", "", max_tasks=1, max_runs=1)
     store.create_job("j-a", run.run_id, "tool_call")
     assert store.use_run(run.run_id, call_job="j-a")["state"] == "allocated"
-    assert store.get_run(run.run_id)["state"] == "allocated"  # not started: never busy
+    assert store.shown_run(run.run_id)["state"] == "allocated"  # not started: never busy
     assert store.get_run(run.run_id)["call_job"] == "j-a"
     store.update_run(run.run_id, state="ready")
     assert store.use_run(run.run_id)["state"] == "ready"  # the record as stored
-    assert store.get_run(run.run_id)["state"] == "busy"
+    assert store.shown_run(run.run_id)["state"] == "busy"
     store.release(run.run_id)
     assert store.use_run(run.run_id, call_job="j-b") is None and store.use_run("", call_job="j-b") is None
     assert store.get_run(run.run_id)["call_job"] == "j-a"  # nothing written to a released run

@@ -35,7 +35,7 @@ return state
 # facade failed (its worker silent past the limit, WORKERS_DOWN / HOST_LOST) keeps the outcome
 # its caller was given, and a late end from a worker that resumes is kept beside it as
 # late_state. A tool call's run needs no write: it reads as busy only while the call's job has
-# not ended (Store.get_run).
+# not ended (Store.shown_run).
 _FINISH_JOB = """
 local job, done, worker_jobs, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local end_state, ttl, job_id, code = ARGV[1], ARGV[2], ARGV[3], ARGV[4]

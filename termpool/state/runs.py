@@ -64,10 +64,10 @@ return 1
 
 
 # A live run's record, marked as used (last_used_at), and, for a tool call, with the call's job
-# as the run's call_job (a run whose call_job has not ended shows as busy: Store.get_run) and
+# as the run's call_job (a run whose call_job has not ended shows as busy: Store.shown_run) and
 # the job's record written and listed under the run (KEYS[2], KEYS[3]; after ARGV[3]'s count
-# of field names to return, ARGV[4..]: the record's fields) in the same round trip. The record is returned as it was: one read and one write, on every
-# operation's hot path. The host's live zset keeps the score of the run's allocation: the
+# of field names to return, ARGV[4..]: the record's fields) in the same round trip. The record
+# is returned as it was: one read and one write, on every operation's hot path. The host's live zset keeps the score of the run's allocation: the
 # reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
 # ZADD for it.
 _USE_RUN = """
@@ -133,21 +133,20 @@ class RunsState:
     record_ttl: int  # and this (RECORD_TTL)
 
     def get_run(self, run_id: str) -> dict | None:
-        """A run's record; a started run whose tool call (call_job) has not ended reads as
-        busy (the state is derived, so a call's end writes nothing to its run)."""
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
-        if not raw:
-            return None
-        run = _decode(raw)
-        if self._calling(run.get("state"), run.get("call_job")):
+        return _decode(raw) if raw else None
+
+    def shown_run(self, run_id: str) -> dict | None:
+        """A run's record as users see it (the runs API, the viewer): a ready (or evaluated)
+        run whose latest tool call (call_job) is queued or running reads as busy. Derived when
+        read, so a call's end writes nothing to its run, and the sweeps that read every live
+        run (get_run) pay nothing for it."""
+        run = self.get_run(run_id)
+        call_job = (run or {}).get("call_job")
+        calling = run and run["state"] in CALLABLE_STATES and call_job
+        if calling and self._r.hget(keys.job_key(call_job), "state") in ("queued", "running"):
             run["state"] = "busy"
         return run
-
-    def _calling(self, state: str | None, call_job: str | None) -> bool:
-        """A ready (or evaluated) run whose latest tool call is queued or running."""
-        if state not in CALLABLE_STATES or not call_job:
-            return False
-        return self._r.hget(keys.job_key(call_job), "state") in ("queued", "running")
 
     def require_run(self, run_id: str) -> dict:
         run = self.get_run(run_id)
@@ -161,8 +160,7 @@ class RunsState:
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
-        args = [time.time(), "", 1, "state"]
-        return bool(run_id) and bool(self._use_run(keys=[keys.run_key(run_id), "", ""], args=args))
+        return self.use_run(run_id, fields=("state",)) is not None
 
     def use_run(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict | None:
         """A live run's record (only `fields` of it, with `state`, when given), marked as used
