@@ -224,11 +224,16 @@ def _live_run(run_id: str, call_job: str = "") -> dict:
     return run
 
 
-def _client_container(run: dict) -> KnownContainer:
-    """The run's client container, from its record: no inspect call per tool call."""
+def _started_env(run: dict) -> dict:
+    """The environment of a started run (RunNotStarted before its reset)."""
     env = run.get("env")
     if not env or run["state"] in ("allocated", "starting"):
         raise RunNotStarted(f"run {run['run_id']} has not been reset")
+    return env
+
+
+def _client_container(env: dict) -> KnownContainer:
+    """The run's client container, from its environment: no inspect call per tool call."""
     return KnownContainer(docker_client(), env["client"], env.get("user", ""))
 
 
@@ -362,25 +367,24 @@ def _start_cold(run: dict, task_dir: Path, disk_limit: int) -> lifecycle.RunEnv:
 def exec_tool(self, *, host, run_id, job_id, tool_call, env=None):
     """`env` is the run's environment as the facade read it when it took the call (an
     episode's steps, queued before the start, read the run here): no Redis read per call."""
-    run = {"run_id": run_id, "state": "ready", "env": env} if env else _live_run(run_id, call_job=job_id)
+    given = env is not None
+    env = env or _started_env(_live_run(run_id, call_job=job_id))
     started = time.monotonic()
     try:
         observation = run_tool(
-            _client_container(run),
+            _client_container(env),
             tool_call.get("name"),
             tool_call.get("arguments"),
             _RunSessions(run_id),
             expose_kill=settings().expose_kill_tool,
-            ctl_socket=lifecycle.ctl_socket(run["env"]) or None,
+            ctl_socket=lifecycle.ctl_socket(env) or None,
         )
     except Exception:
-        if env:  # a run closed since the facade took the call answers that, whatever Docker said
+        if given:  # a run closed since the facade took the call answers that, whatever Docker said
             _live_run(run_id)
         raise
     seconds = time.monotonic() - started  # the call's record is written once its caller has the answer
-    after_reply(
-        functools.partial(artifacts.log_tool_call, Path(run["env"]["run_dir"]), tool_call, observation, seconds)
-    )
+    after_reply(functools.partial(artifacts.log_tool_call, Path(env["run_dir"]), tool_call, observation, seconds))
     return observation
 
 
@@ -397,7 +401,7 @@ def _evaluation_failed(run_id: str, error: str, code: str) -> None:
 def evaluate(self, *, host, run_id, job_id):
     """Copying the tests in may be retried; once they have started, never."""
     run = _live_run(run_id)
-    container = _client_container(run)
+    container = _client_container(_started_env(run))
     task_dir = _task_dir(run)
     run_path = Path(run["env"]["run_dir"])
     spec = _spec(task_dir)

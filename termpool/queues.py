@@ -104,8 +104,9 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         # Lost work (tasks/lost_jobs.py). Acked when it starts, a job is never replayed after
         # its worker dies (Redis keeps no unacked copy: ack_emulation below); and without
-        # prefetch a worker holds no message it has not started. A build whose prefork child dies is sent again at
-        # once, once; everything else lost is recovered by tasks/lost_jobs.py.
+        # prefetch a worker holds no message it has not started. A build whose prefork child
+        # dies is sent again at once, once; everything else lost is recovered by
+        # tasks/lost_jobs.py.
         worker_disable_prefetch=True,
         task_annotations={
             "pool.ensure_image": {"retry_on_worker_lost": True, "max_retries": 1, "default_retry_delay": 0}

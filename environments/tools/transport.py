@@ -5,6 +5,7 @@ through Docker's archive API."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import tarfile
@@ -99,21 +100,20 @@ class HelperTransport:
                 self.container.id, argv, stdout=True, stderr=True, workdir=workdir, environment=environment
             )["Id"]
         except docker.errors.APIError as exc:
-            if says_not_running(exc):
-                raise ContainerLost(f"the run's container {self.container.id} no longer runs") from exc
             if exc.status_code in (404, 409):  # no such container, or it does not run
-                self.require_running()
+                self.require_running(exc)
             raise
         out, err = api.exec_start(exec_id, demux=True)
         return Reply(out or b"", err or b"", not exec_never_started(api, exec_id))
 
-    def require_running(self) -> None:
-        """ContainerLost unless the container runs (asked now): a stopped container takes no
-        call, and a tool error observation would hide that the run is over."""
-        try:
-            running = self.container.client.api.inspect_container(self.container.id)["State"]["Running"]
-        except docker.errors.NotFound:
-            running = False
+    def require_running(self, refusal: Exception | None = None) -> None:
+        """ContainerLost unless the container runs (asked now, unless Docker's `refusal` of a
+        call said it does not: says_not_running): a stopped container takes no call, and a
+        tool error observation would hide that the run is over."""
+        running = False
+        if not says_not_running(refusal):
+            with contextlib.suppress(docker.errors.NotFound):
+                running = self.container.client.api.inspect_container(self.container.id)["State"]["Running"]
         if not running:
             raise ContainerLost(f"the run's container {self.container.id} no longer runs")
 
