@@ -17,10 +17,10 @@ It prints one JSON object; --out also writes it to a file.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+from bench.output import emit
 from devstack import Stack
 from termpool.state import Store, job_done_key, job_key, run_jobs_key, run_key
 
@@ -86,10 +86,7 @@ def main() -> None:
         result = measure(stack, args.episodes, args.tool_calls, args.task)
     finally:
         stack.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit("bench.redis_bytes", result, args.out)
 
 
 if __name__ == "__main__":

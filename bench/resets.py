@@ -15,7 +15,6 @@ per c the median over rounds of each side's p50 (and p95), and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -24,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from bench.episodes import Floor
+from bench.output import emit
 from bench.run import start_flower
 from bench.stats import percentile
 from devstack import FIXTURES, Stack
@@ -115,7 +115,7 @@ def measure(levels: list[int], rounds: int, flower: bool) -> dict:
             results[c] = summarize(runs)
     finally:
         stack.stop()
-    return {"command": "python -m bench.resets", "rounds": rounds, "flower": flower, "levels": results}
+    return {"rounds": rounds, "flower": flower, "levels": results}
 
 
 def summarize(runs: list[tuple[list, list]]) -> dict:
@@ -139,14 +139,7 @@ def main() -> None:
     p.add_argument("--out", help="write the JSON here too")
     args = p.parse_args()
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
-    figures = measure(levels, args.rounds, args.flower)
-    figures["command"] += f" --concurrency {args.concurrency} --rounds {args.rounds}" + (
-        " --flower" if args.flower else ""
-    )
-    text = json.dumps(figures, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit("bench.resets", measure(levels, args.rounds, args.flower), args.out)
 
 
 if __name__ == "__main__":

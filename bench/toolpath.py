@@ -20,15 +20,14 @@ medians over repeats of each repeat's p50). Prints one JSON document (also to `-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import httpx
 
 from bench import stack_floor
 from bench.episodes import ECHO_COMMAND, ECHO_OUTPUT
+from bench.output import emit
 from bench.run import start_flower
 from bench.stats import percentile
 from devstack import Stack
@@ -108,7 +107,6 @@ def summarize(runs: list[dict], calls: int, warm_pool: int, flower: bool) -> dic
     p95 = {name: round(statistics.median(percentile(r[name], 95) for r in runs), 2) for name in runs[0]}
     limit = round(p50["floor_job"] + p50["helper"] + MARGIN_MS, 2)
     return {
-        "command": "python -m bench.toolpath",
         "calls_per_repeat": calls,
         "repeats": len(runs),
         "warm_pool_size": warm_pool,
@@ -129,14 +127,7 @@ def main() -> None:
     p.add_argument("--flower", action="store_true", help="Flower on both stacks (their events on)")
     p.add_argument("--out", help="write the JSON here too")
     args = p.parse_args()
-    figures = measure(args.calls, args.repeats, args.warm_pool, args.flower)
-    figures["command"] += f" --calls {args.calls} --repeats {args.repeats} --warm-pool {args.warm_pool}" + (
-        " --flower" if args.flower else ""
-    )
-    text = json.dumps(figures, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit("bench.toolpath", measure(args.calls, args.repeats, args.warm_pool, args.flower), args.out)
 
 
 if __name__ == "__main__":
