@@ -23,6 +23,12 @@ calls (a command may have had effects; the run stays usable) and evaluations und
 retry is the lost step's own message, rebuilt with Celery's public `signature_from_request`
 (so the rest of an episode's chain and its error callback ride along) and counted in the
 message's `retries`; a step lost on its retry fails.
+
+A worker takes a message off its queue before its job is listed (acks on receipt, no unacked
+copy kept), so a process killed between the two loses the message with nothing listed. For a
+close that would leave its run closing, with its containers, until the reaper sends it again
+(twice the close timeout later). Closes are idempotent, so a teardown worker that starts sends
+again at once the close of every closing run of its host that no process runs.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from celery.signals import task_failure, task_retry, worker_ready, worker_shutdo
 from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
-from termpool.dispatch import EPISODE_FAILED_TASK
+from termpool.dispatch import EPISODE_FAILED_TASK, enqueue_close
+from termpool.queues import queue_kind
 from termpool.state import NODE_TTL
 
 log = logging.getLogger(__name__)
@@ -179,6 +186,25 @@ def _settle_episode(app, job: dict) -> None:
     )
 
 
+# ---- a close whose message died with a process before it began ----------------------------
+def resend_unbegun_closes(app, host: str) -> list[str]:
+    """Send again the close of each closing run of the host with no close job running (one
+    that runs is listed under its process, and the scan recovers it if that process died). A
+    close whose message still waits runs twice: the second finds nothing left to remove."""
+    sent = []
+    for run_id in store().closing_runs(host):
+        jobs = store().get_jobs(store().run_jobs(run_id))
+        if any(job.get("kind") == "close" and job.get("state") == "running" for job in jobs):
+            continue
+        enqueue_close(app, store(), run_id, host)
+        sent.append(run_id)
+    return sent
+
+
+def _consumes_teardown(worker, host: str) -> bool:
+    return "teardown" in {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from}
+
+
 # ---- this process's beat and scan ----------------------------------------------------------
 def _watch(app, host: str, facts: dict) -> None:
     contact_since = None  # monotonic: since when every scan reached Redis
@@ -202,6 +228,15 @@ def _on_worker_ready(sender=None, **_):
     threading.Thread(
         target=_watch, args=(sender.app, settings().host_id, facts), daemon=True, name="termpool-lost-jobs"
     ).start()
+    host = settings().host_id
+    if _consumes_teardown(sender, host):
+        try:
+            sent = resend_unbegun_closes(sender.app, host)
+        except Exception:  # Redis away: the reaper sends stale closes again later
+            log.warning("could not send again the closes left pending on %s", host, exc_info=True)
+            return
+        if sent:
+            log.warning("sent again the closes of runs left closing on %s: %s", host, sent)
 
 
 @worker_shutdown.connect

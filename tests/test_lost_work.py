@@ -19,6 +19,8 @@ import pytest
 
 from devstack import FIXTURES, ROOT, Stack
 from termpool import processes
+from termpool.config import load_settings
+from termpool.queues import make_celery, queue_name
 from termpool.state import LOCK_TTL, OwnedLock, Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.test_metrics import scrape, value
@@ -380,3 +382,22 @@ def test_lifecycle_worker_killed_during_a_reset(lost_stack, pool, docker_client,
         assert job["code"] == "WORKER_LOST" and time.monotonic() - killed < 20, (reply.text, job)
     pool.close(lease)
     assert wait_for(lambda: not pool.run_containers(docker_client, lease), 60)
+
+
+def test_a_close_whose_message_died_with_its_worker_is_sent_again_at_its_restart(lost_stack, pool, docker_client):
+    """The teardown worker took a close off its queue and was killed before listing the job
+    (acks on receipt): the message is gone and the job queued. Done here by purging the queue
+    while the worker is down. Its successor sends the close again as it starts, long before
+    the reaper would (twice the close timeout)."""
+    lease = pool.allocate("hello-file")
+    assert pool.reset(lease, "hello-file").status_code == 200
+    assert pool.run_containers(docker_client, lease)
+    lost_stack.kill("teardown")
+    pool.close(lease)
+    app = make_celery(load_settings(lost_stack.env))
+    with app.connection_for_write() as conn:
+        assert conn.default_channel.queue_purge(queue_name(lost_stack.host_id, "teardown")) >= 1
+    assert store(lost_stack).get_run(lease)["state"] == "closing"
+    lost_stack.start_worker("teardown")
+    assert wait_for(lambda: store(lost_stack).get_run(lease)["state"] == "closed", 30)
+    assert wait_for(lambda: not pool.run_containers(docker_client, lease), 30)
