@@ -121,6 +121,7 @@ def test_a_warm_container_claimed_by_a_lost_start_goes_when_its_run_closes(redis
     assert state.warm_known("warm-1")
     state.update_run("run-1", state="starting")
     assert state.warm_claim("h", "task", "run-1")["warm_id"] == "warm-1"
+    assert state.warm_claim("h", "task", "run-2") is None  # handed to one run alone
     assert state.warm_known("warm-1")  # the start may still hand it to its run
     state.update_run("run-1", state="closed")
     assert not state.warm_known("warm-1")  # closed without naming it: the reconcile sweep removes it

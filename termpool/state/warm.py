@@ -43,6 +43,14 @@ while true do
 end
 return out
 """
+# KEYS: pool list. ARGV: warmid key prefix, the claiming run. One step: a claimer killed between
+# the pop and the owner's write would leave the spare "pooled" in nobody's pool, kept forever.
+_WARM_CLAIM = """
+local raw = redis.call('LPOP', KEYS[1])
+if not raw then return false end
+redis.call('SET', ARGV[1] .. cjson.decode(raw)['warm_id'], ARGV[2])
+return raw
+"""
 # KEYS: tasks set, pool list, starting zset, demand zset. ARGV: task path, now, window start.
 _WARM_FORGET_TASK = """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])
@@ -131,12 +139,9 @@ class WarmState:
         pipe.execute()
 
     def warm_claim(self, host: str, pool: str, run_id: str) -> dict | None:
-        raw = self._r.lpop(keys.warm_key(host, pool))
-        if raw is None:
-            return None
-        entry = json.loads(raw)
-        self._r.set(keys.warm_id_key(entry["warm_id"]), run_id)
-        return entry
+        """The oldest spare, handed to `run_id` alone (its warmid key names the run)."""
+        raw = self._warm_claim(keys=[keys.warm_key(host, pool)], args=[keys.warm_id_key(""), run_id])
+        return json.loads(raw) if raw else None
 
     def warm_trim(self, host: str, pool: str, keep: int, cutoff: float) -> list[dict]:
         """Take out of the pool (oldest first) the spares beyond `keep` and those pooled before
@@ -207,6 +212,10 @@ class WarmState:
     @functools.cached_property
     def _warm_reserve(self):
         return self._r.register_script(_WARM_RESERVE)
+
+    @functools.cached_property
+    def _warm_claim(self):
+        return self._r.register_script(_WARM_CLAIM)
 
     @functools.cached_property
     def _warm_trim(self):
