@@ -185,7 +185,18 @@ def disk_view(info: dict) -> dict:
 
 
 def readiness(watch: liveness.Watch) -> tuple[bool, str]:
-    """Ready once some host not draining serves every queue kind; else why not."""
+    """Ready once some host not draining serves every queue kind; else why not. Read again
+    before saying no, as check() does: each facade process has a watch of its own, reading
+    once a second, and a probe that another process answered 200 a moment ago must not get
+    a 503 here for a beat this watch has not read yet."""
+    ready, reason = _readiness(watch)
+    if not ready:
+        watch.poll()
+        ready, reason = _readiness(watch)
+    return ready, reason
+
+
+def _readiness(watch: liveness.Watch) -> tuple[bool, str]:
     snap = watch.snapshot()
     if not snap.hosts:
         return False, "no worker host has sent a heartbeat yet"

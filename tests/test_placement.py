@@ -221,6 +221,16 @@ def test_a_previous_incarnations_records_never_make_the_host_look_lost(store, cf
     assert hosts.readiness(watch) == (True, "host a serves every queue kind")
 
 
+def test_readiness_reads_the_beats_again_before_saying_no(store, cfg, watch):
+    """Each facade process has its own watch: one that has not read the beat another process
+    just saw advance reads it before answering 503."""
+    beat(store, "a")
+    watch.poll()
+    time.sleep(0.01)
+    beat(store, "a")  # advanced since this watch's last read
+    assert hosts.readiness(watch) == (True, "host a serves every queue kind")
+
+
 def test_time_without_redis_is_nobodys_silence(store, cfg):
     """A Redis outage or partition: the watch could not read, the workers could not beat.
     Once Redis answers, every worker gets the whole limit to beat again."""
