@@ -46,7 +46,7 @@ from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
 from termpool.dispatch import EPISODE_FAILED_TASK, enqueue_close
-from termpool.queues import queue_kind
+from termpool.queues import consumed_kinds
 from termpool.state import NODE_TTL
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def resend_unbegun_closes(app, host: str) -> list[str]:
 
 
 def _consumes_teardown(worker, host: str) -> bool:
-    return "teardown" in {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from}
+    return "teardown" in consumed_kinds(worker.app, host)
 
 
 # ---- this process's beat and scan ----------------------------------------------------------

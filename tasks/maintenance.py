@@ -16,7 +16,7 @@ from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
 from termpool.dispatch import enqueue_close
-from termpool.queues import queue_kind
+from termpool.queues import consumed_kinds
 from termpool.state import STARTED_STATES, Store
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ _beating: dict = {}  # node and kind of this process's heartbeat
 
 def _worker_kind(worker, host: str) -> str:
     """The queue kind this worker consumes (every worker of tasks/worker.py consumes one)."""
-    kinds = {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from} - {None}
+    kinds = consumed_kinds(worker.app, host)
     return min(kinds) if kinds else "other"
 
 

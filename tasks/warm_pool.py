@@ -34,7 +34,7 @@ from tasks.runtime import remove_env, store
 from termpool import warm_sizing
 from termpool.config import settings
 from termpool.paths import resolve_task_path
-from termpool.queues import queue_kind
+from termpool.queues import consumed_kinds
 from termpool.state import UNAVAILABLE
 from termpool.task_spec import one_per_host_reasons
 
@@ -279,7 +279,7 @@ def _drop_starts(host: str) -> int:
 
 def _consumes_lifecycle(worker) -> bool:
     host = settings().host_id
-    return "lifecycle" in {queue_kind(name, host) for name in worker.app.amqp.queues.consume_from}
+    return "lifecycle" in consumed_kinds(worker.app, host)
 
 
 @worker_ready.connect

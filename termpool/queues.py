@@ -55,6 +55,11 @@ def queue_kind(queue: str, host: str) -> str | None:
     return kind if head == f"termpool.{host}" and kind in QUEUE_KINDS else None
 
 
+def consumed_kinds(app, host: str) -> set[str]:
+    """The kinds of `host`'s queues a worker of `app` consumes (a Celery worker's selection)."""
+    return {queue_kind(name, host) for name in app.amqp.queues.consume_from} - {None}
+
+
 # Kinds whose messages are taken without an acknowledgement. Their jobs are acked on receipt
 # anyway (task_acks_late=False) and run in threads at once (no prefetch), so an ack protects
 # nothing there; lost work is recovered from the job records (tasks/lost_jobs.py). A build's
