@@ -25,6 +25,7 @@ CLIENT_STATUS = {
     "TASK_SLOTS_EXHAUSTED": (429, 429),
     "RUN_SLOTS_EXHAUSTED": (429, 429),
     "HOST_DISK_LOW": (429, 429),
+    "HOST_NETWORKS_EXHAUSTED": (429, 429),
     "FORK_TOO_DEEP": (409, 409),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
@@ -42,8 +43,9 @@ RUNS_FACADE_STATUS = {
     "RUN_DISK_LIMIT": 409,  # a call on a run ended for its disk use (the job that saw it: a job record)
 }
 # Client errors a worker can also end a job with: the run changed under a queued job, or a
-# start found what a one-per-host task pins held by another run of it on its host.
-CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED")
+# start found what a one-per-host task pins held by another run of it on its host, or every
+# block of its host's run-network range held.
+CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED", "HOST_NETWORKS_EXHAUSTED")
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
             second.start()
             second.load_image(BASE_IMAGE)
             hosts.append("b" + uuid.uuid4().hex[:8])
-            stack.start_host(hosts[1], {"DOCKER_HOST": second.host})
+            stack.start_host(hosts[1], second.host_env())
         store = Store.from_url(stack.env["REDIS_URL"])
         log(f"warming up {hosts}")
         warm_up(stack, store, hosts)

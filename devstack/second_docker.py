@@ -10,7 +10,6 @@ fixture) and bench/hosts.py.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 import docker
+
+from devstack.slots import take_slot
 
 # Second daemons run side by side (a session's fixture, a chaos scenario, another test run on the
 # machine), each in a slot of its own: its bridge address and its networks' address pool, away
@@ -37,7 +38,13 @@ def bridge_cidr(slot: int) -> str:
 
 
 def address_pool(slot: int) -> str:
-    return f"base=10.{214 + slot}.0.0/16,size=24"
+    return f"base=10.{214 + slot}.0.0/17,size=24"
+
+
+def run_subnets(slot: int) -> str:
+    """RUN_SUBNETS of a worker host on this daemon: the other half of its slot's /16, away from
+    the first daemon's hosts (devstack/stack.py), whose bridges share this network namespace."""
+    return f"10.{214 + slot}.128.0/17"
 
 
 class SecondDocker:
@@ -90,22 +97,7 @@ class SecondDocker:
         return self
 
     def _take_slot(self) -> None:
-        """The first free slot (its lock taken without waiting: one process may run two second
-        daemons); when all are held, try again until SLOT_WAIT_SECONDS have passed."""
-        deadline = time.monotonic() + SLOT_WAIT_SECONDS
-        while True:
-            for slot in range(SLOTS):
-                lock = open(LOCK_PATH.format(slot=slot), "a")  # noqa: SIM115 (held until stop)
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    lock.close()
-                    continue
-                self._lock, self.slot = lock, slot
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no free second-daemon slot of {SLOTS} in {SLOT_WAIT_SECONDS:.0f} s")
-            time.sleep(1.0)
+        self.slot, self._lock = take_slot(LOCK_PATH, SLOTS, SLOT_WAIT_SECONDS)
 
     def _launch(self, timeout: float) -> None:
         """Start dockerd with argv() and wait until it answers."""
@@ -150,6 +142,10 @@ class SecondDocker:
 
     def env(self) -> dict:
         return {**os.environ, "DOCKER_HOST": self.host}
+
+    def host_env(self) -> dict:
+        """What a worker host on this daemon adds to a stack's settings (Stack.start_host)."""
+        return {"DOCKER_HOST": self.host, "RUN_SUBNETS": run_subnets(self.slot)}
 
     def load_image(self, image: str) -> None:
         """Copy an image of the first daemon into this one."""

@@ -19,12 +19,19 @@ from pathlib import Path
 import redis
 import requests
 
+from devstack.slots import take_slot
 from tasks.worker import node_name
 from termpool.client import Pool
 from termpool.config import load_settings
 from termpool.state import Store, connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# Stacks on this machine's daemon run side by side (a test session's, a module's own, a
+# benchmark's): each gives its runs' networks a range of its own, or two would hand out the
+# same blocks and Docker would refuse the second ("Pool overlaps"). Away from Docker's own
+# pools (172.17-31.x, 192.168.x) and the second daemons' (devstack/second_docker.py: 10.213-217.x).
+SUBNET_SLOTS = 16
+SUBNET_LOCK = "/run/termpool-stack-subnets-{slot}.lock"
 FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
 WORKER_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
 
@@ -48,6 +55,8 @@ class Stack:
         self.redis_port = free_port()
         self.port = free_port()
         self.host_id = "t" + uuid.uuid4().hex[:8]
+        self._subnet_lock, self._subnet_slot = None, 0
+        self._own_subnets = "RUN_SUBNETS" not in (env or {})
         self.output_root = self.workdir / "outputs"
         self.output_root.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -146,6 +155,7 @@ class Stack:
     def start(self) -> Stack:
         """Every process; a stack that does not come up is stopped again (nothing left running)."""
         try:
+            self._take_subnets()
             self.start_redis()
             for kind in WORKER_KINDS:
                 self.start_worker(kind, wait=False)
@@ -241,6 +251,19 @@ class Stack:
             del self.client  # a restarted stack gets a new one
         for env in (self.env, *self.extra_hosts.values()):
             self._remove_containment(env)
+        self._give_back_subnets()
+
+    def _take_subnets(self) -> None:
+        """A range of its own for the stack's runs while it runs (its last slot when free)."""
+        if self._own_subnets and self._subnet_lock is None:
+            slot, self._subnet_lock = take_slot(SUBNET_LOCK, SUBNET_SLOTS, 1800.0, prefer=self._subnet_slot)
+            self._subnet_slot = slot
+            self.env["RUN_SUBNETS"] = f"10.{192 + slot}.0.0/16"
+
+    def _give_back_subnets(self) -> None:
+        if self._subnet_lock is not None:
+            self._subnet_lock.close()
+            self._subnet_lock = None
 
     def _remove_containment(self, env: dict) -> None:
         """Drop the packet-filter rules a host's workers installed (environments/containment.py)."""

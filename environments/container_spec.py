@@ -119,11 +119,13 @@ def run_override(
     cfg: Settings,
     max_cpus: float,
     client_entry: dict | None = None,
+    subnets: dict | None = None,
 ) -> dict:
     """The compose file termpool layers over the task's for one run (or, without a name, a build);
     `mounts` are termpool's own binds on the client ("src:dst:mode"), `client_entry` more of
-    its keys (entrypoint and command). The client is the agent's service of a model resolved
-    with `name` as the client container name (compose_config.client_service)."""
+    its keys (entrypoint and command), `subnets` each network's block of the host's range
+    (networks_needing_subnets). The client is the agent's service of a model resolved with
+    `name` as the client container name (compose_config.client_service)."""
     client = client_service(resolved, name) if name else ""
     images = service_images(task_name, resolved)
     services = {}
@@ -146,7 +148,24 @@ def run_override(
                 for key, item in (resolved.get(kind) or {}).items()
                 if not item.get("external")
             }
+        for key, subnet in (subnets or {}).items():
+            override["networks"][key]["ipam"] = {"config": [{"subnet": subnet}]}
     return override
+
+
+def networks_needing_subnets(resolved: dict) -> list[str]:
+    """The run's networks that take a block of termpool's range: the bridge networks its
+    services join that it creates itself (not external) and whose subnet the task leaves open
+    (a pinned one keeps the task's, and the one-per-host rule: termpool/task_spec.py)."""
+    used = {key for svc in resolved["services"].values() for key in svc.get("networks") or {}}
+    return [
+        key
+        for key, item in (resolved.get("networks") or {}).items()
+        if key in used
+        and not item.get("external")
+        and item.get("driver", "bridge") in ("bridge", "", None)
+        and not any(entry.get("subnet") for entry in (item.get("ipam") or {}).get("config") or [])
+    ]
 
 
 def _literal(value):

@@ -13,7 +13,9 @@ tagged with POOL_HOST_ID in its comment):
   TERMPOOL-FORWARD  (jumped to first from DOCKER-USER, else FORWARD): from a task interface,
                     connections DNAT-ed to one of those ports (ports Docker publishes), to
                     Redis when it lives elsewhere, to CONTAINMENT_BLOCK destinations, and into
-                    termpool's own Docker networks (the compose deployment) are rejected.
+                    termpool's own Docker networks (the compose deployment) are rejected; so is
+                    traffic between two ports of the bridges one-service runs share
+                    (environments/networks.py: inter-container traffic is off there already).
 
 Everything else is left alone: task containers still reach the outside and their sidecars,
 other containers on the host only lose termpool's ports. Termpool's own bridges (when the
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from environments import networks
 from termpool.config import Settings, settings
 from termpool.state import connection
 
@@ -63,6 +66,7 @@ class Guard:
     remote: tuple[tuple[str, int | None], ...]  # (address or CIDR, TCP port or None: any)
     interfaces: tuple[str, ...]  # task containers' traffic arrives here (iptables names, + wildcard)
     exempt: tuple[str, ...] = ()  # termpool's own bridges (compose deployment): never filtered
+    isolated: str = ""  # one-service runs' bridges (iptables name, + wildcard): no traffic between their ports
 
     @property
     def comment(self) -> str:
@@ -140,6 +144,7 @@ def guard_from_settings(cfg: Settings, exempt: tuple[str, ...] = (), own_subnets
         remote=tuple(remote),
         interfaces=cfg.containment_interfaces,
         exempt=exempt,
+        isolated=f"{networks.BRIDGE_PREFIX}+",
     )
 
 
@@ -196,7 +201,20 @@ def rules(guard: Guard, family: str) -> list[tuple[str, list[str]]]:
             out.append((FORWARD_CHAIN, ["-i", iface, "-d", address, *match]))
         for bridge in guard.exempt:
             out.append((FORWARD_CHAIN, ["-i", iface, "-o", bridge, *tag, *REJECT]))
+    # Runs kept apart: what Docker drops silently (traffic routed from one task bridge to
+    # another; between two ports of a one-service runs' bridge, enable_icc=false) is refused
+    # here first, so a scan of the neighbours fails at once instead of waiting out each probe.
+    for source in guard.interfaces:
+        for target in guard.interfaces:
+            out += _refused(["-i", source, "-o", target, "-m", "physdev", "!", "--physdev-is-bridged"], tag)
+    if guard.isolated:
+        out += _refused(["-i", guard.isolated, "-o", guard.isolated], tag)
     return out
+
+
+def _refused(match: list[str], tag: list[str]) -> list[tuple[str, list[str]]]:
+    """Forwarded traffic matching `match` refused: TCP with a reset, the rest with an ICMP error."""
+    return [(FORWARD_CHAIN, [*match, "-p", "tcp", *tag, *TCP_RESET]), (FORWARD_CHAIN, [*match, *tag, *REJECT])]
 
 
 def _drop_tagged(ipt: str, chain: str, comment: str) -> str:

@@ -29,7 +29,7 @@ import requests
 import urllib3
 import yaml
 
-from environments import container_spec, disk_usage
+from environments import container_spec, disk_usage, networks
 from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     BUILD_CLIENT_NAME,
@@ -236,6 +236,7 @@ def start(
     disk_limit: int = 0,
     images: dict | None = None,
     starter=None,
+    subnets: Callable[[int], list[str]] | None = None,
 ):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
@@ -248,6 +249,10 @@ def start(
     `starter(containers, restart)` starts the created containers ({service: container}, in
     compose's start order) in place of a plain start: a fork's child restored from checkpoints
     (environments/checkpoints.py); `restart()` is that plain start, for when a restore fails.
+    `subnets(n)` gives n blocks of the host's run-network range (CIDRs) for a compose run's
+    networks, before any of them is made; None leaves the choice to Docker (builds, tools).
+    A one-service run joins a termpool bridge where containers cannot reach each other
+    (environments/networks.py).
     """
     images = images or {}
     quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
@@ -270,13 +275,23 @@ def start(
         boot = _boot_server(resolved, client, task_name)
         if not force_compose and is_template(resolved, cfg, task_dir, task_name, name):
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
+            options["network"] = networks.isolated_network(cfg.isolated_bridge_size)
             if quota:
                 options["storage_opt"] = quota
             container = _start_direct(images.get("", image), {**options, **boot}, labels, name, starter)
             mode = "direct"
         else:
+            needed = container_spec.networks_needing_subnets(resolved) if subnets else []
             override = container_spec.run_override(
-                resolved, task_name, labels, name, mounts, cfg, engine_cpus(), client_entry=boot
+                resolved,
+                task_name,
+                labels,
+                name,
+                mounts,
+                cfg,
+                engine_cpus(),
+                client_entry=boot,
+                subnets=dict(zip(needed, subnets(len(needed)))) if needed else None,
             )
             for service in override["services"].values() if quota else ():
                 service["storage_opt"] = quota

@@ -24,7 +24,7 @@ from celery import shared_task
 from environments import checkpoints, forking, lifecycle
 from environments.session_helper import CTL_SOCKET, prepare_container, start_server
 from tasks.run_jobs import RunNotStarted, _job, _live_run, _run_path, _task_dir, _timeouts
-from tasks.runtime import remove_env, store
+from tasks.runtime import remove_env, store, subnet_taker
 from termpool import failures
 from termpool.config import settings
 from termpool.state import NO_FAILURE, STARTED_STATES
@@ -166,6 +166,7 @@ def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_
         disk_limit=disk_limit,
         images=names,
         starter=None if carry.reason else functools.partial(_restore, carry, child_id),
+        subnets=subnet_taker(child_id),
     )
     carried = carry.carried.get(child_id) is True
     try:

@@ -10,14 +10,14 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import disk_usage, forking, lifecycle
+from environments import disk_usage, forking, lifecycle, networks
 from tasks import disk_check, fork_jobs
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
 from termpool.dispatch import enqueue_close
 from termpool.queues import consumed_kinds
-from termpool.state import STARTED_STATES, Store
+from termpool.state import RESERVED, STARTED_STATES, Store
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,16 @@ def reconcile(self, *, host, at_start=False):
         log.warning("host %s is back: closing its %d runs marked lost", host, len(settled))
     if at_start:
         _lose_runs_without_containers(host)
+        _reserve_foreign_subnets(host)
     stale = fork_jobs.close_stale_forks(host, lambda run_id: enqueue_close(self.app, store(), run_id, host))
     if stale:
         log.warning("closing children of forks that never ended: %s", stale)
     removed = lifecycle.reconcile(host, _run_is_live, settings().socket_dir)
     if removed:
         log.warning("reconcile removed leftovers of runs %s", removed)
+    freed = _give_back_orphan_subnets(host)
+    if freed:
+        log.warning("reconcile gave back the network blocks of runs no longer live: %s", freed)
     images = fork_jobs.remove_orphan_images(host, _run_is_live)
     if images:
         log.warning("reconcile removed fork images no run needs: %s", images)
@@ -55,6 +59,31 @@ def reconcile(self, *, host, at_start=False):
     if checkpoints:
         log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
     return removed
+
+
+def _give_back_orphan_subnets(host: str) -> list[str]:
+    """Blocks of runs that are gone (a teardown cut short between removing the networks and
+    giving them back, a start that died): their networks were removed just before, by
+    lifecycle.reconcile, so the blocks are free."""
+    gone = [owner for owner in store().subnet_owners(host) if owner != RESERVED and not _run_is_live(owner)]
+    for owner in gone:
+        store().give_back_subnets(host, owner)
+    return gone
+
+
+def _reserve_foreign_subnets(host: str) -> None:
+    """At a worker's start: the blocks of RUN_SUBNETS that a route or a network Docker made
+    itself already uses are reserved (never given to a run), each clash logged."""
+    blocks = settings().run_subnets
+    clashes = {}
+    for cidr, what in networks.foreign_subnets(host):
+        for index in blocks.overlapping([cidr]):
+            clashes.setdefault(index, what)
+    reserved = store().reserve_subnets(host, set(clashes))
+    for what in sorted({clashes[i] for i in reserved}):
+        log.error("RUN_SUBNETS %s overlaps %s: its blocks there are not used", blocks.cidr, what)
+    if len(reserved) == blocks.count:
+        log.error("every block of RUN_SUBNETS %s is in use outside termpool: no compose run can start", blocks.cidr)
 
 
 def _lose_runs_without_containers(host: str) -> None:

@@ -25,7 +25,7 @@ from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
 from tasks import lost_jobs, warm_pool
-from tasks.runtime import remove_env, store, through_outage
+from tasks.runtime import remove_env, store, subnet_taker, through_outage
 from termpool import disk, failures
 from termpool.config import settings
 from termpool.harbor_task import is_harbor_task
@@ -351,7 +351,13 @@ def _run_path(run: dict, mounts_from: Path | None = None) -> Path:
 
 def _start_cold(run: dict, task_dir: Path, disk_limit: int) -> lifecycle.RunEnv:
     env, container = lifecycle.start(
-        run, task_dir, _run_path(run), settings(), _timeouts(run).reset_session, disk_limit=disk_limit
+        run,
+        task_dir,
+        _run_path(run),
+        settings(),
+        _timeouts(run).reset_session,
+        disk_limit=disk_limit,
+        subnets=subnet_taker(run["run_id"]),
     )
     if not env.booted:  # else its tool server started with it (tp-session boot)
         try:

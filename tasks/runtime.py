@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from environments import forking, lifecycle
+from termpool import failures
 from termpool.config import settings
 from termpool.state import FULL, UNREACHABLE, Store
 
@@ -40,6 +41,27 @@ def through_outage(call: Callable[[], T], what: str) -> T:
         delay = min(2 * delay, 2.0)
 
 
+def subnet_taker(run_id: str) -> Callable[[int], list[str]]:
+    """lifecycle.start's `subnets`: blocks of this host's run-network range for the run's
+    networks, held in Redis under the run until its teardown (remove_env) or the reconcile
+    gives them back. HOST_NETWORKS_EXHAUSTED (429) when too few are free."""
+
+    def take(count: int) -> list[str]:
+        cfg = settings()
+        blocks = cfg.run_subnets
+        taken = store().take_subnets(cfg.host_id, run_id, count, blocks.count)
+        if taken is None:
+            in_use, reserved = store().subnets_in_use(cfg.host_id)
+            raise failures.NetworksExhausted(
+                f"host {cfg.host_id} has no free network for run {run_id}: it needs {count}, and {in_use} of the"
+                f" {blocks.count} /{blocks.prefix} blocks of RUN_SUBNETS {blocks.cidr} are held by live runs"
+                f" ({reserved} reserved: in use outside termpool); close runs or widen RUN_SUBNETS"
+            )
+        return [blocks.subnet(i) for i in taken[:count]]
+
+    return take
+
+
 def remove_env(run_id: str, env: dict) -> int:
     """Remove a run's containers and networks (its warm container's too) and its socket folder
     (whatever else fails: it is this host's file, and nothing else would remove it); then the
@@ -47,6 +69,9 @@ def remove_env(run_id: str, env: dict) -> int:
     try:
         direct = env.get("mode") == "direct"  # started without compose: containers only
         removed = lifecycle.remove_run_resources(run_id, env.get("project", ""), containers_only=direct)
+        if not direct:  # its networks are gone: their blocks may go to another run
+            host = settings().host_id
+            through_outage(lambda: store().give_back_subnets(host, run_id), f"run {run_id}'s subnets given back")
         if env.get("warm_id"):  # a spare: started without compose
             removed += lifecycle.remove_run_resources(env["warm_id"], containers_only=True)
             through_outage(lambda: store().warm_forget(env["warm_id"]), f"run {run_id}'s warm container forgotten")

@@ -35,6 +35,12 @@ CODES: dict[str, Code] = {
         Code("RUN_CLOSED", "client", False, "the run has been released"),
         Code("TASK_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_TASKS distinct task keys have live runs"),
         Code("RUN_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_RUNS_PER_TASK runs of this key are live"),
+        Code(
+            "HOST_NETWORKS_EXHAUSTED",
+            "client",
+            True,
+            "every block of the host's RUN_SUBNETS is held by a live run: a compose run's networks cannot be made",
+        ),
         Code("HOST_DISK_LOW", "client", True, "every host that could take the run is under HOST_DISK_MIN_FREE"),
         Code("FORK_TOO_DEEP", "client", False, "the run is a fork FORK_MAX_DEPTH deep: it cannot be forked"),
         # task errors: the task is broken, retrying does not help

@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from termpool.subnets import SubnetRange, parse
+
 
 def _int(env, name: str, default: int, minimum: int | None = None) -> int:
     raw = env.get(name, "").strip()
@@ -212,6 +214,11 @@ class Settings:
     record_ttl: int = 24 * 3600  # seconds closed runs and ended jobs stay readable in Redis
     fork_max_depth: int = 4  # FORK_MAX_DEPTH: forks of forks at most this deep
     fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
+    # RUN_SUBNETS / RUN_SUBNET_PREFIX: the blocks a host gives its runs' networks (termpool/subnets.py)
+    run_subnets: SubnetRange = SubnetRange("10.240.0.0/16", 26)
+    isolated_bridge_size: int = (
+        1000  # ISOLATED_BRIDGE_SIZE: containers per termpool bridge (a Linux bridge: 1024 ports)
+    )
 
     @property
     def default_log_dir(self) -> Path:
@@ -309,7 +316,16 @@ def load_settings(env=None) -> Settings:
         record_ttl=_int(env, "RECORD_TTL", 24 * 3600, minimum=60),
         fork_max_depth=_int(env, "FORK_MAX_DEPTH", 4, minimum=1),
         fork_processes=_fork_processes(env),
+        run_subnets=parse(_str(env, "RUN_SUBNETS", "10.240.0.0/16"), _int(env, "RUN_SUBNET_PREFIX", 26)),
+        isolated_bridge_size=_bridge_size(env),
     )
+
+
+def _bridge_size(env) -> int:
+    value = _int(env, "ISOLATED_BRIDGE_SIZE", 1000, minimum=1)
+    if value > 1000:  # a Linux bridge takes at most 1024 ports; leave room for starts in flight
+        raise ValueError(f"ISOLATED_BRIDGE_SIZE must be at most 1000, not {value}")
+    return value
 
 
 def _fork_processes(env) -> str:

@@ -110,6 +110,12 @@ class HeldOnThisHost(Failure):
     code = "RUN_SLOTS_EXHAUSTED"
 
 
+class NetworksExhausted(Failure):
+    """Every block of the host's run-network range is held: capacity, not a fault (429)."""
+
+    code = "HOST_NETWORKS_EXHAUSTED"
+
+
 # Library exception types -> code, in registration order (the first that matches wins).
 _CODES_BY_TYPE: list[tuple[type[BaseException], str]] = []
 

@@ -92,7 +92,7 @@ def placement(cfg: Settings, watch: liveness.Watch, runs_per_host: int = 0) -> P
 
 def capacity(cfg: Settings) -> dict:
     """What a host publishes with its heartbeat: its own limits, not the facade's."""
-    return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task}
+    return {"max_tasks": cfg.max_tasks, "max_runs_per_task": cfg.max_runs_per_task, "networks": cfg.run_subnets.count}
 
 
 def unavailable(watch: liveness.Watch, host: str, kinds: tuple) -> str:
@@ -165,6 +165,7 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
             "last_heartbeat": snap.hosts.get(host),
             "live_queue_kinds": sorted(judged.serving),
             "disk": disk_view(info),
+            "networks": networks_view(store, host, int(info.get("networks", cfg.run_subnets.count))),
             # whether forks carry processes, and why (FORK_PROCESSES, CRIU, dockerd --experimental)
             "fork_processes": {
                 "carried": info.get("fork_processes_carried") == "1",
@@ -172,6 +173,13 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
             },
         }
     return out
+
+
+def networks_view(store: Store, host: str, total: int) -> dict:
+    """A host's run networks: blocks of its RUN_SUBNETS held by live runs, reserved (in use
+    outside termpool, found at its workers' start) and free."""
+    in_use, reserved = store.subnets_in_use(host)
+    return {"total": total, "in_use": in_use, "reserved": reserved, "free": max(0, total - in_use - reserved)}
 
 
 def disk_view(info: dict) -> dict:

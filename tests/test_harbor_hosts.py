@@ -22,7 +22,7 @@ TASK = "harbor-compose-sidecar"
 def two_hosts(second_docker, docker_client):  # noqa: F811 (the fixture imported above)
     stack = Stack(env=STACK_ENV).start()
     stack.host_b = "b" + uuid.uuid4().hex[:8]
-    stack.start_host(stack.host_b, {"DOCKER_HOST": second_docker.host})
+    stack.start_host(stack.host_b, second_docker.host_env())
     second = second_docker.client()
     stack.daemons = {stack.host_id: docker_client, stack.host_b: second}
     yield stack

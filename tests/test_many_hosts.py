@@ -33,7 +33,7 @@ def pool(second_docker, docker_client):  # noqa: F811 (the fixture imported abov
     env = {"WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "8", "EXEC_CONCURRENCY": "8"}
     stack = Stack(env=env, beat=True).start()
     host_b = "b" + uuid.uuid4().hex[:8]
-    stack.start_host(host_b, {"DOCKER_HOST": second_docker.host})
+    stack.start_host(host_b, second_docker.host_env())
     stack.host_b = host_b
     yield stack
     second = second_docker.client()

@@ -120,6 +120,10 @@ class HostDiskLow(CapacityExhausted):
     code = "HOST_DISK_LOW"  # noqa: E701
 
 
+class HostNetworksExhausted(CapacityExhausted):
+    code = "HOST_NETWORKS_EXHAUSTED"  # noqa: E701
+
+
 class TaskInvalid(TaskError):
     code = "TASK_INVALID"  # noqa: E701
 

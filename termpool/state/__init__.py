@@ -15,6 +15,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   host:<h>:nodes             hash: worker node -> "<queue kind> <last beat>" (0: stopped cleanly)
   host:<h>:info              hash: what host h publishes with its heartbeat (its capacity)
   host:<h>:lost              set: runs of h marked lost (HOST_LOST) until h's reconcile closes them
+  host:<h>:subnets           hash: block index of h's run-network range -> the run holding it
+  host:<h>:subnet-owners     hash: run -> its blocks (subnets.py: taken and given back atomically)
   hosts                      zset: worker hosts, scored by their last heartbeat
   hosts:draining             set: hosts that take no new runs
   images:<h>                 set: task paths whose images host h has built
@@ -55,7 +57,8 @@ transport one priority step (Store.queue_depths).
 `Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
-hosts), forks.py (forks of a live run and their committed images), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+hosts), forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
+run-network range its runs hold), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
 Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
@@ -105,6 +108,8 @@ from termpool.state.keys import (
     run_key,
     session_key,
     sessions_key,
+    subnet_owners_key,
+    subnets_key,
     warm_counts_key,
     warm_demand_key,
     warm_facts_key,
@@ -130,6 +135,7 @@ from termpool.state.runs import (
     new_run_id,
 )
 from termpool.state.sessions import SessionsState
+from termpool.state.subnets import RESERVED, SubnetsState
 from termpool.state.warm import WarmState
 
 # Owned here, not in keys.py: HostsState.place reads it from this module when it runs, so a
@@ -148,7 +154,9 @@ class RecordLost(redis.exceptions.ConnectionError):
     replica they had not reached yet; docs/operations.md). Met like Redis away: 503, retryable."""
 
 
-class Store(RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState, ForksState):
+class Store(
+    RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState, ForksState, SubnetsState
+):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
     def __init__(self, client: redis.Redis, record_ttl: int = RECORD_TTL):
@@ -222,6 +230,8 @@ __all__ = [
     "host_nodes_key",
     "host_info_key",
     "host_lost_key",
+    "subnets_key",
+    "subnet_owners_key",
     # codec.py
     "JSON_FIELDS",
     "INT_FIELDS",
@@ -239,6 +249,7 @@ __all__ = [
     "LOCK_POLL",
     "OwnedLock",
     "ForkRefused",
+    "RESERVED",
     # here
     "RECENT_RUNS_KEPT",
     "UNAVAILABLE",

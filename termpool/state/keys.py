@@ -127,6 +127,14 @@ def host_info_key(host: str) -> str:
     return f"{PREFIX}host:{host}:info"  # and in the placement script
 
 
+def subnets_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:subnets"
+
+
+def subnet_owners_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:subnet-owners"
+
+
 def host_lost_key(host: str) -> str:
     return f"{PREFIX}host:{host}:lost"  # and in the host-lost script
 
