@@ -17,6 +17,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   host:<h>:lost              set: runs of h marked lost (HOST_LOST) until h's reconcile closes them
   hosts                      zset: worker hosts, scored by their last heartbeat
   hosts:draining             set: hosts that take no new runs
+  hosts:lost                 hash: host -> its last beat its judge saw when a process judged it
+                             lost; placement passes it over until its beat in `hosts` moves
   images:<h>                 set: task paths whose images host h has built
   job:<id>                   hash: a job record
   job:<id>:done              list, non-empty once the job ended (wakes wait_job)
@@ -81,6 +83,7 @@ from termpool.state.keys import (
     HOSTS,
     IDEMPOTENCY_TTL,
     LOCK_PATTERNS,
+    LOST_HOSTS,
     MONITOR,
     NODE_TTL,
     PREFIX,
@@ -193,6 +196,7 @@ __all__ = [
     "HOSTS",
     "MONITOR",
     "DRAINING",
+    "LOST_HOSTS",
     "BEAT_LOCK",
     "LOCK_PATTERNS",
     "run_key",
