@@ -7,7 +7,9 @@ A worker process beats every few seconds with its host, its queue kind and its h
 * allocate prefers the hosts that serve every queue kind and are not draining; when there is
   none, any known host not judged lost or draining (one starting, or with a kind down: its
   other kinds serve, jobs for the missing kind wait in their queue or fail WORKERS_DOWN); with
-  no host known at all (a fresh Redis), the facade's own host id (state.Store.place);
+  no host known at all (a fresh Redis), the facade's own host id (state.Store.place). Never a
+  host another process already judged lost, until it beats again (watches read a beat up to a
+  second apart: one that read the host's last beat later still counts it alive meanwhile);
 * a call on a run whose host is judged lost fails at once with HOST_LOST (the host's live runs
   are marked lost, its capacity freed); when a queue kind the call needs is down, with
   WORKERS_DOWN. A host or kind that is starting is not judged: calls wait in its queue for
@@ -113,16 +115,24 @@ def message(code: str, host: str, kinds: tuple, silence: float) -> str:
 def check(store: Store, watch: liveness.Watch, host: str, kinds: tuple) -> tuple[str, str]:
     """(code, error) for a call needing these queue kinds of `host`; ('', '') when it may go.
     A lost host's runs are marked lost on the way (idempotent)."""
+    if not unavailable(watch, host, kinds):
+        return "", ""
+    watch.poll()  # read again before refusing: a worker may have beaten since the watch's last read
+    beat = last_beat(watch, host)
     code = unavailable(watch, host, kinds)
-    if code:  # read again before refusing: a worker may have beaten since the watch's last read
-        watch.poll()
-        code = unavailable(watch, host, kinds)
     if not code:
         return "", ""
     error = message(code, host, kinds, watch.silence)
     if code == "HOST_LOST":
-        store.mark_host_lost(host, error)
+        store.mark_host_lost(host, error, beat)
     return code, error
+
+
+def last_beat(watch: liveness.Watch, host: str) -> float:
+    """The host's last beat in the watch's latest read (0: not listed), for its mark as lost.
+    Taken before the judgement it goes with, which is then at least as new: a beat the mark
+    does not hold was written after the judgement's read, and lifts the mark (Store.place)."""
+    return watch.snapshot().hosts.get(host, 0.0)
 
 
 def sweep(store: Store, watch: liveness.Watch) -> dict[str, list[str]]:
@@ -134,8 +144,9 @@ def sweep(store: Store, watch: liveness.Watch) -> dict[str, list[str]]:
         if last < now - HOST_FORGET_SECONDS and not store.lost_runs(host):
             store.forget_host(host)
             continue
+        beat = last_beat(watch, host)
         if watch.judgement(host).lost:
-            runs = store.mark_host_lost(host, message("HOST_LOST", host, (), watch.silence))
+            runs = store.mark_host_lost(host, message("HOST_LOST", host, (), watch.silence), beat)
             if runs:
                 marked[host] = runs
     return marked

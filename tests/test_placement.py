@@ -168,10 +168,50 @@ def test_lost_host_runs_are_marked_lost_and_free_capacity(store, cfg, watch):
     assert store.get_run(lost_run)["state"] == "closed" and not store.lost_runs("b")
 
 
+@pytest.fixture
+def slow_watch(store, cfg):
+    """Another facade process's watch that still counts a silent host alive (it read the host's
+    last beat later; here: a longer silence limit, which is the same for the test)."""
+    return hosts.make_watch(load_settings({"HOST_SILENCE_SECONDS": "30"}), store)
+
+
+def lose_b(store, cfg, watch, slow_watch) -> None:
+    """a and b serve, b falls silent: `watch` judges b lost, `slow_watch` does not yet."""
+    for judge in (watch, slow_watch):
+        see(store, judge, "a")
+        see(store, judge, "b")
+    store.mark_image_ready("b", "task-a")  # b would win every run here while it counts as alive
+    deadline = time.monotonic() + cfg.host_silence + 0.5
+    while time.monotonic() < deadline:  # a keeps beating, b's workers are gone
+        beat(store, "a")
+        slow_watch.poll()
+        silent_for(watch, 0.3)
+    assert watch.judgement("b").lost and not slow_watch.judgement("b").lost
+
+
+def test_a_host_another_process_judged_lost_takes_no_runs_until_it_beats(store, cfg, watch, slow_watch):
+    """Each facade process judges from its own watch: one that has not yet counted b silent
+    does not place on b once another marked b lost; b is placeable again at its next beat."""
+    lose_b(store, cfg, watch, slow_watch)
+    assert hosts.check(store, watch, "b", ("exec",))[0] == "HOST_LOST"  # marks b lost
+    assert [place(store, cfg, slow_watch).host for _ in range(3)] == ["a"] * 3
+    beat(store, "b")  # back: the mark no longer holds, before any watch has read the beat
+    assert store.place("task-a", "", "task-a", hosts.placement(cfg, slow_watch)).host == "b"
+    assert place(store, cfg, watch).host == "b"
+
+
+def test_a_mark_made_after_the_host_beat_again_excludes_nothing(store, cfg, watch, slow_watch):
+    """A judge marks b lost by what it read last: a beat since then already lifts its mark."""
+    lose_b(store, cfg, watch, slow_watch)
+    beat(store, "b")  # b is back, and `watch` has not read it yet
+    hosts.sweep(store, watch)
+    assert place(store, cfg, slow_watch).host == "b"
+
+
 def test_closing_a_lost_run_leaves_its_teardown_to_its_host(store, cfg, watch):
     see(store, watch, "b")
     run = place(store, cfg, watch, key="k").run_id
-    store.mark_host_lost("b", "gone")
+    store.mark_host_lost("b", "gone", store.known_hosts()["b"])
     see(store, watch, "b")  # back, and given a new run of the same task before the lost one is closed
     again = place(store, cfg, watch, key="k").run_id
     assert store.release_on_host(run) == "b" and store.release_on_host(run) is None

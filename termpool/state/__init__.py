@@ -19,6 +19,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   host:<h>:subnet-owners     hash: run -> its blocks (subnets.py: taken and given back atomically)
   hosts                      zset: worker hosts, scored by their last heartbeat
   hosts:draining             set: hosts that take no new runs
+  hosts:lost                 hash: host -> its last beat its judge saw when a process judged it
+                             lost; placement passes it over until its beat in `hosts` moves
   images:<h>                 set: task paths whose images host h has built
   job:<id>                   hash: a job record
   job:<id>:done              list, non-empty once the job ended (wakes wait_job)
@@ -84,6 +86,7 @@ from termpool.state.keys import (
     HOSTS,
     IDEMPOTENCY_TTL,
     LOCK_PATTERNS,
+    LOST_HOSTS,
     MONITOR,
     NODE_TTL,
     PREFIX,
@@ -201,6 +204,7 @@ __all__ = [
     "HOSTS",
     "MONITOR",
     "DRAINING",
+    "LOST_HOSTS",
     "BEAT_LOCK",
     "LOCK_PATTERNS",
     "run_key",

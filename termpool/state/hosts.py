@@ -40,7 +40,7 @@ class Placement:
     """How allocate weighs hosts (Store.place)."""
 
     preferred: list  # hosts judged to serve every queue kind (termpool/hosts.py)
-    excluded: list  # hosts judged lost: never a candidate
+    excluded: list  # hosts judged lost: never a candidate (nor one another process marked lost)
     default_tasks: int  # capacity of a host that has not published its own
     default_runs: int
     slack: float  # load difference image affinity may outweigh
@@ -53,7 +53,10 @@ class Placement:
 # Placement: every argument is in ARGV (ARGV[1] is the key prefix). The candidates are the
 # preferred hosts (judged to serve every queue kind) that are not draining; when there are
 # none, every host in the hosts list that is neither excluded (judged lost) nor draining (one
-# starting serves once its workers are up; its jobs wait in their queues); with no host known
+# starting serves once its workers are up; its jobs wait in their queues). Either way, not a
+# host some process already marked lost (hosts:lost, see _MARK_LOST) whose beat in the hosts
+# list has not moved since: each facade process judges from its own watch, and one that read
+# the host's last beat a moment later than another still counts it alive. With no host known
 # at all (a fresh Redis) the facade's own host id is the one candidate. Among candidates
 # with room for the task key: the least loaded (live runs over its published capacity), unless
 # one within `slack` of that load already holds the task's images (images:<h>), then that one.
@@ -78,13 +81,20 @@ if req_key ~= '' then
   end
 end
 local function draining(h) return redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 end
+local function marked_lost(h)
+  local mark = redis.call('HGET', p .. 'hosts:lost', h)
+  if not mark then return false end
+  local beat = redis.call('ZSCORE', p .. 'hosts', h)  -- any change is a beat since the mark
+  return not beat or tonumber(beat) == tonumber(mark)
+end
+local function takes_runs(h) return not draining(h) and not marked_lost(h) end
 local candidates = {}
-for _, h in ipairs(preferred) do if not draining(h) then table.insert(candidates, h) end end
+for _, h in ipairs(preferred) do if takes_runs(h) then table.insert(candidates, h) end end
 if #candidates == 0 then
   local out = {}
   for _, h in ipairs(excluded) do out[h] = true end
   local known = redis.call('ZRANGE', p .. 'hosts', 0, -1)
-  for _, h in ipairs(known) do if not out[h] and not draining(h) then table.insert(candidates, h) end end
+  for _, h in ipairs(known) do if not out[h] and takes_runs(h) then table.insert(candidates, h) end end
   if #known == 0 and fallback ~= '' then candidates = {fallback} end
 end
 if #candidates == 0 then return {'full', 'WORKERS_DOWN'} end
@@ -140,8 +150,12 @@ return {'new', run_id, host}
 """
 
 # A host is lost: each live run becomes "lost" (HOST_LOST) and leaves the host's capacity count.
+# The mark (hosts:lost) is the host's last beat as its judge read it (0: not listed): any beat
+# written after that read lifts it (_PLACE), so a host that beats again takes runs at once,
+# even when its judge marked it after that beat.
 _MARK_LOST = """
-local p, h, now, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local p, h, now, err, beat = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+redis.call('HSET', p .. 'hosts:lost', h, beat)
 local live = redis.call('ZRANGE', p .. 'host:' .. h .. ':live', 0, -1)
 for _, run in ipairs(live) do
   redis.call('HSET', p .. 'run:' .. run, 'state', 'lost', 'code', 'HOST_LOST', 'error', err,
@@ -273,6 +287,7 @@ class HostsState:
     def forget_host(self, host: str) -> None:
         pipe = self._r.pipeline()
         pipe.zrem(keys.HOSTS, host)
+        pipe.hdel(keys.LOST_HOSTS, host)
         pipe.delete(keys.host_nodes_key(host), keys.host_info_key(host))
         pipe.execute()
 
@@ -329,9 +344,11 @@ class HostsState:
         return self._r.smembers(keys.DRAINING)
 
     # ---- loss -------------------------------------------------------------------------------
-    def mark_host_lost(self, host: str, error: str) -> list[str]:
-        """Mark the host's live runs lost and free its capacity; returns those runs."""
-        runs = self._mark_lost(args=[keys.PREFIX, host, time.time(), failures.cap(error)])
+    def mark_host_lost(self, host: str, error: str, beat: float) -> list[str]:
+        """Mark the host's live runs lost and free its capacity; returns those runs. `beat`: the
+        host's last beat in the hosts list as its judge read it (0: not listed); no process
+        places on the host until a later beat (see _PLACE)."""
+        runs = self._mark_lost(args=[keys.PREFIX, host, time.time(), failures.cap(error), repr(float(beat))])
         for run_id in runs:
             for job_id in self.run_jobs(run_id):
                 self.fail_lost_job(job_id, error, code="HOST_LOST")

@@ -19,6 +19,7 @@ RECENT_RUNS = PREFIX + "runs:recent"  # and in the placement script
 HOSTS = PREFIX + "hosts"
 MONITOR = PREFIX + "monitor"
 DRAINING = PREFIX + "hosts:draining"  # and in the placement script
+LOST_HOSTS = PREFIX + "hosts:lost"  # and in the placement and host-lost scripts
 BEAT_LOCK = PREFIX + "beat-lock"
 LOCK_PATTERNS = (PREFIX + "build-lock:*",)
 
