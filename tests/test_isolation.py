@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from environments import networks
 from termpool.state import Store
 from tests.conftest import Router, private_stack, run_containers, wait_for
 
@@ -119,3 +120,29 @@ def test_a_one_service_run_still_reaches_the_host(stack, router, docker_client):
         finally:
             router.close(lease)
         accepted.join(5)
+
+
+def test_a_full_bridge_sends_the_next_container_to_another_shard(base_image, docker_client):
+    """Shards below a Linux bridge's port limit (ISOLATED_BRIDGE_SIZE, here 1 container each):
+    a shard with room is chosen, and the shards keep their containers apart too."""
+    made = []
+    try:
+        for _ in range(2):
+            network = networks.isolated_network(1)
+            made.append(docker_client.containers.run(base_image, ["sleep", "60"], network=network, detach=True))
+        first, second = ({*c.attrs["NetworkSettings"]["Networks"]} for c in (made[0], made[1]))
+        assert first != second, "a full shard took another container"
+        [address] = [
+            n["IPAddress"]
+            for n in docker_client.containers.get(made[0].id).attrs["NetworkSettings"]["Networks"].values()
+        ]
+        probe = f"import socket; socket.create_connection(({address!r}, 9), 2)"
+        code, output = made[1].exec_run(["python3", "-c", probe])
+        assert code != 0 and b"Error" in output, output
+    finally:
+        for container in made:
+            container.remove(force=True)
+        for network in docker_client.networks.list(filters={"label": networks.ISOLATED_LABEL}):
+            network.reload()
+            if network.name != networks.ISOLATED_NAME.format(shard=0) and not network.attrs.get("Containers"):
+                network.remove()  # the extra shards this test made (an empty one costs Docker a pool)
