@@ -82,8 +82,15 @@ def _reserve_foreign_subnets(host: str) -> None:
     reserved = store().reserve_subnets(host, set(clashes))
     for what in sorted({clashes[i] for i in reserved}):
         log.error("RUN_SUBNETS %s overlaps %s: its blocks there are not used", blocks.cidr, what)
-    if len(reserved) == blocks.count:
-        log.error("every block of RUN_SUBNETS %s is in use outside termpool: no compose run can start", blocks.cidr)
+    free, runs = blocks.count - len(reserved), settings().max_tasks * settings().max_runs_per_task
+    if free < runs:  # a run takes a block per network: fewer blocks than runs caps the host below its capacity
+        log.warning(
+            "RUN_SUBNETS %s has %d free /%d blocks for up to %d live runs: widen it or lengthen RUN_SUBNET_PREFIX",
+            blocks.cidr,
+            free,
+            blocks.prefix,
+            runs,
+        )
 
 
 def _lose_runs_without_containers(host: str) -> None:

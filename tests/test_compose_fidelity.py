@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from devstack import FIXTURES, at_once
-from environments import compose_config, container_spec, lifecycle
+from environments import compose_config, container_spec, lifecycle, networks
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
 from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
@@ -287,9 +287,10 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
             container.reload()
             seen[env.mode] = normalised(container, run, tmp_path)
             network = container.attrs["HostConfig"]["NetworkMode"]
-            # The one deliberate difference: the fast path uses the default bridge, compose a
-            # per-project network (see the README, "Compose tasks").
-            assert network == ("default" if not force else f"{env.project}_default")
+            # The one deliberate difference: the fast path joins a termpool bridge with
+            # inter-container traffic off, compose a per-project network (docs/task-format.md).
+            shared = network.startswith(networks.ISOLATED_NAME.format(shard=""))
+            assert network == f"{env.project}_default" if force else shared, network
         finally:
             lifecycle.remove_run_resources(run["run_id"], env.project)
         leaves_nothing(docker_client, run)
