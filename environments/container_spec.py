@@ -122,10 +122,11 @@ def run_override(
     subnets: dict | None = None,
 ) -> dict:
     """The compose file termpool layers over the task's for one run (or, without a name, a build);
-    `mounts` are termpool's own binds on the client ("src:dst:mode"), `client_entry` more of
-    its keys (entrypoint and command), `subnets` each network's block of the host's range
-    (networks_needing_subnets). The client is the agent's service of a model resolved with
-    `name` as the client container name (compose_config.client_service)."""
+    `labels` go on the run's containers, networks and volumes (a build's: on each image it
+    builds), `mounts` are termpool's own binds on the client ("src:dst:mode"), `client_entry`
+    more of its keys (entrypoint and command), `subnets` each network's block of the host's
+    range (networks_needing_subnets). The client is the agent's service of a model resolved
+    with `name` as the client container name (compose_config.client_service)."""
     client = client_service(resolved, name) if name else ""
     images = service_images(task_name, resolved)
     services = {}
@@ -135,6 +136,8 @@ def run_override(
             entry.update(labels=labels, **limits(svc, cfg, svc_name == client, max_cpus))
             if _proxy_env(svc, cfg):
                 entry["environment"] = _proxy_env(svc, cfg)
+        elif labels and "build" in svc:  # merged with the task's own build labels by compose
+            entry["build"] = {"labels": labels}
         services[svc_name] = entry
     override = {"services": services}
     if name:

@@ -24,6 +24,10 @@ MANAGED_LABEL = "termpool.managed"
 RUN_LABEL = "termpool.run"
 HOST_LABEL = "termpool.host"
 TASK_LABEL = "termpool.task"
+# On every task image termpool builds (never on its containers: a container made from the image
+# inherits them, and the container labels above mark what the reconcile owns).
+TASK_IMAGE_LABEL = "termpool.task-image"  # the building host's id
+TASK_IMAGE_LOCK_LABEL = "termpool.task-image.lock"  # the image whose build lock the build held
 MAX_OUTPUT = 2000  # characters of a failed command's output kept in its error
 MAX_COMMAND = 600  # characters of the command line itself
 

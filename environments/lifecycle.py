@@ -29,7 +29,7 @@ import requests
 import urllib3
 import yaml
 
-from environments import container_spec, disk_usage, networks
+from environments import container_spec, disk_usage, networks, task_images
 from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     BUILD_CLIENT_NAME,
@@ -190,6 +190,7 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
         rm=True,
         forcerm=True,
         buildargs=dict(cfg.proxy_env),
+        labels=task_images.build_labels(cfg.host_id, image),
         decode=True,
         timeout=timeout,
     )
@@ -213,7 +214,8 @@ def _build_with_compose(
     task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
-        override = container_spec.run_override(compose, task_name, {}, "", [], cfg, 0)
+        labels = task_images.build_labels(cfg.host_id, image)
+        override = container_spec.run_override(compose, task_name, labels, "", [], cfg, 0)
         files = _compose_files(task_dir, cfg, override, Path(tmp))
         try:
             run_compose(

@@ -4,13 +4,14 @@ heartbeats (with the host's queue kind and capacity)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import disk_usage, forking, lifecycle, networks
+from environments import disk_usage, forking, lifecycle, networks, task_images
 from tasks import disk_check, fork_jobs
 from tasks.runtime import store
 from termpool import hosts
@@ -55,6 +56,10 @@ def reconcile(self, *, host, at_start=False):
     images = fork_jobs.remove_orphan_images(host, _run_is_live)
     if images:
         log.warning("reconcile removed fork images no run needs: %s", images)
+    # After the fork images: a task image a removed fork image was committed from goes too.
+    replaced = task_images.remove_unused(host, functools.partial(store().build_lock, host))
+    if replaced:
+        log.warning("reconcile removed replaced task images no container uses: %s", replaced)
     checkpoints = fork_jobs.remove_stale_checkpoints(host)
     if checkpoints:
         log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
