@@ -360,8 +360,12 @@ def two_service_floor(bench: Bench) -> host.TwoServiceFloor:
         bench.workdir,
         label,
     )
-    subnets = bench.args.floor_subnets or bench.stack.env.get("RUN_SUBNETS", "")
-    return host.TwoServiceFloor(bench.docker, floor, f"{name_prefix(TASK)}__side", bench.stack.host_id, subnets)
+    # The upper half of the stack's own RUN_SUBNETS, in its blocks: termpool hands out the lowest
+    # free blocks first, and has no run live while the floor's networks exist.
+    blocks = cfg.run_subnets
+    subnets = bench.args.floor_subnets or str(list(blocks.network.subnets(prefixlen_diff=1))[1])
+    side = f"{name_prefix(TASK)}__side"
+    return host.TwoServiceFloor(bench.docker, floor, side, bench.stack.host_id, subnets, blocks.prefix)
 
 
 def floor_storm(bench: Bench, floor: host.TwoServiceFloor, size: int, r: int) -> tuple:
@@ -397,7 +401,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--storm", type=int, default=128, help="storm: resets at once")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--start-parallel", type=int, default=32, help="density: resets in flight while growing")
-    p.add_argument("--floor-subnets", default="", help="storm floor's networks from this CIDR (default RUN_SUBNETS)")
+    p.add_argument(
+        "--floor-subnets",
+        default="",
+        help="the storm floor's networks from this CIDR (default: RUN_SUBNETS' upper half)",
+    )
     p.add_argument("--profile", action="store_true", help="py-spy on the facade and workers (loaded, storm)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra stack environment")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))

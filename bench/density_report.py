@@ -46,9 +46,14 @@ def _density(found: dict) -> list[str]:
             f"| {row['live']} | {row['answered']} ({row['distinct_sidecars']}) | {row['start_s']} "
             f"| {probe.get('p50', '-')} / {probe.get('p95', '-')} | {per['termpool']} ({round(per['redis_used'] * 1024)}) "
             f"| {per['containers']} ({services}) | {per['docker_shims']} | {per['attributed']} | {per['host_mem_available']} "
-            f"| {per['runs_memory_allows']} | {row['snapshot']['status'].get('networks', '-')} |"
+            f"| {per['runs_memory_allows']} | {_networks(row['snapshot']['status'])} |"
         )
     return lines
+
+
+def _networks(status: dict) -> str:
+    found = status.get("networks")
+    return f"{found['in_use']} of {found['total']} ({found['free']} free)" if found else "-"
 
 
 def _pair(stats: dict) -> str:
