@@ -65,7 +65,7 @@ class Bench:
 
     def __init__(self, args):
         self.args = args
-        top = max([*args.levels, args.live + args.in_flight, args.storm])
+        top = max([*args.levels, args.live, args.storm])
         env = {
             "WARM_POOL_SIZE": "0",
             "WORKER_MAX_TASKS": "2",
@@ -86,6 +86,11 @@ class Bench:
 
     def fleet(self) -> Fleet:
         return Fleet(self.stack.url, parallel=self.args.start_parallel)
+
+    def phase(self, name: str) -> None:
+        """The monitor's phase label, and a progress line on stderr (the JSON is on stdout)."""
+        self.monitor.set_phase(name)
+        print(f"{time.strftime('%H:%M:%S')} {name} (load {host.load_average()})", file=sys.stderr, flush=True)
 
     def warm_up(self) -> None:
         """One episode before anything is timed: the task's images are built here."""
@@ -184,13 +189,15 @@ def density(bench: Bench) -> dict:
     base, rows = bench.snapshot(), []
     try:
         for n in bench.args.levels:
-            bench.monitor.set_phase(f"density@{n}")
+            bench.phase(f"density@{n}")
             grown = fleet.grow(n, rec)
             level = Recorder()  # this level's probes
             sides = fleet.probe_all(level)
             bench.note("density", level)
             time.sleep(SETTLE_S)
+            _, idle = bench.window(f"idle@{n}", lambda: time.sleep(bench.args.idle_seconds), False)
             rows.append(level_row(n, base, bench.snapshot(), sides, level, grown, fleet, bench.monitor))
+            rows[-1]["idle_cpu"] = idle
             if rows[-1]["answered"] < n or rows[-1]["distinct_sidecars"] < n:
                 rec.error(f"at {n}: {rows[-1]['answered']} runs answered, {rows[-1]['distinct_sidecars']} sidecars")
                 break  # the next level would only say so again
@@ -257,11 +264,12 @@ def latency(bench: Bench) -> dict:
         return run_phase(c, count, lambda i: fleet, one)
 
     try:
-        bench.monitor.set_phase("latency")
+        bench.phase("latency")
         alone, _ = episodes(1, args.c1_episodes)
         fleet.grow(args.live - args.in_flight, held)
         repeats = []
         for r in range(args.repeats):
+            bench.phase(f"latency-{r}")
             c1, c1_cpu = bench.window(f"c1-{r}", lambda: episodes(1, args.c1_episodes), False)
             loaded, cpu = bench.window(f"loaded-{r}", lambda: episodes(args.in_flight, 1), r == 0)
             repeats.append({"c1": c1, "loaded": loaded, "cpu": cpu, "live_held": len(fleet.leases)})
@@ -313,7 +321,7 @@ def storm(bench: Bench) -> dict:
     size, rounds = bench.args.storm, []
     floor = two_service_floor(bench)
     for r in range(bench.args.repeats):
-        bench.monitor.set_phase(f"storm-{r}")
+        bench.phase(f"storm-{r}")
         floor_rec, floor_wall, floor_cpu = floor_storm(bench, floor, size, r)
         rec, wall, cpu = termpool_storm(bench, size, r)
         resets = rec.samples.get("reset") or [float("nan")]
@@ -400,6 +408,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--c1-episodes", type=int, default=3, help="latency: episodes one at a time per repeat")
     p.add_argument("--storm", type=int, default=128, help="storm: resets at once")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--idle-seconds", type=float, default=20.0, help="density: CPU window with the runs idle")
     p.add_argument("--start-parallel", type=int, default=32, help="density: resets in flight while growing")
     p.add_argument(
         "--floor-subnets",

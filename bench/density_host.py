@@ -2,9 +2,10 @@
 floor of a two-service start (the raw Docker SDK doing what compose does for one run).
 
 Memory is read where it is kept, not estimated: each container's cgroup (v1: usage less
-inactive file cache, as `docker stats` counts it), the RSS of Docker's own processes (dockerd,
-containerd, one containerd-shim per container), and the machine's MemAvailable (which also
-sees what the kernel spends per run: network namespaces, veth pairs, bridges, overlay mounts).
+inactive file cache, as `docker stats` counts it), the PSS of the containers' shims (one per
+container), the RSS of Docker's daemons (dockerd, containerd), and the machine's MemAvailable
+(which also sees what the kernel spends per run: network namespaces, veth pairs, bridges,
+overlay mounts).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def cgroup_bytes(container_id: str) -> int | None:
 
 def containers_memory(client, host_id: str) -> dict:
     """Summed cgroup memory of the host's running containers, in all and by compose service, and
-    the RSS of their containerd shims (Docker starts one per container)."""
+    the PSS of their containerd shims (Docker starts one per container)."""
     found = client.containers.list(filters={"label": f"{HOST_LABEL}={host_id}"}, ignore_removed=True)
     by_service: dict[str, float] = {}
     unread = 0
@@ -53,7 +54,7 @@ def containers_memory(client, host_id: str) -> dict:
             continue
         service = container.labels.get(SERVICE_LABEL, "client")
         by_service[service] = by_service.get(service, 0.0) + used / MB
-    shims = shims_rss({container.id for container in found})
+    shims = shims_pss({container.id for container in found})
     return {
         "containers": len(found),
         "unread": unread,
@@ -64,14 +65,19 @@ def containers_memory(client, host_id: str) -> dict:
     }
 
 
-def shims_rss(container_ids: set[str]) -> list[int]:
-    """RSS of the containerd shims of these containers (a shim's argv names its container: -id)."""
+def shims_pss(container_ids: set[str]) -> list[int]:
+    """Proportional memory (PSS) of the containerd shims of these containers (a shim's argv
+    names its container: -id). PSS, not RSS: the shims share their binary's pages, which RSS
+    would count once per shim."""
     out = []
-    for proc in psutil.process_iter(["name", "cmdline", "memory_info"]):
-        argv, info = proc.info["cmdline"] or [], proc.info["memory_info"]
-        shim = (proc.info["name"] or "").startswith("containerd-shim") and info and "-id" in argv[:-1]
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        argv = proc.info["cmdline"] or []
+        shim = (proc.info["name"] or "").startswith("containerd-shim") and "-id" in argv[:-1]
         if shim and argv[argv.index("-id") + 1] in container_ids:
-            out.append(info.rss)
+            try:
+                out.append(proc.memory_full_info().pss)
+            except psutil.Error:
+                pass
     return out
 
 

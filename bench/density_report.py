@@ -35,7 +35,7 @@ def _density(found: dict) -> list[str]:
         f"{base['mem_available_mb']} MB, Docker's daemons {base['docker_daemons_mb']} MB.",
         "",
         "| N live | answered (distinct sidecars) | start s | probe p50 / p95 ms | termpool MB/run (Redis used KB/run) "
-        "| containers MB/run (by service) | their shims MB/run | sum | MemAvailable fall MB/run | runs memory allows "
+        "| containers MB/run (by service) | their shims MB/run (PSS) | sum | MemAvailable fall MB/run | runs memory allows "
         "| /status networks |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -48,6 +48,9 @@ def _density(found: dict) -> list[str]:
             f"| {per['containers']} ({services}) | {per['docker_shims']} | {per['attributed']} | {per['host_mem_available']} "
             f"| {per['runs_memory_allows']} | {_networks(row['snapshot']['status'])} |"
         )
+    for row in found["levels"]:
+        if row.get("idle_cpu"):
+            lines += ["", *_cpu(f"Idle at {row['live']} live runs, CPU-seconds", row["idle_cpu"])]
     return lines
 
 
