@@ -229,8 +229,9 @@ class Floor:
         self.hello_tar = _tar({HELLO_PATH.lstrip("/"): HELLO_CONTENT.encode()})
         self.tests_tar = tests_tar(task_dir)
 
-    def create_start(self, name: str, run_dir: Path):
-        """The floor of a reset: one create (the SDK inspects the new container) and one start."""
+    def create_start(self, name: str, run_dir: Path, **extra):
+        """The floor of a reset: one create (the SDK inspects the new container) and one start.
+        `extra`: more create() options (a compose run's network, bench/density_host.py)."""
         container = self.docker.containers.create(
             self.image,
             command=["sh", "-c", "sleep infinity"],
@@ -242,6 +243,7 @@ class Floor:
             memswap_limit=self.mem_limit,
             privileged=False,
             init=True,
+            **extra,
         )
         container.start()
         return container
