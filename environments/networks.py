@@ -35,9 +35,13 @@ ROUTES = Path("/proc/net/route")
 
 @functools.lru_cache(maxsize=8)
 def _daemon_tag(base_url: str) -> str:
-    """Four hex digits of the daemon's id: two daemons on one kernel (a test's second worker
-    host) must not name their bridges alike, interface names being per network namespace."""
-    return hashlib.sha256(str(docker_client().info().get("ID", base_url)).encode()).hexdigest()[:4]
+    """Four hex digits naming the daemon: two daemons on one kernel (a test's second worker
+    host) must not name their bridges alike, interface names being per network namespace (the
+    second would take over the first's bridge, and remove it with its own network). Their ids
+    can be equal (dockerd 20.10 keeps it in /etc/docker/key.json, whatever the data root), so
+    the data root goes in too."""
+    info = docker_client().info()
+    return hashlib.sha256(f"{info.get('ID')} {info.get('DockerRootDir')} {base_url}".encode()).hexdigest()[:4]
 
 
 def bridge_name(shard: int) -> str:
