@@ -16,14 +16,28 @@ def markdown(result: dict) -> str:
     outcome = "ok" if result["ok"] else "FAILED"
     lines = [f"# Density benchmark, {result['date']}", "", f"Command: `{result['command']}`  "]
     lines.append(f"Machine: {result['machine']}; load average (1, 5, 15 min) {', '.join(loads)}  ")
-    lines.append(f"Result: {outcome}; left behind: {result['left_behind'] or 'nothing'}; ")
+    lines.append(f"Result: {outcome}; left behind: {_left(result['left_behind'])}; ")
     lines[-1] += f"failed operations: {result['failures'] or 'none'}"
+    closes = [f"{phase} {c['runs']} runs in {c['seconds']} s" for phase, c in (result.get("closes") or {}).items()]
+    if closes:
+        lines.append(f"Closing every run of a phase, until /status shows the last teardown done: {'; '.join(closes)}")
     if result.get("floor_failures"):
         lines.append(f"Floor (raw SDK) failures, Docker's own: {result['floor_failures']}")
     for phase, render in (("density", _density), ("latency", _latency), ("storm", _storm)):
         if phase in result:
             lines += ["", *render(result[phase])]
     return "\n".join(lines) + "\n"
+
+
+def _left(left: dict) -> str:
+    """Counts by kind per phase, with a first name each (the JSON has them all)."""
+    found = [
+        f"{phase}: {len(names)} {kind} (e.g. {names[0]})"
+        for phase, kinds in left.items()
+        for kind, names in kinds.items()
+        if names
+    ]
+    return "; ".join(found) or "nothing"
 
 
 def _density(found: dict) -> list[str]:
