@@ -158,10 +158,13 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
     `hosts list`)."""
     snap = watch.snapshot()
     draining = snap.draining
+    marks = store.lost_marks()
     out = {}
     for host in sorted(set(snap.hosts) | draining):
         judged = watch.judgement(host)
         state = judged.state(QUEUE_KINDS)
+        if host in marks and snap.hosts.get(host, 0.0) <= marks[host]:
+            state = "lost"  # another process judged it so, and this one has seen no beat since
         if host in draining and state != "lost":
             state = "draining"
         info = store.host_info(host)

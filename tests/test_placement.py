@@ -195,9 +195,12 @@ def test_a_host_another_process_judged_lost_takes_no_runs_until_it_beats(store, 
     lose_b(store, cfg, watch, slow_watch)
     assert hosts.check(store, watch, "b", ("exec",))[0] == "HOST_LOST"  # marks b lost
     assert [place(store, cfg, slow_watch).host for _ in range(3)] == ["a"] * 3
+    assert hosts.overview(store, cfg, slow_watch)["b"]["state"] == "lost", "its /status says so too"
     beat(store, "b")  # back: the mark no longer holds, before any watch has read the beat
     assert store.place("task-a", "", "task-a", hosts.placement(cfg, slow_watch)).host == "b"
     assert place(store, cfg, watch).host == "b"
+    slow_watch.poll()  # it reads the new beat: b is no longer shown lost
+    assert hosts.overview(store, cfg, slow_watch)["b"]["state"] != "lost"
 
 
 def test_a_mark_made_after_the_host_beat_again_excludes_nothing(store, cfg, watch, slow_watch):

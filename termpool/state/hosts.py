@@ -344,6 +344,10 @@ class HostsState:
         return self._r.smembers(keys.DRAINING)
 
     # ---- loss -------------------------------------------------------------------------------
+    def lost_marks(self) -> dict[str, float]:
+        """Each host some process marked lost, with its last beat as that judge read it."""
+        return {host: float(beat) for host, beat in self._r.hgetall(keys.LOST_HOSTS).items()}
+
     def mark_host_lost(self, host: str, error: str, beat: float) -> list[str]:
         """Mark the host's live runs lost and free its capacity; returns those runs. `beat`: the
         host's last beat in the hosts list as its judge read it (0: not listed); no process
