@@ -40,6 +40,7 @@ FIXTURE_NAMES = [
     "tmux-detached",
     "compose-fixed-subnet",
     "compose-counter",
+    "two-service-small",
 ]
 
 
