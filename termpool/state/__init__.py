@@ -46,6 +46,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  blob:<id>                  string (raw bytes), with a TTL: an archive or task folder on its way
+                             between the facade and a worker host (blobs.py)
   monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
                              events (tasks/flower.py; termpool/queues.py follow_monitor)
 
@@ -60,7 +62,7 @@ transport one priority step (Store.queue_depths).
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
 hosts), forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
-run-network range its runs hold), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+run-network range its runs hold), blobs.py (bytes on their way between the facade and a host), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
 Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
@@ -73,6 +75,7 @@ import redis
 from termpool import failures
 from termpool.config import Settings
 from termpool.state import connection
+from termpool.state.blobs import BlobsState
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
@@ -93,6 +96,7 @@ from termpool.state.keys import (
     RECENT_RUNS,
     RECORD_TTL,
     RETRY_COUNTS,
+    blob_key,
     build_lock_key,
     episode_key,
     host_closing_key,
@@ -158,7 +162,16 @@ class RecordLost(redis.exceptions.ConnectionError):
 
 
 class Store(
-    RunsState, JobsState, HostsState, WarmState, SessionsState, LocksState, CountersState, ForksState, SubnetsState
+    RunsState,
+    JobsState,
+    HostsState,
+    WarmState,
+    SessionsState,
+    LocksState,
+    CountersState,
+    ForksState,
+    SubnetsState,
+    BlobsState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -236,6 +249,7 @@ __all__ = [
     "host_lost_key",
     "subnets_key",
     "subnet_owners_key",
+    "blob_key",
     # codec.py
     "JSON_FIELDS",
     "INT_FIELDS",

@@ -146,3 +146,7 @@ def fork_image_key(image: str) -> str:
 
 def fork_images_key(run_id: str) -> str:
     return f"{PREFIX}fork-images:{run_id}"  # and in the fork scripts
+
+
+def blob_key(blob_id: str) -> str:
+    return f"{PREFIX}blob:{blob_id}"
