@@ -172,9 +172,6 @@ def episode_args(task_dir: Path, task_path: str, instruction: str, solution: str
 
 # ---- a Harbor task: as Harbor's oracle agent runs it ------------------------------------------
 HARBOR_SOLUTION_DIR = "/solution"
-# The container's working directory (Harbor's exec runs there; the shell tool starts in
-# /workspace): its first process's, when the tool's user may read it.
-WORKDIR = 'cd "$(readlink /proc/1/cwd 2>/dev/null || pwd)"'
 
 
 UPLOAD_CHUNK = 1 << 16  # base64 characters per command: well under Linux's 128 KiB per argument
@@ -191,8 +188,8 @@ def _binary_upload(target: str, data: bytes) -> list[dict]:
 
 def harbor_script(task_dir: Path, env: dict, solution_timeout: float) -> list[dict]:
     """solution/ uploaded to /solution (binary files through base64), then solve.sh run with
-    the [solution] env (already resolved) and DEBIAN_FRONTEND=noninteractive, from the
-    container's working directory."""
+    the [solution] env (already resolved) and DEBIAN_FRONTEND=noninteractive, from where the
+    shell tool's sessions of a Harbor task start: where Harbor's exec starts."""
     calls = []
     for path in sorted(p for p in (task_dir / "solution").rglob("*") if p.is_file()):
         target = f"{HARBOR_SOLUTION_DIR}/{path.relative_to(task_dir / 'solution').as_posix()}"
@@ -203,7 +200,7 @@ def harbor_script(task_dir: Path, env: dict, solution_timeout: float) -> list[di
             calls += _binary_upload(target, data)
     solve = f"{HARBOR_SOLUTION_DIR}/solve.sh"
     variables = " ".join(shlex.quote(f"{k}={v}") for k, v in {**env, "DEBIAN_FRONTEND": "noninteractive"}.items())
-    command = f"chmod +x {solve} && {WORKDIR} && env {variables} {solve}"
+    command = f"chmod +x {solve} && env {variables} {solve}"
     return calls + [exec_call(command, id="oracle", timeout=solution_timeout)]
 
 

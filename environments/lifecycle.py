@@ -52,7 +52,15 @@ from environments.docker_client import (
     run_compose,
     termpool_labels,
 )
-from environments.session_helper import CTL_DIR, CTL_SOCKET, boot_entrypoint, helper_mount, is_root, remove_helper_dir
+from environments.session_helper import (
+    CTL_DIR,
+    CTL_SOCKET,
+    boot_entrypoint,
+    helper_mount,
+    is_root,
+    remove_helper_dir,
+    session_workdir,
+)
 from termpool import failures
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
@@ -79,6 +87,7 @@ class RunEnv:
     ctl_dir: str = ""  # host folder mounted at CTL_MOUNT: the in-container tool server's socket
     user: str = ""  # the client container's configured user
     booted: bool = False  # its tool server started with it (tp-session boot): nothing to prepare
+    workdir: str = ""  # where its tool sessions start ("": /workspace; session_helper.session_workdir)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -309,7 +318,11 @@ def start(
         _raise_if_held(exc, task_dir, task_name)
         raise
     user = ((container.attrs or {}).get("Config") or {}).get("User") or ""
-    return RunEnv(mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user, booted=bool(boot)), container
+    workdir = session_workdir(task_dir, container)
+    env = RunEnv(
+        mode, name, container.name, str(run_dir), ctl_dir=str(ctl), user=user, booted=bool(boot), workdir=workdir
+    )
+    return env, container
 
 
 # What Docker says when a pinned subnet, address or host port is taken on this daemon.

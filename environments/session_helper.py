@@ -33,6 +33,8 @@ from pathlib import Path
 
 import requests
 
+from termpool.task_spec import load_task_cached
+
 HELPER_DIR = Path(__file__).resolve().parent / "helper"
 BUILD_SCRIPT = HELPER_DIR / "build.sh"
 SOURCE = HELPER_DIR / "tp_session.c"
@@ -161,6 +163,16 @@ def session_dir(sid: str) -> str:
 def container_user(container) -> str:
     """The container's configured user ("" when none: root)."""
     return ((container.attrs or {}).get("Config") or {}).get("User") or ""
+
+
+def session_workdir(task_dir: Path | str, container) -> str:
+    """Where a run's tool sessions start. A Harbor task: where Harbor's exec starts, as Harbor's own
+    agents see the task ([environment] workdir, else the container's working directory, else /).
+    A task of the original format: "" (WORKSPACE, the reference's)."""
+    harbor = load_task_cached(task_dir).harbor
+    if harbor is None:
+        return ""
+    return harbor.workdir or ((container.attrs or {}).get("Config") or {}).get("WorkingDir") or "/"
 
 
 def is_root(user: str) -> bool:

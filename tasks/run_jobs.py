@@ -384,6 +384,7 @@ def exec_tool(self, *, host, run_id, job_id, tool_call, env=None):
             _RunSessions(run_id),
             expose_kill=settings().expose_kill_tool,
             ctl_socket=lifecycle.ctl_socket(env) or None,
+            workdir=env.get("workdir", ""),
         )
     except Exception:
         if given:  # a run closed since the facade took the call answers that, whatever Docker said

@@ -60,6 +60,7 @@ def claim(run: dict, host: str, run_path) -> lifecycle.RunEnv | None:
                 warm_id=entry["warm_id"],
                 ctl_dir=entry.get("ctl_dir", ""),
                 user=entry.get("user", ""),
+                workdir=entry.get("workdir", ""),
             )
         _remove_spare(entry)  # died while pooled
 
@@ -196,6 +197,7 @@ def _entry(warm_id: str, task_path: str, env: lifecycle.RunEnv) -> dict:
         "run_dir": env.run_dir,
         "ctl_dir": env.ctl_dir,
         "user": env.user,
+        "workdir": env.workdir,
     }
 
 

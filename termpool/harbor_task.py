@@ -50,6 +50,7 @@ class HarborConfig:
     has_compose: bool = False  # environment/docker-compose.yaml, layered over the generated base
     has_dockerfile: bool = True  # environment/Dockerfile; without it only docker_image gives the image
     storage_mb: int | None = None  # environment.storage_mb (or the deprecated storage "10G")
+    workdir: str = ""  # environment.workdir: where Harbor's exec starts ("" : the image's WORKDIR)
 
 
 def is_harbor_task(task_dir: Path | str) -> bool:
@@ -166,6 +167,9 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
     has_dockerfile = (task_dir / ENVIRONMENT_DIR / "Dockerfile").is_file()
     if not has_dockerfile and not docker_image:
         raise HarborTaskError(f"{task_dir}: no environment/Dockerfile (the agent's image) and no docker_image")
+    workdir = env.get("workdir") or ""
+    if not isinstance(workdir, str) or workdir and not workdir.startswith("/"):
+        raise HarborTaskError(f"{source}: environment.workdir must be an absolute path")
     allow_internet = env.get("allow_internet", True)
     if not isinstance(allow_internet, bool):
         raise HarborTaskError(f"{source}: environment.allow_internet must be true or false")
@@ -183,6 +187,7 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
         has_compose=compose is not None,
         has_dockerfile=has_dockerfile,
         storage_mb=_storage_mb(env, source),
+        workdir=workdir,
     )
     agent_timeout = _number(agent, "timeout_sec", None, source, "agent")
     timeouts = {"max_agent_timeout_sec": float(agent_timeout)} if agent_timeout else {}

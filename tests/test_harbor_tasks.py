@@ -31,6 +31,8 @@ NAMES = [
     "harbor-env",
     "harbor-prebuilt",
     "harbor-slow-build",
+    "harbor-workdir",
+    "harbor-agent-timeout",
 ]
 HOST_VAR = "TP_HARBOR_FIXTURE_VAR"  # the one host variable harbor-env's templates may read
 STACK_ENV = {"DATASET_DIR": str(FIXTURES_ROOT), "HARBOR_ENV_ALLOWLIST": HOST_VAR, HOST_VAR: "from-host"}
@@ -279,6 +281,27 @@ def test_env_templates(hstack, docker_client):
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
     out = (_run_dir(hstack, lease) / "sessions" / "test-stdout.txt").read_text()
     assert out.strip() == "FROM_HOST=from-host LEAK=not passed PLAIN=a ${X} b ANSWER=from-host"
+    _close(hstack, docker_client, lease)
+
+
+def test_shell_sessions_start_where_harbor_exec_starts(hstack, docker_client):
+    """A Harbor task's shell sessions start where Harbor's exec does: [environment] workdir, else
+    the image's WORKDIR; relative file paths lead there too. The original format keeps /workspace."""
+    lease, _ = _reset(hstack, "harbor-workdir")
+    assert _sh(hstack, lease, "pwd").strip() == "/srv/task"
+    hstack.client.lease(lease).tool("shell_write_content_to_file", content="x", file_path="note.txt")
+    assert _sh(hstack, lease, "cat /srv/task/note.txt").strip() == "x"
+    _solve(hstack, lease, "harbor-workdir")  # solve.sh writes result.txt relative to where it runs
+    reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
+    assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+    _close(hstack, docker_client, lease)
+    lease, _ = _reset(hstack, "harbor-hello")  # no workdir: the image's WORKDIR
+    assert _sh(hstack, lease, "pwd").strip() == "/app"
+    _close(hstack, docker_client, lease)
+    lease = hstack.client.allocate("hello-file").id  # the original format: the reference's /workspace
+    meta = task_meta("hello-file", "tasks/hello-file")
+    assert hstack.client.request("POST", "/reset", json={"lease_id": lease, "task_meta": meta}).status_code == 200
+    assert _sh(hstack, lease, "pwd").strip() == "/workspace"
     _close(hstack, docker_client, lease)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from environments.session_helper import WORKSPACE
 from environments.tools.limits import OutputLimits, cap_text
 from environments.tools.shell import TOOLS, ToolContext, is_infrastructure_error, shell_kill_process
 from environments.tools.texts import TOOL_FAILED, UNKNOWN_TOOL
@@ -17,6 +18,7 @@ def run_tool(
     expose_kill: bool = False,
     ctl_socket: str | None = None,
     limits: OutputLimits | None = None,
+    workdir: str = "",
 ) -> str:
     """Run one tool call in `container` and return the observation text.
 
@@ -28,10 +30,11 @@ def run_tool(
     and configured user are used. `ctl_socket` is the host path of the
     container's tp-session server socket (prepare_container(serve=True)); when nobody answers
     there, the call goes through `docker exec` and the server is restarted in the background.
-    `limits` defaults to the settings' (SESSION_OUTPUT_LIMIT, OBSERVATION_LIMIT).
+    `limits` defaults to the settings' (SESSION_OUTPUT_LIMIT, OBSERVATION_LIMIT). `workdir` is
+    where sessions start and relative paths lead (default /workspace, the reference's).
     """
     limits = limits or OutputLimits.from_settings()
-    context = ToolContext(HelperTransport(container, ctl_socket), sessions, limits)
+    context = ToolContext(HelperTransport(container, ctl_socket), sessions, limits, workdir or WORKSPACE)
     return cap_text(_observe(context, name, arguments, expose_kill), limits.observation_chars)
 
 

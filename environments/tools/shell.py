@@ -46,12 +46,14 @@ def is_infrastructure_error(exc: BaseException) -> bool:
 
 
 class ToolContext:
-    """One call's container (through its helper), the run's sessions store and output limits."""
+    """One call's container (through its helper), the run's sessions store, output limits and
+    where its sessions start (relative file paths lead there too)."""
 
-    def __init__(self, helper: HelperTransport, sessions, limits: OutputLimits):
+    def __init__(self, helper: HelperTransport, sessions, limits: OutputLimits, workdir: str = WORKSPACE):
         self.helper = helper
         self.sessions = sessions
         self.limits = limits
+        self.workdir = workdir
 
     @property
     def spawn_limits(self) -> list[str]:
@@ -98,7 +100,7 @@ def shell_exec(ctx: ToolContext, /, id, command, block=True, timeout=20.0) -> st
     if block:
         wait = "-1" if timeout is None or timeout == math.inf else repr(max(float(timeout), 0.0))
         head, body = ctx.helper.call(
-            ["spawn", sdir, "0", wait, *ctx.spawn_limits, "--", "bash", "-c", command], workdir=WORKSPACE
+            ["spawn", sdir, "0", wait, *ctx.spawn_limits, "--", "bash", "-c", command], workdir=ctx.workdir
         )
         if head[0] == "done":
             text = with_omitted(clean(body), _dropped(head, 2))
@@ -109,7 +111,7 @@ def shell_exec(ctx: ToolContext, /, id, command, block=True, timeout=20.0) -> st
     else:
         head, _ = ctx.helper.call(
             ["spawn", sdir, "1", "-", *ctx.spawn_limits, "--", "bash", "-c", command],
-            workdir=WORKSPACE,
+            workdir=ctx.workdir,
             environment={"PYTHONUNBUFFERED": "1"},
         )
         if head[0] == "exists":
@@ -181,7 +183,7 @@ def shell_write_content_to_file(ctx: ToolContext, /, content, file_path) -> str:
     _require_str("content", content)
     _require_str("file_path", file_path)
     try:
-        _write_file(ctx.helper, content, file_path)
+        _write_file(ctx.helper, content, file_path, ctx.workdir)
     except Exception as exc:
         if is_infrastructure_error(exc):
             raise
@@ -190,9 +192,9 @@ def shell_write_content_to_file(ctx: ToolContext, /, content, file_path) -> str:
     return WRITTEN.format(path=file_path)
 
 
-def _write_file(helper: HelperTransport, content: str, file_path: str) -> None:
+def _write_file(helper: HelperTransport, content: str, file_path: str, workdir: str) -> None:
     data = content.encode("utf-8")
-    path = posixpath.normpath(posixpath.join(WORKSPACE, file_path))
+    path = posixpath.normpath(posixpath.join(workdir, file_path))
     path = "/" + path.lstrip("/")
     if path == "/" or file_path.endswith("/"):
         raise IsADirectoryError(f"Is a directory: '{path}'")
