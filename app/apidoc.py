@@ -48,6 +48,7 @@ INFO = {
 TAGS = [
     {"name": "pool", "description": "The pool API (blocking)"},
     {"name": "runs", "description": "The runs API (submit and poll)"},
+    {"name": "tasks", "description": "Task folders sent by the client, named by their digest"},
     {"name": "meta"},
 ]
 SECURITY = {
