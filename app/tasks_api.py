@@ -33,6 +33,7 @@ fail = fail_on(error_codes.runs_status)
         "(code TASK_ARCHIVE_TOO_LARGE); nothing stored",
     },
     tag="tasks",
+    raw_body="A tar archive, plain or gzip'd, of the task folder's contents (docs/task-format.md, Uploaded tasks).",
 )
 def upload_task():
     cfg = engine().cfg

@@ -64,7 +64,7 @@ def read_archive(body: bytes, limits: Limits) -> list[Entry]:
             entries = _entries(tar, limits)
     except tarfile.TarError as exc:
         raise ArchiveInvalid(f"not a readable tar archive: {exc}") from None
-    entries = _with_parents(entries)
+    entries = _with_parents(entries, limits)
     for entry in entries.values():
         if entry.kind == "symlink" and not _stays_inside(entries, entry.path):
             raise ArchiveInvalid(f"{entry.path}: symlink to {entry.target!r} leaves the folder (or loops)")
@@ -155,9 +155,10 @@ def _clean_path(name: str) -> str | None:
     return "/".join(parts) or None
 
 
-def _with_parents(entries: dict[str, Entry]) -> dict[str, Entry]:
-    """Add the directories the paths imply; ArchiveInvalid when a path passes through a file or
-    a symlink (writing it would write through the link)."""
+def _with_parents(entries: dict[str, Entry], limits: Limits) -> dict[str, Entry]:
+    """Add the directories the paths imply (counted as entries: deep paths cannot make millions
+    of them); ArchiveInvalid when a path passes through a file or a symlink (writing it would
+    write through the link)."""
     full = dict(entries)
     for path in entries:
         parts = path.split("/")
@@ -166,6 +167,10 @@ def _with_parents(entries: dict[str, Entry]) -> dict[str, Entry]:
             known = full.setdefault(parent, Entry(parent, "dir", IMPLIED_DIR_MODE))
             if known.kind != "dir":
                 raise ArchiveInvalid(f"{path}: its parent {parent} is a {known.kind}, not a directory")
+        if len(full) > limits.max_files:
+            raise ArchiveTooLarge(
+                f"the archive makes more than {limits.max_files} entries, its folders counted (UPLOADED_TASK_MAX_FILES)"
+            )
     return full
 
 

@@ -142,6 +142,9 @@ def test_limits_of_size_and_members():
         read_archive(tar(("a", "file", b"x" * 600_000), ("b", "file", b"y" * 600_000)), LIMITS)
     with pytest.raises(ArchiveTooLarge, match="UPLOADED_TASK_MAX_FILES"):
         read_archive(tar(*[(f"f{i}", "file", b"") for i in range(101)]), LIMITS)
+    deep = "/".join(["d"] * 60)  # 101 entries once the folders it implies count
+    with pytest.raises(ArchiveTooLarge, match="folders counted"):
+        read_archive(tar(*[(f"{deep}/{i}/f", "file", b"") for i in range(41)]), LIMITS)
     # a gzip bomb: a few KB that would unpack to 64 MB stops at the limit
     bomb = gzip.compress(b"\0" * (64 << 20))
     assert len(bomb) < 100_000
