@@ -210,17 +210,17 @@ def test_bare_environments_take_tool_calls_not_evaluations(pool, tmp_path):
 
 
 # ---- hosts ------------------------------------------------------------------------------------
-def _tag_events(docker_client, image: str, since: float) -> int:
-    events = docker_client.events(
-        since=since, until=time.time(), filters={"type": "image", "event": "tag"}, decode=True
-    )
+def _tag_events(docker_client, image: str, since: int) -> int:
+    """How often the daemon tagged `image` since then: once per build."""
+    until = int(time.time()) + 1
+    events = docker_client.events(since=since, until=until, filters={"type": "image", "event": "tag"}, decode=True)
     return sum(1 for event in events if event.get("Actor", {}).get("Attributes", {}).get("name", "").startswith(image))
 
 
 def test_a_digest_started_twice_on_a_host_is_built_once(pool, docker_client, tmp_path):
     path = pool.client.upload_task(bare_environment(tmp_path / "env", "once-" + uuid.uuid4().hex))
     image = f"tb__{uploaded_tasks.folder_name(path)}__client"
-    since = time.time() - 1
+    since = int(time.time()) - 1
     with only_on(pool, pool.host_id), ThreadPoolExecutor(2) as starts:
         runs = [starts.submit(pool.client.start, "twice", task_path=path, wait=False) for _ in range(2)]
         runs = [future.result() for future in runs]
