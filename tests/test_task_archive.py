@@ -258,3 +258,24 @@ def test_written_folder_matches_the_archive(tmp_path):
     assert (tmp_path / "ro" / "f").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "ro").stat().st_mode & 0o777 == 0o555
     (tmp_path / "ro").chmod(0o755)  # so tmp_path can be removed
+
+
+def test_the_reconcile_removes_only_expired_folders_no_live_run_names(tmp_path, monkeypatch):
+    from tasks import task_folders
+
+    stored, expired, live = ("sha256:" + c * 64 for c in "abc")
+    for path in (stored, expired, live):
+        (tmp_path / uploaded_tasks.folder_name(path)).mkdir()
+    (tmp_path / ".sha256-half-written").mkdir()  # another worker's temp folder: not touched
+
+    class Blobs:
+        def blob_size(self, blob_id):
+            return 10 if blob_id == uploaded_tasks.blob_id(stored) else None
+
+    monkeypatch.setattr(task_folders, "store", Blobs)
+    monkeypatch.setattr(task_folders, "settings", lambda: load_settings({"UPLOADED_TASKS_DIR": str(tmp_path)}))
+    assert task_folders.remove_expired({live}) == [uploaded_tasks.folder_name(expired)]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(
+        [".sha256-half-written", uploaded_tasks.folder_name(stored), uploaded_tasks.folder_name(live)]
+    )
