@@ -279,3 +279,18 @@ def test_the_reconcile_removes_only_expired_folders_no_live_run_names(tmp_path, 
     assert names == sorted(
         [".sha256-half-written", uploaded_tasks.folder_name(stored), uploaded_tasks.folder_name(live)]
     )
+
+
+def test_a_bare_environment_loads_without_instruction_or_tests(tmp_path):
+    from termpool.task_spec import compose_file, load_task, load_task_cached
+
+    folder = tmp_path / "env"
+    (folder / "environment").mkdir(parents=True)
+    (folder / "environment" / "Dockerfile").write_text("FROM x\n")
+    (folder / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    (folder / "task.toml").write_text('[environment]\ncpus = 2\nmemory = "1G"\n')
+    spec = load_task(folder)
+    assert (spec.instruction, spec.has_tests, spec.harbor.cpus, spec.harbor.memory_mb) == ("", False, 2.0, 1024)
+    assert load_task_cached(folder) is load_task_cached(folder)  # cached though it has no tests/test.sh
+    assert compose_file(folder) == folder / "environment" / "docker-compose.yaml"
+    assert load_task(HARBOR / "harbor-hello").has_tests
