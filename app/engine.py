@@ -5,6 +5,7 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -141,8 +142,12 @@ class Engine:
     def one_per_host(self, task_path: str) -> tuple[str, ...]:
         """Why the task folder DATASET_DIR/<task_path> allows one live run per host (read from
         its compose file, cached: termpool/task_spec.py); () for most tasks, and when no task
-        folder has that name (a pool API task key is only a key; routers use the task name)."""
+        folder has that name (a pool API task key is only a key; routers use the task name).
+        An uploaded task's were read at its upload (its facts blob)."""
         try:
+            if uploaded_tasks.is_uploaded(task_path):  # a task key may look like one: PathError
+                facts = self.store.get_blob(uploaded_tasks.facts_id(task_path))
+                return tuple(json.loads(facts)) if facts else ()
             task_dir = resolve_task_path(self.cfg.dataset_dir, task_path)
             if not task_spec.is_task_dir(task_dir):
                 return ()
@@ -155,6 +160,7 @@ class Engine:
         that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job."""
         if not uploaded_tasks.is_uploaded(task_path):
             return
+        self.store.touch_blob(uploaded_tasks.facts_id(task_path), self.cfg.uploaded_task_ttl)  # most have none
         if not self.store.touch_blob(uploaded_tasks.blob_id(task_path), self.cfg.uploaded_task_ttl):
             raise Refused(
                 "UNKNOWN_TASK",

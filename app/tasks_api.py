@@ -9,6 +9,8 @@ it under the digest of its canonical form, which runs then name as task_meta.tas
 
 from __future__ import annotations
 
+import json
+
 from flask import Blueprint, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -47,6 +49,9 @@ def upload_task():
         return fail("TASK_ARCHIVE_INVALID", str(exc))
     blob = uploaded_tasks.blob_id(upload.task_path)
     created = engine().store.put_blob_once(blob, upload.archive, cfg.uploaded_task_ttl)
+    if upload.one_per_host:  # placement reads them as it reads a dataset task's (Engine.one_per_host)
+        facts = json.dumps(upload.one_per_host).encode()
+        engine().store.put_blob(uploaded_tasks.facts_id(upload.task_path), facts, cfg.uploaded_task_ttl)
     reply = TaskUploaded(
         task_path=upload.task_path,
         kind=upload.kind,

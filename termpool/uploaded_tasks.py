@@ -18,7 +18,7 @@ from termpool import task_archive
 from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_environment, is_harbor_task
 from termpool.paths import PathError
 from termpool.task_archive import ArchiveInvalid, Limits
-from termpool.task_spec import COMPOSE_FILE_NAMES, TaskError, load_task
+from termpool.task_spec import COMPOSE_FILE_NAMES, TaskError, load_task, one_per_host_reasons
 
 PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -45,6 +45,11 @@ def blob_id(task_path: str) -> str:
     return f"task:{hex_digest(task_path)}"
 
 
+def facts_id(task_path: str) -> str:
+    """Where the store keeps what placement needs of it (its one-per-host reasons, JSON)."""
+    return f"task-facts:{hex_digest(task_path)}"
+
+
 def folder_name(task_path: str) -> str:
     """Its folder's name on a worker host, which is also its task name for Docker (images
     tb__sha256-<hex>__client): a valid Docker name, the same for the same content everywhere."""
@@ -65,6 +70,7 @@ class Upload:
     kind: str  # "terminal-bench", "harbor" or "harbor-environment"
     size: int  # bytes of the files, unpacked
     archive: bytes  # the canonical archive, as stored
+    one_per_host: tuple[str, ...] = ()  # why two live runs of it cannot share a host (task_spec)
 
 
 def accept(body: bytes, limits: Limits) -> Upload:
@@ -76,11 +82,13 @@ def accept(body: bytes, limits: Limits) -> Upload:
         folder.mkdir()
         task_archive.write_folder(entries, folder)
         kind = check_task_folder(folder)
+        reasons = one_per_host_reasons(folder)
     return Upload(
         task_path=PREFIX + task_archive.digest(entries),
         kind=kind,
         size=task_archive.unpacked_size(entries),
         archive=task_archive.canonical_archive(entries),
+        one_per_host=reasons,
     )
 
 

@@ -170,6 +170,12 @@ def test_each_format_is_accepted_with_its_kind(tmp_path):
         assert upload.task_path == uploaded_tasks.accept(upload.archive, LIMITS).task_path  # stored form: same
 
 
+def test_an_upload_says_why_it_allows_one_live_run_per_host():
+    pinned = uploaded_tasks.accept(folder_archive(FIXTURES / "compose-fixed-subnet"), LIMITS)
+    assert pinned.one_per_host and "fixed subnet" in pinned.one_per_host[0]
+    assert uploaded_tasks.accept(folder_archive(FIXTURES / "hello-file"), LIMITS).one_per_host == ()
+
+
 @pytest.mark.parametrize(
     "files, text",
     [

@@ -272,3 +272,17 @@ def test_an_unknown_or_expired_digest_is_refused_before_a_slot(pool):
         pool.client.start("hello-file", task_path=path)
     assert wait_for(lambda: pool.client.status()["total_active_runs"] == live, 30)
     pool.client.upload_task(FIXTURES / "hello-file")  # stored again, for any later test
+
+
+def test_placement_knows_an_uploaded_task_pins_a_subnet(pool):
+    """What the upload read of its compose file (a fixed subnet) places it as a dataset task:
+    one live run per host, a third refused with the reason. Keyed by its digest, no start."""
+    path = pool.client.upload_task(FIXTURES / "compose-fixed-subnet")
+    leases = [pool.client.allocate(path) for _ in range(2)]
+    try:
+        assert {store(pool).get_run(lease.id)["host"] for lease in leases} == {pool.host_id, pool.host_b}
+        reply = pool.post("/allocate", {"task_key": path})
+        assert reply.status_code == 429 and "fixed subnet 10.231.0.0/24" in reply.json()["error"], reply.text
+    finally:
+        for lease in leases:
+            lease.close()
