@@ -47,11 +47,7 @@ def upload_task():
         return fail("TASK_ARCHIVE_TOO_LARGE", str(exc))
     except ArchiveInvalid as exc:
         return fail("TASK_ARCHIVE_INVALID", str(exc))
-    blob = uploaded_tasks.blob_id(upload.task_path)
-    created = engine().store.put_blob_once(blob, upload.archive, cfg.uploaded_task_ttl)
-    if upload.one_per_host:  # placement reads them as it reads a dataset task's (Engine.one_per_host)
-        facts = json.dumps(upload.one_per_host).encode()
-        engine().store.put_blob(uploaded_tasks.facts_id(upload.task_path), facts, cfg.uploaded_task_ttl)
+    created = _store(upload, cfg.uploaded_task_ttl)
     reply = TaskUploaded(
         task_path=upload.task_path,
         kind=upload.kind,
@@ -60,6 +56,15 @@ def upload_task():
         expires_in=cfg.uploaded_task_ttl,
     )
     return ok(reply, 201 if created else 200)
+
+
+def _store(upload: uploaded_tasks.Upload, ttl: float) -> bool:
+    """Keep the archive once (True when it was not held) and placement's facts of it."""
+    created = engine().store.put_blob_once(uploaded_tasks.blob_id(upload.task_path), upload.archive, ttl)
+    if upload.one_per_host:  # placement reads them as it reads a dataset task's (Engine.one_per_host)
+        facts = json.dumps(upload.one_per_host).encode()
+        engine().store.put_blob(uploaded_tasks.facts_id(upload.task_path), facts, ttl)
+    return created
 
 
 def _body(limit: int) -> bytes:
