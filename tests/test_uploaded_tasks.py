@@ -206,7 +206,8 @@ def test_bare_environments_take_tool_calls_not_evaluations(pool, tmp_path):
             with pytest.raises(TaskHasNoTests) as caught:
                 run.evaluate()
             assert "no tests" in str(caught.value)
-            assert run.exec("pwd").strip() == "/app"  # the run goes on after the refusal
+            assert run.exec("cat /marker").startswith(expected)  # the run goes on after the refusal
+            assert run.info()["state"] == "ready"
 
 
 # ---- hosts ------------------------------------------------------------------------------------
