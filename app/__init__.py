@@ -73,9 +73,11 @@ def create_app(cfg: Settings | None = None) -> Flask:
     from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
     from app.runs_api import bp as runs_bp
+    from app.tasks_api import bp as tasks_bp
 
     app.register_blueprint(pool_bp)
     app.register_blueprint(runs_bp)
+    app.register_blueprint(tasks_bp)
     app.register_blueprint(viewer.bp)
     init_metrics(app)
     apidoc.register(app)

@@ -34,6 +34,7 @@ BODY_NOTE = (
     f"double, nesting is limited to {models.MAX_JSON_DEPTH} levels and the body to "
     f"{models.MAX_BODY_BYTES} bytes."
 )
+ARCHIVES = ("application/gzip", "application/x-tar", "application/octet-stream")  # POST /v1/tasks
 GUARD = {
     401: "POOL_API_TOKEN is set and the bearer token is missing or wrong (code UNAUTHORIZED)",
     403: "POOL_ALLOWED_CLIENTS is set and excludes the caller (code FORBIDDEN)",
@@ -48,6 +49,7 @@ INFO = {
 TAGS = [
     {"name": "pool", "description": "The pool API (blocking)"},
     {"name": "runs", "description": "The runs API (submit and poll)"},
+    {"name": "tasks", "description": "Task folders sent by the client, named by their digest"},
     {"name": "meta"},
 ]
 SECURITY = {
@@ -122,6 +124,9 @@ def _operation(path: str, op: Operation, arguments: list[str], refs: dict) -> di
     if params:
         out["parameters"] = params
     responses = {str(status): _reply(reply, refs) for status, reply in op.replies.items()}
+    if op.raw_body:
+        binary = {"schema": {"type": "string", "format": "binary"}}
+        out["requestBody"] = {"required": True, "description": op.raw_body, "content": dict.fromkeys(ARCHIVES, binary)}
     if op.body is not None:
         schema = refs[(op.body, "validation")]
         out["requestBody"] = {"required": True, "description": BODY_NOTE, "content": {JSON: {"schema": schema}}}

@@ -5,13 +5,14 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from celery import Celery
 
-from termpool import dispatch, hosts, liveness, task_spec
+from termpool import dispatch, hosts, liveness, task_spec, uploaded_tasks
 from termpool.config import Settings
 from termpool.paths import resolve_task_path
 from termpool.state import (
@@ -141,14 +142,31 @@ class Engine:
     def one_per_host(self, task_path: str) -> tuple[str, ...]:
         """Why the task folder DATASET_DIR/<task_path> allows one live run per host (read from
         its compose file, cached: termpool/task_spec.py); () for most tasks, and when no task
-        folder has that name (a pool API task key is only a key; routers use the task name)."""
+        folder has that name (a pool API task key is only a key; routers use the task name).
+        An uploaded task's were read at its upload (its facts blob)."""
         try:
+            if uploaded_tasks.is_uploaded(task_path):  # a task key may look like one: PathError
+                facts = self.store.get_blob(uploaded_tasks.facts_id(task_path))
+                return tuple(json.loads(facts)) if facts else ()
             task_dir = resolve_task_path(self.cfg.dataset_dir, task_path)
             if not task_spec.is_task_dir(task_dir):
                 return ()
         except (ValueError, OSError):  # PathError, or a name the file system refuses
             return ()
         return task_spec.one_per_host_reasons(task_dir)
+
+    def require_task(self, task_path: str) -> None:
+        """An uploaded task (sha256:<hex>) must be held: its lifetime starts again with each run
+        that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job."""
+        if not uploaded_tasks.is_uploaded(task_path):
+            return
+        self.store.touch_blob(uploaded_tasks.facts_id(task_path), self.cfg.uploaded_task_ttl)  # most have none
+        if not self.store.touch_blob(uploaded_tasks.blob_id(task_path), self.cfg.uploaded_task_ttl):
+            raise Refused(
+                "UNKNOWN_TASK",
+                f"task_path {task_path} names no uploaded task this pool holds: never uploaded, or expired "
+                f"({self.cfg.uploaded_task_ttl:g} s after its last upload or run); upload it again (POST /v1/tasks)",
+            )
 
     def lease(self, run_id: str, call_job: str = "", job: dict | None = None, fields: tuple = ()) -> dict:
         """A live run, marked as used (with call_job: busy until that tool call's job ends, and
@@ -195,6 +213,7 @@ class Engine:
 
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
+        self.require_task(task_meta["task_path"])
         self.require_serving(run, "start")
         self.store.update_run(
             run["run_id"],
@@ -345,6 +364,7 @@ class Engine:
         duplicates cannot both start it. A run allocated by /allocate with that request_id
         and never reset is started here.
         """
+        self.require_task(start["task_meta"]["task_path"])
         lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"])
         run = self.store.require_run(lease.run_id)
         job_id = str(uuid.uuid4())

@@ -27,6 +27,10 @@ CLIENT_STATUS = {
     "HOST_DISK_LOW": (429, 429),
     "HOST_NETWORKS_EXHAUSTED": (429, 429),
     "FORK_TOO_DEEP": (409, 409),
+    "TASK_ARCHIVE_INVALID": (None, 400),  # POST /v1/tasks
+    "TASK_ARCHIVE_TOO_LARGE": (None, 413),
+    "UNKNOWN_TASK": (404, 404),  # refused before a slot is taken (runs API), or at /reset
+    "TASK_HAS_NO_TESTS": (400, None),  # the runs API: a failed evaluation job
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -45,7 +49,15 @@ RUNS_FACADE_STATUS = {
 # Client errors a worker can also end a job with: the run changed under a queued job, or a
 # start found what a one-per-host task pins held by another run of it on its host, or every
 # block of its host's run-network range held.
-CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED", "HOST_NETWORKS_EXHAUSTED")
+# An uploaded task that expired before a host materialized it is UNKNOWN_TASK there too.
+CLIENT_JOB_CODES = (
+    "RUN_NOT_READY",
+    "RUN_CLOSED",
+    "RUN_SLOTS_EXHAUSTED",
+    "HOST_NETWORKS_EXHAUSTED",
+    "UNKNOWN_TASK",
+    "TASK_HAS_NO_TESTS",
+)
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from termpool import uploaded_tasks
 from termpool.failures import CODES
 from termpool.paths import PathError, resolve_log_dir, resolve_task_path
 from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, is_task_dir
@@ -241,8 +242,8 @@ class TaskMeta(BaseModel):
     task_path: TaskPath | None = Field(
         None,
         validate_default=True,
-        description="Relative to DATASET_DIR (an absolute path inside it is accepted); defaults to "
-        f"task_name. Each component at most {MAX_PATH_PART_BYTES} bytes.",
+        description="Relative to DATASET_DIR (an absolute path inside it is accepted), or an uploaded task's "
+        f"sha256:<hex> (POST /v1/tasks); defaults to task_name. Each component at most {MAX_PATH_PART_BYTES} bytes.",
     )
     instruction: Annotated[StrictStr, Field(max_length=MAX_TEXT_LENGTH, pattern=TEXT_PATTERN)] = ""
 
@@ -253,13 +254,11 @@ class TaskMeta(BaseModel):
         path = info.data.get("task_name") if value is None else value
         if path is None:  # task_name was refused: that error is the one answered
             return None
+        if uploaded_tasks.is_uploaded(path):  # whether the pool holds it: Engine.require_task
+            return _resolve(path, uploaded_tasks.checked_task_path)
         root = _settings(info).dataset_dir
         task_dir = _resolve(path, lambda p: resolve_task_path(root, p))
-        try:
-            has_task = is_task_dir(task_dir)
-        except OSError as exc:
-            raise refuse(f": {exc.strerror or exc}") from None
-        if not has_task:
+        if not _resolve(task_dir, is_task_dir):  # an OSError refused as a path's
             raise refuse(f": no task.yaml in {path!r} under DATASET_DIR (nor task.toml and instruction.md)")
         return str(task_dir.relative_to(root))
 

@@ -66,6 +66,7 @@ class Stack:
             "ENV_SERVER_PORT": str(self.port),
             "DATASET_DIR": str(FIXTURES),
             "TBENCH_OUTPUT_ROOT": str(self.output_root),
+            "UPLOADED_TASKS_DIR": str(self.workdir / "uploaded-tasks"),
             "CONTAINER_MEMORY_LIMIT": "1g",
             "EXEC_CONCURRENCY": "16",
             "LIFECYCLE_CONCURRENCY": "8",
@@ -187,7 +188,8 @@ class Stack:
         """Start the worker processes of another worker host, every queue kind (as Procfile.worker
         does), with its own POOL_HOST_ID and, in env, its own DOCKER_HOST; returns their names
         in self.procs ("<host>:<kind>")."""
-        host_env = self.extra_hosts.setdefault(host_id, {**self.env, **(env or {}), "POOL_HOST_ID": host_id})
+        own = {"UPLOADED_TASKS_DIR": str(self.workdir / f"uploaded-tasks-{host_id}")}  # hosts share no folder
+        host_env = self.extra_hosts.setdefault(host_id, {**self.env, **own, **(env or {}), "POOL_HOST_ID": host_id})
         names = [f"{host_id}:{kind}" for kind in WORKER_KINDS]
         for name, kind in zip(names, WORKER_KINDS):
             self._spawn(name, [sys.executable, "-m", "tasks.worker", kind], env=host_env)

@@ -18,7 +18,7 @@ from environments import harbor_compose
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import Settings
 from termpool.failures import TaskInvalid, TaskUnsupported
-from termpool.harbor_task import is_harbor_task
+from termpool.harbor_task import is_harbor_folder
 from termpool.task_spec import TaskError, Unsupported, compose_file, image_name, load_task_cached, name_prefix
 
 CLIENT_SERVICE = "client"  # the agent's service when none has the client container name
@@ -57,7 +57,7 @@ def client_image(task_name: str, cfg: Settings, task_dir: Path | None = None) ->
 def _harbor_config(task_dir: Path):
     """The task's HarborConfig, None for the original format (or a task that does not load:
     its start says why)."""
-    if (Path(task_dir) / "task.yaml").is_file() or not is_harbor_task(task_dir):
+    if not is_harbor_folder(task_dir):
         return None
     try:
         return load_task_cached(task_dir).harbor
@@ -91,7 +91,7 @@ def task_files(task_dir: Path, cfg: Settings) -> list[str]:
     """The task's compose file and the operator's COMPOSE_OVERRIDE_PATH, as `-f` arguments (a
     Harbor task's: environments/harbor_compose.py)."""
     try:
-        if is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file():
+        if is_harbor_folder(task_dir):
             harbor = load_task_cached(task_dir).harbor
             if cfg.image_source != "pull" and not harbor.has_dockerfile:
                 raise TaskUnsupported(

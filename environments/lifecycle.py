@@ -64,8 +64,9 @@ from environments.session_helper import (
 from termpool import failures
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed, TaskStartFailed
-from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_task
+from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_folder
 from termpool.task_spec import name_prefix, one_per_host_reasons
+from termpool.uploaded_tasks import docker_task_name
 
 if TYPE_CHECKING:
     from termpool.state import OwnedLock
@@ -119,8 +120,7 @@ def is_template(
 
 def build_context(task_dir: Path) -> Path:
     """The folder the agent's image is built from: the task folder, a Harbor task's environment/."""
-    harbor = is_harbor_task(task_dir) and not (Path(task_dir) / "task.yaml").is_file()
-    return Path(task_dir) / ENVIRONMENT_DIR if harbor else Path(task_dir)
+    return Path(task_dir) / ENVIRONMENT_DIR if is_harbor_folder(task_dir) else Path(task_dir)
 
 
 @functools.lru_cache(maxsize=1)
@@ -251,7 +251,8 @@ def start(
 ):
     """Start the run's services; return (RunEnv, client container). Cleans up on failure.
 
-    `run` needs run_id, task_key and task_meta.task_name; a warm-pool container is started
+    `run` needs run_id, task_key and task_meta.task_name (an uploaded task's images are named
+    by its digest: uploaded_tasks.docker_task_name); a warm-pool container is started
     the same way under its warm id. force_compose starts even a fast-path task with compose.
     disk_limit (bytes, 0: none) caps each container's writable layer where the storage driver
     enforces a size (disk_usage.storage_quota); the periodic check sums the run's containers.
@@ -267,7 +268,7 @@ def start(
     """
     images = images or {}
     quota = {"size": str(disk_limit)} if disk_limit and disk_usage.storage_quota() else None
-    task_name = run["task_meta"]["task_name"]
+    task_name = docker_task_name(run["task_meta"])
     name = run_name(task_name, run["run_id"])
     labels = termpool_labels(run["run_id"], cfg.host_id, run["task_key"])
     image = client_image(task_name, cfg, task_dir)

@@ -12,7 +12,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
-from tasks import disk_check, fork_jobs
+from tasks import disk_check, fork_jobs, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -63,7 +63,16 @@ def reconcile(self, *, host, at_start=False):
     checkpoints = fork_jobs.remove_stale_checkpoints(host)
     if checkpoints:
         log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
+    folders = task_folders.remove_expired(_live_task_paths(host))
+    if folders:
+        log.info("reconcile removed uploaded task folders whose upload expired: %s", folders)
     return removed
+
+
+def _live_task_paths(host: str) -> set[str]:
+    """The task paths the host's live runs name (their folders stay)."""
+    runs = (store().get_run(run_id) or {} for run_id in store().live_runs(host))
+    return {(run.get("task_meta") or {}).get("task_path") or "" for run in runs}
 
 
 def _give_back_orphan_subnets(host: str) -> list[str]:

@@ -24,14 +24,14 @@ from environments.docker_client import KnownContainer, docker_client, says_not_r
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from tasks import lost_jobs, warm_pool
+from tasks import lost_jobs, task_folders, warm_pool
 from tasks.runtime import remove_env, store, subnet_taker, through_outage
 from termpool import disk, failures
 from termpool.config import settings
-from termpool.harbor_task import is_harbor_task
-from termpool.paths import resolve_task_path
+from termpool.harbor_task import is_harbor_folder
 from termpool.state import NO_FAILURE, STARTED_STATES, UNAVAILABLE
 from termpool.task_spec import TaskError, Unsupported, load_task_cached
+from termpool.uploaded_tasks import docker_task_name
 
 
 class RunClosed(failures.Failure):
@@ -199,7 +199,7 @@ def _start_failed(run_id: str, error: str, code: str) -> None:
 
 
 def _task_dir(run: dict) -> Path:
-    return resolve_task_path(settings().dataset_dir, run["task_meta"]["task_path"])
+    return task_folders.task_dir(run["task_meta"]["task_path"])
 
 
 def _spec(task_dir: Path):
@@ -256,14 +256,15 @@ class _RunSessions:
 def ensure_image(self, *, host, run_id, job_id):
     run = _live_run(run_id)
     limit = _timeouts(run).ensure_image
-    harbor = _spec(_task_dir(run)).harbor if is_harbor_task(_task_dir(run)) else None
+    task_dir = _task_dir(run)
+    harbor = _spec(task_dir).harbor if is_harbor_folder(task_dir) else None
     if harbor is not None:  # its build_timeout_sec, within termpool's limit (the facade waits that long)
         limit = min(limit, harbor.build_timeout_sec)
     cfg = settings()
     try:
         image = lifecycle.ensure_image(
-            run["task_meta"]["task_name"],
-            _task_dir(run),
+            docker_task_name(run["task_meta"]),
+            task_dir,
             cfg,
             limit,
             functools.partial(store().build_lock, cfg.host_id),
@@ -412,6 +413,8 @@ def evaluate(self, *, host, run_id, job_id):
     task_dir = _task_dir(run)
     run_path = Path(run["env"]["run_dir"])
     spec = _spec(task_dir)
+    if not spec.has_tests:
+        raise failures.TaskHasNoTests(f"run {run_id}: the task is a bare Harbor environment: it has no tests")
     store().set_state_if_live(run_id, "evaluating")
     if spec.harbor is not None:
         harbor_verifier.copy_tests(container, task_dir)

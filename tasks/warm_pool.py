@@ -31,12 +31,13 @@ from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
 from environments.tools.server_socket import server_answers
 from tasks.runtime import remove_env, store
-from termpool import warm_sizing
+from tasks.task_folders import task_dir as find_task_dir
+from termpool import failures, warm_sizing
 from termpool.config import settings
-from termpool.paths import resolve_task_path
 from termpool.queues import consumed_kinds
 from termpool.state import UNAVAILABLE
 from termpool.task_spec import one_per_host_reasons
+from termpool.uploaded_tasks import docker_task_name
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def demanded(app, run: dict, host: str, served: bool) -> None:
     miss the spares start beside the run's own cold start)."""
     meta = run["task_meta"]
     store().warm_note_reset(
-        host, meta["task_path"], run["run_id"], meta["task_name"], served, settings().warm_demand_window
+        host, meta["task_path"], run["run_id"], docker_task_name(meta), served, settings().warm_demand_window
     )
     app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
 
@@ -113,8 +114,8 @@ def target_size(host: str, task_path: str) -> int:
 
 def _one_per_host(cfg, task_path: str) -> tuple[str, ...]:
     try:
-        return one_per_host_reasons(resolve_task_path(cfg.dataset_dir, task_path))
-    except (ValueError, OSError):  # no such task folder: its start says so
+        return one_per_host_reasons(find_task_dir(task_path, cfg))
+    except (ValueError, OSError, failures.Failure):  # no such task folder: its start says so
         return ()
 
 
@@ -163,7 +164,7 @@ def start_warm(self, *, host, task_path, task_name, warm_id):
     pseudo_run = {"run_id": warm_id, "task_key": task_name, "task_meta": {"task_name": task_name}}
     run_dir = _warm_dir(cfg, warm_id)
     try:
-        task_dir = resolve_task_path(cfg.dataset_dir, task_path)
+        task_dir = find_task_dir(task_path, cfg)
         env, container = lifecycle.start(pseudo_run, task_dir, run_dir, cfg, cfg.timeouts.reset_session)
         try:
             if not env.booted:  # else its tool server started with it

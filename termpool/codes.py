@@ -43,6 +43,26 @@ CODES: dict[str, Code] = {
         ),
         Code("HOST_DISK_LOW", "client", True, "every host that could take the run is under HOST_DISK_MIN_FREE"),
         Code("FORK_TOO_DEEP", "client", False, "the run is a fork FORK_MAX_DEPTH deep: it cannot be forked"),
+        Code(
+            "TASK_ARCHIVE_INVALID",
+            "client",
+            False,
+            "an uploaded task archive is unreadable, unsafe (names or links leaving the folder, hard links, "
+            "devices) or not a task of either format; nothing was stored",
+        ),
+        Code(
+            "TASK_ARCHIVE_TOO_LARGE",
+            "client",
+            False,
+            "an uploaded task unpacks to more than UPLOADED_TASK_MAX_BYTES or UPLOADED_TASK_MAX_FILES; nothing was stored",
+        ),
+        Code(
+            "UNKNOWN_TASK",
+            "client",
+            False,
+            "task_path names an uploaded task (sha256:...) the pool does not hold: never uploaded, or expired",
+        ),
+        Code("TASK_HAS_NO_TESTS", "client", False, "an evaluation of a bare Harbor environment, which has no tests"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),

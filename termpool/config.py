@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from termpool.subnets import SubnetRange, parse
+from termpool.task_archive import Limits
 
 
 def _int(env, name: str, default: int, minimum: int | None = None) -> int:
@@ -219,10 +220,20 @@ class Settings:
     isolated_bridge_size: int = (
         1000  # ISOLATED_BRIDGE_SIZE: containers per termpool bridge (a Linux bridge: 1024 ports)
     )
+    # Tasks sent by clients (POST /v1/tasks): how long one is kept after its last upload or run,
+    # its bounds unpacked, and the folder where each worker host writes the ones its runs name.
+    uploaded_task_ttl: float = 3 * 24 * 3600.0
+    uploaded_task_max_bytes: int = 32 << 20
+    uploaded_task_max_files: int = 10_000
+    uploaded_tasks_dir: Path = Path("terminal-rl/uploaded_tasks").resolve()
 
     @property
     def default_log_dir(self) -> Path:
         return self.output_root / "AgentRunner_Output"
+
+    @property
+    def uploaded_task_limits(self) -> Limits:
+        return Limits(self.uploaded_task_max_bytes, self.uploaded_task_max_files)
 
 
 QUEUE_KINDS = ("build", "lifecycle", "exec", "eval", "teardown")
@@ -318,6 +329,10 @@ def load_settings(env=None) -> Settings:
         fork_processes=_fork_processes(env),
         run_subnets=parse(_str(env, "RUN_SUBNETS", "10.240.0.0/16"), _int(env, "RUN_SUBNET_PREFIX", 26)),
         isolated_bridge_size=_bridge_size(env),
+        uploaded_task_ttl=_float(env, "UPLOADED_TASK_TTL", 3 * 24 * 3600.0),
+        uploaded_task_max_bytes=_bytes(env, "UPLOADED_TASK_MAX_BYTES", "32m"),
+        uploaded_task_max_files=_int(env, "UPLOADED_TASK_MAX_FILES", 10_000, minimum=1),
+        uploaded_tasks_dir=Path(_str(env, "UPLOADED_TASKS_DIR", "terminal-rl/uploaded_tasks")).resolve(),
     )
 
 

@@ -84,6 +84,18 @@ class RunDiskLimit(Failure):
     code = "RUN_DISK_LIMIT"
 
 
+class UnknownTask(Failure):
+    """An uploaded task expired before this host wrote out its folder (or was never stored)."""
+
+    code = "UNKNOWN_TASK"
+
+
+class TaskHasNoTests(Failure):
+    """An evaluation of a bare Harbor environment: there is nothing to run."""
+
+    code = "TASK_HAS_NO_TESTS"
+
+
 class DockerError(Failure):
     code = "DOCKER_ERROR"
 

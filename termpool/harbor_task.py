@@ -51,11 +51,30 @@ class HarborConfig:
     has_dockerfile: bool = True  # environment/Dockerfile; without it only docker_image gives the image
     storage_mb: int | None = None  # environment.storage_mb (or the deprecated storage "10G")
     workdir: str = ""  # environment.workdir: where Harbor's exec starts ("" : the image's WORKDIR)
+    has_tests: bool = True  # False for a bare environment: nothing to evaluate
 
 
 def is_harbor_task(task_dir: Path | str) -> bool:
     task_dir = Path(task_dir)
     return all((task_dir / name).is_file() for name in HARBOR_FILES)
+
+
+def is_harbor_environment(task_dir: Path | str) -> bool:
+    """A bare Harbor environment (an uploaded task only): environment/ and a task.toml for its
+    [environment] settings, without instruction.md; runs of it take tool calls, no evaluation."""
+    task_dir = Path(task_dir)
+    return (
+        (task_dir / "task.toml").is_file()
+        and (task_dir / ENVIRONMENT_DIR).is_dir()
+        and not (task_dir / "instruction.md").exists()
+    )
+
+
+def is_harbor_folder(task_dir: Path | str) -> bool:
+    """Read as Harbor's format: a Harbor task or a bare environment, with no task.yaml (which wins)."""
+    if (Path(task_dir) / "task.yaml").is_file():
+        return False
+    return is_harbor_task(task_dir) or is_harbor_environment(task_dir)
 
 
 def compose_path(task_dir: Path | str) -> Path | None:
@@ -138,8 +157,19 @@ def _refusals(data: dict, env: dict, task_dir: Path) -> list[str]:
     return problems
 
 
+def _instruction(task_dir: Path) -> str:
+    try:
+        instruction = (task_dir / "instruction.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HarborTaskError(f"{task_dir / 'instruction.md'}: cannot read it: {exc}") from None
+    if not instruction.strip():
+        raise HarborTaskError(f"{task_dir / 'instruction.md'}: the instruction is empty")
+    return instruction
+
+
 def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
-    """(instruction, {max_agent_timeout_sec?}, HarborConfig) of a Harbor task folder."""
+    """(instruction, {max_agent_timeout_sec?}, HarborConfig) of a Harbor task folder (of a bare
+    environment: no instruction, no tests)."""
     source = task_dir / "task.toml"
     try:
         data = tomllib.loads(source.read_text(encoding="utf-8"))
@@ -147,18 +177,14 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
         raise HarborTaskError(f"{source}: cannot read it: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise HarborTaskError(f"{source}: invalid TOML: {exc}") from None
-    try:
-        instruction = (task_dir / "instruction.md").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HarborTaskError(f"{task_dir / 'instruction.md'}: cannot read it: {exc}") from None
-    if not instruction.strip():
-        raise HarborTaskError(f"{task_dir / 'instruction.md'}: the instruction is empty")
+    bare = is_harbor_environment(task_dir)
+    instruction = "" if bare else _instruction(task_dir)
     verifier, agent, env = (_table(data, key, source) for key in ("verifier", "agent", "environment"))
     solution = _table(data, "solution", source)
     problems = _refusals(data, env, task_dir)
     if problems:
         raise HarborUnsupported(f"{task_dir}: " + "; ".join(problems))
-    if not (task_dir / "tests" / "test.sh").is_file():
+    if not bare and not (task_dir / "tests" / "test.sh").is_file():
         raise HarborTaskError(f"{task_dir}: no tests/test.sh (the verifier Harbor runs)")
     compose = compose_path(task_dir)
     docker_image = env.get("docker_image") or ""
@@ -188,6 +214,7 @@ def load_harbor(task_dir: Path) -> tuple[str, dict, HarborConfig]:
         has_dockerfile=has_dockerfile,
         storage_mb=_storage_mb(env, source),
         workdir=workdir,
+        has_tests=not bare,
     )
     agent_timeout = _number(agent, "timeout_sec", None, source, "agent")
     timeouts = {"max_agent_timeout_sec": float(agent_timeout)} if agent_timeout else {}

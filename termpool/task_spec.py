@@ -9,7 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from termpool.harbor_task import HarborConfig, HarborTaskError, HarborUnsupported, is_harbor_task, load_harbor
+from termpool.harbor_task import (
+    HarborConfig,
+    HarborTaskError,
+    HarborUnsupported,
+    is_harbor_folder,
+    is_harbor_task,
+    load_harbor,
+)
 
 DEFAULT_PARSER = "pytest"
 DEFAULT_AGENT_TIMEOUT_SEC = 360.0
@@ -54,6 +61,11 @@ class TaskSpec:
     # The task's own disk request in MB (Harbor's environment.storage_mb), None when it names none.
     # A run's disk limit is the lower of it and the CONTAINER_DISK_LIMIT setting.
     disk_limit_mb: int | None = None
+
+    @property
+    def has_tests(self) -> bool:
+        """False for a bare Harbor environment (an uploaded task without tests)."""
+        return self.harbor is None or self.harbor.has_tests
 
     def test_time_limit(self, eval_timeout: float) -> float:
         """Seconds the test script may run: min(eval timeout, 4 x max_test_timeout_sec), or for a
@@ -115,7 +127,7 @@ def load_task(task_dir: Path | str) -> TaskSpec:
     if not task_dir.is_dir():
         raise TaskError(f"task directory {task_dir} does not exist")
     source = task_dir / "task.yaml"
-    if not source.is_file() and is_harbor_task(task_dir):
+    if is_harbor_folder(task_dir):  # a bare environment too (an uploaded task)
         return _load_harbor(task_dir)
     if not source.is_file():
         raise TaskError(f"{task_dir}: no task.yaml (nor task.toml and instruction.md)")
@@ -201,14 +213,14 @@ def load_task_cached(task_dir: Path | str) -> TaskSpec:
     mtime or size): every reset reads its task, and YAML parsing is most of what a warm reset
     costs a worker."""
     task_dir = Path(task_dir)
-    harbor = not (task_dir / "task.yaml").is_file() and is_harbor_task(task_dir)
+    harbor = is_harbor_folder(task_dir)
     files = HARBOR_STAMPED if harbor else ("task.yaml", *COMPOSE_FILE_NAMES)
     stamp = tuple(_stamp(task_dir / name) for name in files)
     if stamp[0] is None:
         return load_task(task_dir)  # which says what is wrong
     known = _SPECS.get(task_dir)
     grader = "tests/test.sh" if harbor else "run-tests.sh"
-    if known and known[0] == stamp and (task_dir / grader).is_file():
+    if known and known[0] == stamp and ((task_dir / grader).is_file() or not known[1].has_tests):
         return known[1]
     spec = load_task(task_dir)
     if len(_SPECS) >= _SPECS_MAX:
@@ -310,7 +322,7 @@ def compose_file(task_dir: Path | str) -> Path:
     """The task's docker-compose.yaml (or .yml; a Harbor task's in environment/); TaskError when
     there is none."""
     task_dir = Path(task_dir)
-    if not (task_dir / "task.yaml").is_file() and is_harbor_task(task_dir):
+    if is_harbor_folder(task_dir):
         task_dir = task_dir / "environment"
     for name in COMPOSE_FILE_NAMES:
         candidate = task_dir / name

@@ -4,33 +4,20 @@ sidecar on each host, its images built and its containers run on that host's dae
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from devstack import Stack
 from termpool.state import Store
-from tests.conftest import run_containers, stop_checking_leaks
-from tests.second_docker import second_docker  # noqa: F401 (the fixture)
+from tests.conftest import run_containers
+from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_harbor_tasks import STACK_ENV, _close, _reset, _sh, _solve
-from tests.test_many_hosts import hosts_cli, leftovers
+from tests.test_many_hosts import hosts_cli
 
 TASK = "harbor-compose-sidecar"
 
 
 @pytest.fixture(scope="module")
 def two_hosts(second_docker, docker_client):  # noqa: F811 (the fixture imported above)
-    stack = Stack(env=STACK_ENV).start()
-    stack.host_b = "b" + uuid.uuid4().hex[:8]
-    stack.start_host(stack.host_b, second_docker.host_env())
-    second = second_docker.client()
-    stack.daemons = {stack.host_id: docker_client, stack.host_b: second}
-    yield stack
-    try:
-        stop_checking_leaks(stack, docker_client)
-        assert not leftovers(second, stack.host_b), "containers left on the second daemon"
-    finally:
-        second.close()
+    yield from two_host_stack(second_docker, docker_client, STACK_ENV)
 
 
 @pytest.mark.parametrize("side", ["a", "b"])

@@ -108,6 +108,22 @@ class ForkTooDeep(ClientError):
     code = "FORK_TOO_DEEP"  # noqa: E701
 
 
+class TaskArchiveInvalid(ClientError):
+    code = "TASK_ARCHIVE_INVALID"  # noqa: E701
+
+
+class TaskArchiveTooLarge(ClientError):
+    code = "TASK_ARCHIVE_TOO_LARGE"  # noqa: E701
+
+
+class UnknownTask(ClientError):
+    code = "UNKNOWN_TASK"  # noqa: E701
+
+
+class TaskHasNoTests(ClientError):
+    code = "TASK_HAS_NO_TESTS"  # noqa: E701
+
+
 class TaskSlotsExhausted(CapacityExhausted):
     code = "TASK_SLOTS_EXHAUSTED"  # noqa: E701
 

@@ -31,6 +31,8 @@ class _Call:
     params: dict | None = None
     idempotent: bool = False
     long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
+    content: bytes | None = None  # a raw body in place of `body`'s JSON (an uploaded task)
+    content_type: str = ""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the pool-level operations, written once for Pool (sync.py) and AsyncPool (aio.py
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import uuid
@@ -13,6 +14,7 @@ import httpx
 from termpool.client.calls import Episode, task_meta
 from termpool.client.errors import ServiceUnreachable, TermpoolError, WaitTimeout, _job_error, _reply_error
 from termpool.client.ops import Op, _Call, _Hangup, _Ops, _options, _RunOps, _wait_job
+from termpool.client.task_tar import TAR_GZ, folder_archive
 
 DEFAULT_URL = "http://127.0.0.1:18081"
 
@@ -86,10 +88,15 @@ class _PoolOps(_Ops):
         return {"base_url": self.url, "headers": self._headers, "timeout": self._timeout}
 
     def _request_args(self, call: _Call) -> dict:
+        body = (
+            {"json": call.body}
+            if call.content is None
+            else {"content": call.content, "headers": {"Content-Type": call.content_type}}
+        )
         return {
             "method": call.method,
             "url": call.path,
-            "json": call.body,
+            **body,
             "params": call.params,
             "timeout": httpx.Timeout(
                 self._timeout, read=None if call.long_poll is None else self._timeout + call.long_poll
@@ -131,7 +138,8 @@ class _PoolOps(_Ops):
         task_key: str | None = None,
         wait: bool = True,
     ) -> Op:
-        """Allocate a run of `task` (a folder of the service's DATASET_DIR) and start it; the
+        """Allocate a run of `task` (a folder of the service's DATASET_DIR, or an uploaded task:
+        task_path=pool.upload_task(folder)) and start it; the
         Run, ready for tool calls (wait=False: at once; then run.wait_ready()). A start that
         fails releases the run and raises its typed error (TaskBuildFailed, ...)."""
         body = _run_body(task, task_path, instruction, request_id, run_ctx, task_timeouts, task_key)
@@ -197,6 +205,15 @@ class _PoolOps(_Ops):
             episode.failure.episode = episode
             raise episode.failure
         return episode
+
+    def upload_task(self, folder: str | os.PathLike) -> Op:
+        """Send a task folder (terminal-bench, Harbor, or a bare Harbor environment) to the pool
+        (POST /v1/tasks, a deterministic tar.gz of it); its task_path "sha256:<hex>", to give
+        start() / episode() / Lease.reset() as task_path. The same content gives the same
+        task_path and is stored once, so sending it again is harmless (and restarts its lifetime)."""
+        archive = folder_archive(folder)
+        reply = yield from self._call("POST", "/v1/tasks", content=archive, content_type=TAR_GZ, idempotent=True)
+        return reply["task_path"]
 
     def run(self, run_id: str) -> Op:
         """A Run object for an existing run (e.g. one made elsewhere); UnknownRun if there is none."""
