@@ -27,6 +27,9 @@ CLIENT_STATUS = {
     "HOST_DISK_LOW": (429, 429),
     "HOST_NETWORKS_EXHAUSTED": (429, 429),
     "FORK_TOO_DEEP": (409, 409),
+    "JOB_NOT_CANCELLABLE": (None, 409),
+    "JOB_CANCELLED": (None, None),  # only in job records (app/commands_api.py)
+    "UNKNOWN_USER": (None, None),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -42,10 +45,17 @@ RUNS_FACADE_STATUS = {
     "INTERNAL": 500,
     "RUN_DISK_LIMIT": 409,  # a call on a run ended for its disk use (the job that saw it: a job record)
 }
-# Client errors a worker can also end a job with: the run changed under a queued job, or a
-# start found what a one-per-host task pins held by another run of it on its host, or every
-# block of its host's run-network range held.
-CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED", "HOST_NETWORKS_EXHAUSTED")
+# Client errors a job can also end with: the run changed under a queued job, or a start found
+# what a one-per-host task pins held by another run of it on its host, or every block of its
+# host's run-network range held; a command cancelled, or run as a user its container lacks.
+CLIENT_JOB_CODES = (
+    "RUN_NOT_READY",
+    "RUN_CLOSED",
+    "RUN_SLOTS_EXHAUSTED",
+    "HOST_NETWORKS_EXHAUSTED",
+    "JOB_CANCELLED",
+    "UNKNOWN_USER",
+)
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

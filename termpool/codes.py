@@ -43,6 +43,9 @@ CODES: dict[str, Code] = {
         ),
         Code("HOST_DISK_LOW", "client", True, "every host that could take the run is under HOST_DISK_MIN_FREE"),
         Code("FORK_TOO_DEEP", "client", False, "the run is a fork FORK_MAX_DEPTH deep: it cannot be forked"),
+        Code("JOB_CANCELLED", "client", False, "the client cancelled the job (DELETE /v1/jobs/<id>) before it ended"),
+        Code("JOB_NOT_CANCELLABLE", "client", False, "only a command job can be cancelled"),
+        Code("UNKNOWN_USER", "client", False, "a command's user does not exist in the run's container"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),
