@@ -32,8 +32,9 @@ def _kwargs_repr(kwargs: dict) -> str:
     return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
-def _signature(celery: Celery, name: str, **kwargs):
-    return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr(kwargs))
+def _signature(celery: Celery, name: str, shown: dict | None = None, **kwargs):
+    """`shown`: what Flower shows of kwargs in their place (nothing secret)."""
+    return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr({**kwargs, **(shown or {})}))
 
 
 def new_job_id() -> str:
@@ -114,7 +115,8 @@ def send_command(
 ) -> None:
     """Send a command whose job is recorded already (Store.use_run), as send_tool_call does."""
     kwargs = {"command": command, **({"env": env} if env else {})}
-    _signature(celery, "pool.run_command", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
+    shown = {"command": recorded_command(command)}  # env values may be secrets (API keys): names only
+    _signature(celery, "pool.run_command", shown, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
         task_id=job_id
     )
 

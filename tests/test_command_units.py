@@ -307,3 +307,22 @@ def test_a_cancelled_await_cancels_the_command_then_goes_on():
         ("POST", "/v1/runs/run-0123456789abcdef/commands"),
         ("DELETE", f"/v1/jobs/{JOB}"),
     ]
+
+
+def test_what_flower_shows_of_a_command_names_its_env_but_not_the_values():
+    from termpool import dispatch
+    from termpool.queues import make_celery
+
+    celery = make_celery(CFG)  # a signature is only made, never sent
+    command = {"command": "ls", "env": {"API_KEY": "secret-value"}, "cwd": None, "user": None, "timeout_sec": None}
+    signature = dispatch._signature(
+        celery,
+        "pool.run_command",
+        {"command": dispatch.recorded_command(command)},
+        host="h",
+        run_id="r",
+        command=command,
+    )
+    shown = signature.options["kwargsrepr"]
+    assert "API_KEY" in shown and "secret-value" not in shown
+    assert signature.kwargs["command"]["env"] == {"API_KEY": "secret-value"}  # the worker gets the values
