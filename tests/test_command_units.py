@@ -22,7 +22,7 @@ from app.command_models import MAX_ARG_BYTES, CommandRequest
 from app.models import explain
 from environments import commands
 from tasks.command_jobs import command_spec
-from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run
+from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run, WaitTimeout
 from termpool.config import load_settings
 
 pytestmark = pytest.mark.unit
@@ -326,3 +326,27 @@ def test_what_flower_shows_of_a_command_names_its_env_but_not_the_values():
     shown = signature.options["kwargsrepr"]
     assert "API_KEY" in shown and "secret-value" not in shown
     assert signature.kwargs["command"]["env"] == {"API_KEY": "secret-value"}  # the worker gets the values
+
+
+def test_ctrl_c_in_a_blocking_command_cancels_it_then_goes_on():
+    seen: list = []
+
+    def interrupted(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            raise KeyboardInterrupt
+        return fake_service(seen)(request)
+
+    with Pool("http://termpool.test", retries=0) as pool:
+        pool._http = httpx.Client(base_url=pool.url, transport=httpx.MockTransport(interrupted))
+        with pytest.raises(KeyboardInterrupt):
+            Run(pool, "run-0123456789abcdef").command("sleep 1000")
+    assert [method for method, _, _ in seen] == ["POST", "DELETE"]
+
+
+def test_a_wait_past_the_job_timeout_cancels_the_command():
+    seen: list = []
+    with Pool("http://termpool.test", retries=0, job_timeout=0.5) as pool:
+        pool._http = httpx.Client(base_url=pool.url, transport=httpx.MockTransport(fake_service(seen)))
+        with pytest.raises(WaitTimeout):
+            Run(pool, "run-0123456789abcdef").command("sleep 1000")
+    assert seen[-1][:2] == ("DELETE", f"/v1/jobs/{JOB}")
