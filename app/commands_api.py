@@ -60,8 +60,8 @@ def cancel_job(job_id: str):
         return fail("UNKNOWN_JOB", f"unknown job: {job_id}")
     engine().store.touch(job["run_id"])
     if state in ("queued", "running"):
-        return ok(command_models.Cancelled(job_id=job_id), 202)
-    return ok(command_models.NotCancelled(job_id=job_id, state=state or job["state"]))
+        return ok(command_models.Cancelled(job_id=job_id, cancelled=True), 202)
+    return ok(command_models.NotCancelled(job_id=job_id, cancelled=False, state=state or job["state"]))
 
 
 answer_run_errors(bp)

@@ -350,3 +350,47 @@ def test_a_wait_past_the_job_timeout_cancels_the_command():
         with pytest.raises(WaitTimeout):
             Run(pool, "run-0123456789abcdef").command("sleep 1000")
     assert seen[-1][:2] == ("DELETE", f"/v1/jobs/{JOB}")
+
+
+# ---- cancels, on the facade over a bare redis-server -----------------------------------------
+@pytest.fixture
+def facade(redis_server, tmp_path):
+    from app import create_app
+    from termpool.state import Store
+
+    redis_server.flushdb()
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": "unit", "DATASET_DIR": str(tmp_path)}
+    return create_app(load_settings({**settings, "TBENCH_OUTPUT_ROOT": str(tmp_path / "out")})).test_client(), Store(
+        redis_server
+    )
+
+
+def test_delete_ends_a_queued_command_at_once_and_marks_a_running_one(facade):
+    client, store = facade
+    run_id, queued, running = "run-0123456789abcdef", str(uuid.uuid4()), str(uuid.uuid4())
+    store.create_job(queued, run_id, "command")
+    reply = client.delete(f"/v1/jobs/{queued}")
+    assert (reply.status_code, reply.get_json()) == (202, {"ok": True, "job_id": queued, "cancelled": True})
+    job = store.get_job(queued)
+    assert (job["state"], job["code"], job["retryable"]) == ("failed", "JOB_CANCELLED", False)
+    again = client.delete(f"/v1/jobs/{queued}")
+    assert again.status_code == 200
+    assert again.get_json() == {"ok": True, "job_id": queued, "cancelled": False, "state": "failed"}
+
+    store.create_job(running, run_id, "command")
+    store.begin_job(running, "exec-node@unit", "token")
+    assert not store.cancel_requested(running)
+    assert client.delete(f"/v1/jobs/{running}").status_code == 202
+    assert store.get_job(running)["state"] == "running" and store.cancel_requested(running)  # its worker ends it
+
+
+def test_delete_refuses_other_kinds_and_unknown_jobs(facade):
+    client, store = facade
+    tool_job = str(uuid.uuid4())
+    store.create_job(tool_job, "run-0123456789abcdef", "tool_call")
+    reply = client.delete(f"/v1/jobs/{tool_job}")
+    assert reply.status_code == 409 and reply.get_json()["code"] == "JOB_NOT_CANCELLABLE"
+    assert store.get_job(tool_job)["state"] == "queued" and not store.cancel_requested(tool_job)
+    reply = client.delete(f"/v1/jobs/{uuid.uuid4()}")
+    assert reply.status_code == 404 and reply.get_json()["code"] == "UNKNOWN_JOB"
