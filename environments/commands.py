@@ -166,7 +166,11 @@ class _Exec:
         while state.get("Running") and time.monotonic() < deadline:
             time.sleep(0.05)
             state = self.api.exec_inspect(self.exec_id)
-        return int(state.get("ExitCode") or 0)
+        if state.get("ExitCode") is None:  # its connection ended under it (Docker restarting?)
+            raise failures.DockerError(
+                f"the command's exec ended without an exit status (running: {state.get('Running')})"
+            )
+        return int(state["ExitCode"])
 
     def close(self) -> None:
         """Drop the exec's connection, even while a leftover process keeps its output open."""

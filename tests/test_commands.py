@@ -63,6 +63,9 @@ def test_stdout_and_stderr_come_apart_and_a_non_zero_exit_is_a_result(stack, run
         "stderr_truncated": False,
         "timed_out": False,
     }
+    assert job["job_id"] in stack.get(f"/v1/runs/{run.id}").json()["run"]["jobs"]
+    page = stack.get(f"/ui/runs/{run.id}").text  # the run viewer shows it
+    assert "$ echo out; echo err &gt;&amp;2" in page and "exit <b>3</b>" in page
 
 
 def test_the_client_returns_a_command_result(run):
