@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import struct
 import subprocess
@@ -24,6 +26,7 @@ from environments import commands
 from tasks.command_jobs import command_spec
 from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run, WaitTimeout
 from termpool.config import load_settings
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -176,19 +179,29 @@ def test_an_exec_docker_could_not_start_for_another_reason_is_a_result_on_stderr
 def test_the_kill_script_kills_every_marked_process_and_the_groups_they_lead():
     marker = f"{commands.MARKER_VAR}=test-{uuid.uuid4()}"
     name, value = marker.split("=", 1)
-    # A group of its own with two background children, one of which leaves the group (setsid).
+    unmarked = f"sleep {900000 + uuid.uuid4().int % 99999}"  # cleared its environment, stayed in the group
+    # A group of its own with background children: one leaves the group (setsid), one has no marker.
     tree = subprocess.Popen(
-        ["setsid", "bash", "-c", "sleep 1000 & sleep 1000 & setsid sleep 999 & wait"],
+        ["setsid", "bash", "-c", f"sleep 1000 & setsid sleep 999 & env -i {unmarked} & wait"],
         env={"PATH": "/usr/bin:/bin", name: value},
     )
     try:
-        assert _wait_for_marked(marker, 4), _marked(marker)
+        assert _wait_for_marked(marker, 3), _marked(marker)
+        assert wait_for(lambda: _pids_of(unmarked), 10)
         done = subprocess.run(["sh", "-c", commands.KILL_SCRIPT, "kill-command", marker], timeout=30)
         assert done.returncode == 0
         tree.wait(timeout=10)
         assert _marked(marker) == []
+        assert wait_for(lambda: not _pids_of(unmarked), 5), _pids_of(unmarked)
     finally:
         tree.kill()
+        for pid in _pids_of(unmarked) + _marked(marker):  # what a failure left, by pid
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _pids_of(command_line: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"^{command_line}$"], capture_output=True, text=True)
+    return [pid for pid in found.stdout.split() if _state(pid) not in ("Z", None)]
 
 
 def _marked(marker: str) -> list[str]:
