@@ -23,6 +23,7 @@ import select
 import socket
 import struct
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,22 +132,22 @@ class _Exec:
     api: object
     container: str
     exec_id: str
-    stream: object  # the exec's connection (exec_start's socket)
+    stream: socket.socket  # the exec's connection, upgraded to its output stream
     stdout: CappedBuffer
     stderr: CappedBuffer
     frames: FrameReader
 
     def read_some(self, timeout: float) -> bool:
         """Read what arrives within `timeout` seconds; False once the stream has ended."""
-        pending = getattr(self.stream, "pending", lambda: 0)()  # a TLS socket may hold decrypted bytes
-        if not pending and not select.select([self.stream], [], [], timeout)[0]:
+        if not select.select([self.stream], [], [], timeout)[0]:
             return True
-        data = self.stream.read(READ_BYTES) if hasattr(self.stream, "read") else self.stream.recv(READ_BYTES)
-        if not data:
-            return False
+        data = self.stream.recv(READ_BYTES)
+        self.take(data)
+        return bool(data)
+
+    def take(self, data: bytes) -> None:
         for stream, payload in self.frames.feed(data):
             (self.stderr if stream == 2 else self.stdout).add(payload)
-        return True
 
     def drain(self, seconds: float) -> bool:
         """Read until the stream ends or `seconds` pass; whether it ended."""
@@ -174,14 +175,9 @@ class _Exec:
 
     def close(self) -> None:
         """Drop the exec's connection, even while a leftover process keeps its output open."""
-        with contextlib.suppress(OSError, ValueError):
-            raw = socket.socket(fileno=self.stream.fileno())
-            try:
-                raw.shutdown(socket.SHUT_RDWR)
-            finally:
-                raw.detach()  # the fd stays the stream's own, closed just below
         with contextlib.suppress(OSError):
-            self.stream.close()
+            self.stream.shutdown(socket.SHUT_RDWR)
+        self.stream.close()
 
 
 def run(api, container: str, command: Command, output_limit: int, stop: Callable[[], bool]) -> dict:
@@ -223,9 +219,59 @@ def _start(api, container: str, command: Command, output_limit: int) -> _Exec:
         workdir=command.cwd,
         user=command.user or "",
     )["Id"]
-    stream = api.exec_start(exec_id, socket=True)
-    buffers = CappedBuffer(output_limit), CappedBuffer(output_limit)
-    return _Exec(api, container, exec_id, stream, *buffers, FrameReader())
+    stream, first = _open_stream(api, exec_id)
+    started = _Exec(
+        api, container, exec_id, stream, CappedBuffer(output_limit), CappedBuffer(output_limit), FrameReader()
+    )
+    started.take(first)
+    return started
+
+
+def _open_stream(api, exec_id: str) -> tuple[socket.socket, bytes]:
+    """Start the exec on a connection of our own (POST /exec/<id>/start, upgraded to the raw
+    stream): the connection and the stream's bytes that came with the reply's head. The SDK's
+    exec_start(socket=True) hands over the socket under its HTTP client, which may already have
+    buffered (and so dropped) the first frames: all the output of an exec Docker refuses at
+    once, such as an unknown user's."""
+    conn = _connect(api)
+    body = b'{"Detach": false, "Tty": false}'
+    request = (
+        f"POST /v{api.api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
+        "Content-Type: application/json\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    try:
+        conn.sendall(request.encode() + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = conn.recv(READ_BYTES)
+            if not chunk:
+                raise failures.DockerError(f"Docker closed exec {exec_id}'s connection without an answer")
+            reply += chunk
+    except BaseException:
+        conn.close()
+        raise
+    head, _, first = reply.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if status not in ([b"101"], [b"200"]):
+        conn.close()
+        text = (head + b" " + first).decode("utf-8", "replace")
+        raise failures.DockerError(f"starting exec {exec_id} failed: {text[:500]}")
+    return conn, first
+
+
+def _connect(api) -> socket.socket:
+    """A new connection to the Docker engine `api` talks to: its unix socket, or a plain TCP
+    address (a TLS or SSH engine is not supported here)."""
+    socket_path = getattr(api.get_adapter(api.base_url), "socket_path", None)
+    if socket_path:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(socket_path)
+        return conn
+    address = urllib.parse.urlsplit(api.base_url)
+    if address.scheme != "http" or not address.hostname:
+        raise failures.DockerError(f"commands need a Docker engine on a unix socket or plain TCP, not {api.base_url}")
+    return socket.create_connection((address.hostname, address.port or 2375))
 
 
 def _wait(started: _Exec, command: Command, stop: Callable[[], bool]) -> bool:

@@ -24,6 +24,7 @@ from app.command_models import MAX_ARG_BYTES, CommandRequest
 from app.models import explain
 from environments import commands
 from tasks.command_jobs import command_spec
+from termpool import failures
 from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run, WaitTimeout
 from termpool.config import load_settings
 from tests.conftest import wait_for
@@ -80,8 +81,8 @@ class FakeApi:
         self.created.append({"container": container, "cmd": cmd, **options})
         return {"Id": "cmd"}
 
-    def exec_start(self, exec_id, socket=False, demux=False):
-        return self.ours if exec_id == "cmd" else (None, None)
+    def exec_start(self, exec_id, demux=False):  # the kill's
+        return None, None
 
     def exec_inspect(self, exec_id):
         code = 126 if self.never_started else self.exit_code
@@ -96,6 +97,12 @@ class FakeApi:
             self.feed.sendall(chunk)
         self.running = False
         self.feed.close()
+
+
+@pytest.fixture(autouse=True)
+def fake_stream(monkeypatch):
+    """The exec's stream is the FakeApi's socket pair (the real one: test_the_stream_starts_...)."""
+    monkeypatch.setattr(commands, "_open_stream", lambda api, exec_id: (api.ours, b""))
 
 
 def spec(**extra) -> commands.Command:
@@ -173,6 +180,32 @@ def test_an_exec_docker_could_not_start_for_another_reason_is_a_result_on_stderr
     api.finish(frame(1, b'OCI runtime exec failed: chdir to cwd ("/nope"): no such file or directory\r\n'))
     result = commands.run(api, "box", spec(cwd="/nope"), 1 << 20, lambda: False)
     assert result["return_code"] == 126 and result["stdout"] == "" and "/nope" in result["stderr"]
+
+
+def test_the_stream_starts_with_the_bytes_that_came_with_the_replys_head(monkeypatch):
+    """Docker's refusal of an exec comes in the same read as the reply's head: it is kept."""
+    monkeypatch.undo()  # the real _open_stream
+    ours, engine = socket.socketpair()
+    monkeypatch.setattr(commands, "_connect", lambda api: ours)
+    refusal = frame(1, b"unable to find user x\r\n")
+
+    def answer():
+        request = engine.recv(65536)
+        assert request.startswith(b"POST /v1.41/exec/abc/start HTTP/1.1\r\n") and b"Upgrade: tcp" in request
+        engine.sendall(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n" + refusal)
+
+    threading.Thread(target=answer).start()
+    conn, first = commands._open_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
+    assert conn is ours and first == refusal
+
+
+def test_a_refused_exec_start_is_a_docker_error(monkeypatch):
+    monkeypatch.undo()
+    ours, engine = socket.socketpair()
+    monkeypatch.setattr(commands, "_connect", lambda api: ours)
+    engine.sendall(b'HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\n\r\n{"message": "not running"}')
+    with pytest.raises(failures.DockerError, match="409 Conflict"):
+        commands._open_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
 
 
 # ---- the kill script, on this machine's processes --------------------------------------------
