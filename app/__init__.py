@@ -70,6 +70,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     errors.register(app)
 
     from app import apidoc
+    from app.commands_api import bp as commands_bp
     from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
     from app.runs_api import bp as runs_bp
@@ -78,6 +79,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.register_blueprint(pool_bp)
     app.register_blueprint(runs_bp)
     app.register_blueprint(tasks_bp)
+    app.register_blueprint(commands_bp)
     app.register_blueprint(viewer.bp)
     init_metrics(app)
     apidoc.register(app)

@@ -5,6 +5,7 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -63,6 +64,11 @@ def raise_if_ended(run: dict | None) -> None:
 
 
 ENDING_CODES = ("RUN_DISK_LIMIT",)  # closing reasons that are failure codes (Store.end_run)
+
+
+class JobNotCancellable(Refused):
+    def __init__(self, error: str):
+        super().__init__("JOB_NOT_CANCELLABLE", error)
 
 
 class NotReady(RuntimeError):
@@ -226,23 +232,49 @@ class Engine:
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
     def tool_call(self, run_id: str, call: dict, runs_api: bool = False) -> str:
-        """Queue a tool call on a run; its job id. The run's use and the job's record are one
-        round trip (Store.use_run), taken back if the call is then refused; the worker gets
-        the run's environment with the call, so it reads nothing of the run."""
+        """Queue a tool call on a run; its job id (see _queue_call)."""
+        record = dispatch.recorded_call(call)
+        send = functools.partial(dispatch.send_tool_call, self.celery, tool_call=call)
+        return self._queue_call(run_id, "tool_call", record, send, runs_api)
+
+    def command(self, run_id: str, command: dict) -> str:
+        """Queue a command (app/commands_api.py) on a run, as a tool call of the runs API."""
+        send = functools.partial(dispatch.send_command, self.celery, command=command)
+        return self._queue_call(run_id, "command", dispatch.recorded_command(command), send, runs_api=True)
+
+    def _queue_call(self, run_id: str, kind: str, record: dict, send, runs_api: bool) -> str:
+        """The run's use and the job's record are one round trip (Store.use_run), taken back if
+        the call is then refused; the worker gets the run's environment with the call (`send`),
+        so it reads nothing of the run."""
         job_id = dispatch.new_job_id()
-        job = self.store.job_fields(job_id, run_id, "tool_call", call=dispatch.recorded_call(call))
+        job = self.store.job_fields(job_id, run_id, kind, call=record)
         try:
             if runs_api:
                 run = self.live_run(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
             else:
                 run = self.lease(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
             self._require_started(run)
-            self.require_serving(run, "tool_call")
-            dispatch.send_tool_call(self.celery, run_id, run["host"], call, job_id, run.get("env"))
+            self.require_serving(run, kind)
+            send(run_id=run_id, host=run["host"], job_id=job_id, env=run.get("env"))
         except BaseException:
             self.store.discard_job(job_id, run_id)
             raise
         return job_id
+
+    def cancel(self, job_id: str) -> tuple[str | None, dict | None]:
+        """Cancel a command job that has not ended: (its state before, its record). A queued
+        one ends here (its worker then skips it); a running one is ended by its worker, which
+        watches for the mark (tasks/command_jobs.py). (None, None) for an unknown job; other
+        kinds are refused (JobNotCancellable) and ended jobs are left as they are."""
+        job = self.store.get_job(job_id)
+        if job is None:
+            return None, None
+        if job.get("kind") != "command":
+            raise JobNotCancellable(f"job {job_id} is a {job.get('kind')} job; only command jobs can be cancelled")
+        state = self.store.request_cancel(job_id)
+        if state == "queued":
+            self.store.job_finished(job_id, error="cancelled by its client before it started", code="JOB_CANCELLED")
+        return state, job
 
     def evaluation(self, run: dict) -> str:
         self._require_started(run)

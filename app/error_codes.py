@@ -31,6 +31,9 @@ CLIENT_STATUS = {
     "TASK_ARCHIVE_TOO_LARGE": (None, 413),
     "UNKNOWN_TASK": (404, 404),  # refused before a slot is taken (runs API), or at /reset
     "TASK_HAS_NO_TESTS": (400, None),  # the runs API: a failed evaluation job
+    "JOB_NOT_CANCELLABLE": (None, 409),
+    "JOB_CANCELLED": (None, None),  # only in job records (app/commands_api.py)
+    "UNKNOWN_USER": (None, None),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -46,9 +49,9 @@ RUNS_FACADE_STATUS = {
     "INTERNAL": 500,
     "RUN_DISK_LIMIT": 409,  # a call on a run ended for its disk use (the job that saw it: a job record)
 }
-# Client errors a worker can also end a job with: the run changed under a queued job, or a
-# start found what a one-per-host task pins held by another run of it on its host, or every
-# block of its host's run-network range held.
+# Client errors a job can also end with: the run changed under a queued job, or a start found
+# what a one-per-host task pins held by another run of it on its host, or every block of its
+# host's run-network range held; a command cancelled, or run as a user its container lacks.
 # An uploaded task that expired before a host materialized it is UNKNOWN_TASK there too.
 CLIENT_JOB_CODES = (
     "RUN_NOT_READY",
@@ -57,6 +60,8 @@ CLIENT_JOB_CODES = (
     "HOST_NETWORKS_EXHAUSTED",
     "UNKNOWN_TASK",
     "TASK_HAS_NO_TESTS",
+    "JOB_CANCELLED",
+    "UNKNOWN_USER",
 )
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)

@@ -570,13 +570,14 @@ class Run(_Out):
 class Job(_Out):
     job_id: JobId
     run_id: RunId
-    kind: Literal["start", "tool_call", "evaluation", "close", "fork"]
+    kind: Literal["start", "tool_call", "evaluation", "close", "fork", "command"]
     state: JobState
     result: Any = Field(
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
         "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
-        "processes, processes_reason, sessions_restarted}.",
+        "processes, processes_reason, sessions_restarted}; command: {return_code, stdout, stderr, stdout_truncated, "
+        "stderr_truncated, timed_out}.",
     )
     error: str | None = None
     code: Code | None = None

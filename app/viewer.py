@@ -227,6 +227,11 @@ def _entries(jobs: list[dict]) -> list[dict]:
         }
         if job.get("kind") == "tool_call" and isinstance(job.get("result"), str):
             entry["observation"] = failures.cap(job["result"], OBSERVATION_SHOWN)
+        if job.get("kind") == "command" and isinstance(job.get("result"), dict):
+            entry["streams"] = {
+                name: failures.cap(str(job["result"].get(name) or ""), OBSERVATION_SHOWN)
+                for name in ("stdout", "stderr")
+            }
         entries.append(entry)
         previous_end = job.get("finished_at") or previous_end
     return entries

@@ -13,6 +13,7 @@ RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
 JOB_MODULES = [
     "tasks.run_jobs",
+    "tasks.command_jobs",
     "tasks.fork_jobs",
     "tasks.warm_pool",
     "tasks.maintenance",

@@ -19,7 +19,8 @@ A job is lost in one of two ways:
 Retried once, on whichever worker process of that kind takes the message: image builds,
 starts (the retried pool.start_run first removes what the lost one had made), closes, and
 evaluations whose tests had not started (the run was not yet "evaluating"). Never retried: tool
-calls (a command may have had effects; the run stays usable) and evaluations under way. The
+calls and commands (they may have had effects; the run stays usable; a lost command's processes
+are killed) and evaluations under way. The
 retry is the lost step's own message, rebuilt with Celery's public `signature_from_request`
 (so the rest of an episode's chain and its error callback ride along) and counted in the
 message's `retries`; a step lost on its retry fails.
@@ -42,6 +43,8 @@ import time
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.signals import task_failure, task_retry, worker_ready, worker_shutdown
 
+from environments import commands
+from environments.docker_client import docker_client
 from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
@@ -170,6 +173,21 @@ def _fail(job: dict, error: str, code: str) -> None:
         store().set_state_if_live(run_id, "failed", error=error, **failures.fields(code))
     elif kind == "evaluation" and store().transition(run_id, ("evaluating",), "ready"):
         store().update_run(run_id, error=error, **failures.fields(code))
+    elif kind == "command":
+        _kill_lost_command(job)
+
+
+def _kill_lost_command(job: dict) -> None:
+    """A command lost with its worker is killed (environments/commands.py): nothing would end
+    it at its time limit now. Best effort: the run's teardown removes whatever is left."""
+    client = ((store().get_run(job["run_id"]) or {}).get("env") or {}).get("client")
+    if not client:
+        return
+    command = commands.Command(command="", marker=job["job_id"], user=(job.get("call") or {}).get("user"))
+    try:
+        commands.kill(docker_client().api, client, command)
+    except Exception as exc:
+        log.warning("the processes of lost command job %s could not be killed: %s", job["job_id"], exc)
 
 
 def _settle_episode(app, job: dict) -> None:

@@ -63,6 +63,9 @@ CODES: dict[str, Code] = {
             "task_path names an uploaded task (sha256:...) the pool does not hold: never uploaded, or expired",
         ),
         Code("TASK_HAS_NO_TESTS", "client", False, "an evaluation of a bare Harbor environment, which has no tests"),
+        Code("JOB_CANCELLED", "client", False, "the client cancelled the job (DELETE /v1/jobs/<id>) before it ended"),
+        Code("JOB_NOT_CANCELLABLE", "client", False, "only a command job can be cancelled"),
+        Code("UNKNOWN_USER", "client", False, "a command's user does not exist in the run's container"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),

@@ -217,6 +217,10 @@ class Settings:
     fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
     # RUN_SUBNETS / RUN_SUBNET_PREFIX: the blocks a host gives its runs' networks (termpool/subnets.py)
     run_subnets: SubnetRange = SubnetRange("10.240.0.0/16", 26)
+    # COMMAND_OUTPUT_LIMIT / COMMAND_MAX_TIMEOUT: a command's (app/commands_api.py) stdout and
+    # stderr are each kept up to this many bytes; it runs this many seconds at most
+    command_output_limit: int = 4 << 20
+    command_max_timeout: float = 86400.0
     isolated_bridge_size: int = (
         1000  # ISOLATED_BRIDGE_SIZE: containers per termpool bridge (a Linux bridge: 1024 ports)
     )
@@ -333,7 +337,16 @@ def load_settings(env=None) -> Settings:
         uploaded_task_max_bytes=_bytes(env, "UPLOADED_TASK_MAX_BYTES", "32m"),
         uploaded_task_max_files=_int(env, "UPLOADED_TASK_MAX_FILES", 10_000, minimum=1),
         uploaded_tasks_dir=Path(_str(env, "UPLOADED_TASKS_DIR", "terminal-rl/uploaded_tasks")).resolve(),
+        command_output_limit=_bytes(env, "COMMAND_OUTPUT_LIMIT", "4m"),
+        command_max_timeout=_positive(env, "COMMAND_MAX_TIMEOUT", 86400.0),
     )
+
+
+def _positive(env, name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return value
 
 
 def _bridge_size(env) -> int:

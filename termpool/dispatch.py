@@ -32,8 +32,9 @@ def _kwargs_repr(kwargs: dict) -> str:
     return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
-def _signature(celery: Celery, name: str, **kwargs):
-    return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr(kwargs))
+def _signature(celery: Celery, name: str, shown: dict | None = None, **kwargs):
+    """`shown`: what Flower shows of kwargs in their place (nothing secret)."""
+    return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr({**kwargs, **(shown or {})}))
 
 
 def new_job_id() -> str:
@@ -88,11 +89,36 @@ def enqueue(
     return job_id
 
 
-def send_tool_call(celery: Celery, run_id: str, host: str, tool_call: dict, job_id: str, env: dict | None) -> None:
+def send_tool_call(
+    celery: Celery, *, run_id: str, host: str, tool_call: dict, job_id: str, env: dict | None = None
+) -> None:
     """Send a tool call whose job is recorded already (Store.use_run); with `env` (the run's
     environment as the caller read it) its worker reads nothing of the run."""
     kwargs = {"tool_call": tool_call, **({"env": env} if env else {})}
     _signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
+
+
+def recorded_command(command: dict) -> dict:
+    """A command as its job record keeps it (the run viewer shows it): its text cut to
+    CALL_FIELD_LIMIT characters, the names of its env variables (values may be secrets)."""
+    return {
+        "command": failures.cap(command["command"], CALL_FIELD_LIMIT),
+        "cwd": command.get("cwd"),
+        "user": command.get("user"),
+        "timeout_sec": command.get("timeout_sec"),
+        "env": sorted(command.get("env") or {}),
+    }
+
+
+def send_command(
+    celery: Celery, *, run_id: str, host: str, command: dict, job_id: str, env: dict | None = None
+) -> None:
+    """Send a command whose job is recorded already (Store.use_run), as send_tool_call does."""
+    kwargs = {"command": command, **({"env": env} if env else {})}
+    shown = {"command": recorded_command(command)}  # env values may be secrets (API keys): names only
+    _signature(celery, "pool.run_command", shown, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
+        task_id=job_id
+    )
 
 
 def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:

@@ -42,6 +42,7 @@ AFFINITY_SLACK = 0.1
 JOB_QUEUE_KINDS = {
     "start": ("build", "lifecycle"),
     "tool_call": ("exec",),
+    "command": ("exec",),
     "evaluation": ("eval",),
     "fork": ("lifecycle",),
 }

@@ -36,6 +36,7 @@ JOB_KINDS = {
     "pool.start_warm": "lifecycle",
     "pool.size_warm": "lifecycle",
     "pool.exec_tool": "exec",
+    "pool.run_command": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",

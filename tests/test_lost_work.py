@@ -308,6 +308,24 @@ def test_exec_worker_killed_during_a_tool_call(lost_stack, pool, own_task):
     pool.close(lease)
 
 
+def test_exec_worker_killed_during_a_command_kills_the_command(lost_stack, pool, own_task, docker_client):
+    from tests.test_commands import live_processes
+
+    task = own_task("hello-file")
+    lease = pool.allocate(task)
+    assert pool.reset(lease, task).status_code == 200
+    container = docker_client.containers.get(store(lost_stack).get_run(lease)["env"]["client"])
+    reply = lost_stack.post(f"/v1/runs/{lease}/commands", {"command": "sleep 1005 & setsid sleep 1005 & wait"})
+    job_id = reply.json()["job_id"]
+    assert wait_for(lambda: len(live_processes(container, "sleep 1005")) == 2, 30)
+    lost_stack.kill("exec")
+    job = wait_for(lambda: (j := store(lost_stack).get_job(job_id))["state"] == "failed" and j, 60)
+    assert job and job["code"] == "WORKER_LOST", store(lost_stack).get_job(job_id)
+    assert wait_for(lambda: live_processes(container, "sleep 1005") == [], 20)
+    lost_stack.start_worker("exec")
+    pool.close(lease)
+
+
 def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):
     task = own_task("slow-tests")
     lease = pool.allocate(task)

@@ -29,12 +29,14 @@ episode again).
 
 The package needs only httpx and termpool/codes.py (pure data): nothing of the server's.
 errors.py: the exceptions; calls.py: tool calls and results; ops.py, pool_ops.py: the
-protocol as sans-IO operations; drivers.py: how both clients run them; sync.py: Pool,
-Run, Lease, Job; aio.py: AsyncPool, AsyncRun, AsyncLease, AsyncJob.
+protocol as sans-IO operations (commands.py: Run.command, mixed into the runs'); drivers.py:
+how both clients run them; sync.py: Pool, Run, Lease, Job; aio.py: AsyncPool, AsyncRun,
+AsyncLease, AsyncJob.
 """
 
 from termpool.client.aio import AsyncJob, AsyncLease, AsyncPool, AsyncRun
 from termpool.client.calls import Episode, Evaluation, exec_call, task_meta, tool_call, write_file_call
+from termpool.client.commands import CommandResult
 from termpool.client.errors import (
     BackendFull,
     BackendUnavailable,
@@ -50,6 +52,8 @@ from termpool.client.errors import (
     HostNetworksExhausted,
     InfrastructureError,
     InternalError,
+    JobCancelled,
+    JobNotCancellable,
     MethodNotAllowed,
     NotFound,
     NotReady,
@@ -78,6 +82,7 @@ from termpool.client.errors import (
     UnknownLease,
     UnknownRun,
     UnknownTask,
+    UnknownUser,
     WaitTimeout,
     WorkerLost,
     WorkersDown,
@@ -97,6 +102,7 @@ __all__ = [
     "AsyncJob",
     "Evaluation",
     "Episode",
+    "CommandResult",
     "tool_call",
     "exec_call",
     "write_file_call",
@@ -127,6 +133,9 @@ __all__ = [
     "TaskArchiveTooLarge",
     "UnknownTask",
     "TaskHasNoTests",
+    "JobCancelled",
+    "JobNotCancellable",
+    "UnknownUser",
     "TaskSlotsExhausted",
     "RunSlotsExhausted",
     "TaskInvalid",

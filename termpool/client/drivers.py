@@ -11,22 +11,30 @@ end with one send(), no event loop: the loop, like the protocol, is written once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
 
 import httpx
 
-from termpool.client.ops import Op, _Call, _Hangup
+from termpool.client.ops import Op, _Call, _Hangup, _OnCancel
+
+CANCEL_SECONDS = 5.0  # the most an abandoned operation's _OnCancel request may take
 
 
 async def _drive(driver: _Driver, pool, op: Op):
     """Run operation `op` to its end: do each step it yields with the driver's I/O and send
-    it the outcome (throw in a transport error); the operation's return value."""
+    it the outcome (throw in a transport error); the operation's return value. When its
+    caller abandons it (driver.abandoned), the request its last _OnCancel named is sent first."""
+    on_cancel = None
     try:
         step = next(op)
         while True:
-            if isinstance(step, _Call):
+            if isinstance(step, _OnCancel):
+                on_cancel = step.call
+                step = op.send(None)
+            elif isinstance(step, _Call):
                 try:
                     step = op.send(await driver.request(pool._http, pool._request_args(step)))
                 except httpx.TransportError as exc:
@@ -36,6 +44,10 @@ async def _drive(driver: _Driver, pool, op: Op):
                 step = op.send(None)
     except StopIteration as stop:
         return stop.value
+    except driver.abandoned:
+        if on_cancel is not None:
+            await driver.abandon(pool, on_cancel)
+        raise
 
 
 class _Driver:
@@ -44,6 +56,7 @@ class _Driver:
 
     enter: str
     exit: str
+    abandoned: tuple[type[BaseException], ...]  # what abandons an operation under this driver
 
     def __call__(self, cls: type) -> type:
         # An operation is a public generator method; a pool's job() and lease(), plain
@@ -68,9 +81,18 @@ class _Driver:
     async def close(self, http) -> None:
         raise NotImplementedError
 
+    async def abandon(self, pool, call: _Call) -> None:
+        """Send `call` for an abandoned operation: best effort, within CANCEL_SECONDS."""
+        raise NotImplementedError
+
+
+def _short(pool, call: _Call) -> dict:
+    return {**pool._request_args(call), "timeout": CANCEL_SECONDS}
+
 
 class _Blocking(_Driver):
     enter, exit = "__enter__", "__exit__"
+    abandoned = (KeyboardInterrupt,)
 
     def method(self, op):
         @functools.wraps(op)
@@ -94,9 +116,15 @@ class _Blocking(_Driver):
     async def close(self, http: httpx.Client) -> None:
         http.close()
 
+    async def abandon(self, pool, call: _Call) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            pool._http.request(**_short(pool, call))
+
 
 class _Awaitable(_Driver):
     enter, exit = "__aenter__", "__aexit__"
+    abandoned = (asyncio.CancelledError,)
+    _sending: set = set()  # abandon's requests still running after a second cancellation
 
     def method(self, op):
         @functools.wraps(op)
@@ -113,6 +141,25 @@ class _Awaitable(_Driver):
 
     async def close(self, http: httpx.AsyncClient) -> None:
         await http.aclose()
+
+    async def abandon(self, pool, call: _Call) -> None:
+        """Shielded: cancelled again meanwhile, the request still goes out (in the background)."""
+        sending = asyncio.ensure_future(asyncio.wait_for(pool._http.request(**_short(pool, call)), CANCEL_SECONDS))
+        self._sending.add(sending)
+        sending.add_done_callback(_forget(self._sending))
+        try:
+            await asyncio.shield(sending)
+        except (asyncio.CancelledError, Exception):
+            pass  # best effort: the cancellation that brought us here goes on either way
+
+
+def _forget(sending: set):
+    def done(task: asyncio.Future) -> None:
+        sending.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure of a best-effort request is no error
+
+    return done
 
 
 blocking = _Blocking()

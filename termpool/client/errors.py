@@ -124,6 +124,18 @@ class TaskHasNoTests(ClientError):
     code = "TASK_HAS_NO_TESTS"  # noqa: E701
 
 
+class JobCancelled(ClientError):
+    code = "JOB_CANCELLED"  # noqa: E701
+
+
+class JobNotCancellable(ClientError):
+    code = "JOB_NOT_CANCELLABLE"  # noqa: E701
+
+
+class UnknownUser(ClientError):
+    code = "UNKNOWN_USER"  # noqa: E701
+
+
 class TaskSlotsExhausted(CapacityExhausted):
     code = "TASK_SLOTS_EXHAUSTED"  # noqa: E701
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from termpool.client.calls import Evaluation, exec_call, task_meta, tool_call, write_file_call
+from termpool.client.commands import _CommandOps
 from termpool.client.errors import TermpoolError, WaitTimeout, _job_error
 
 if TYPE_CHECKING:
@@ -40,9 +41,19 @@ class _Hangup:
     """Close the pool's HTTP connections (not its runs)."""
 
 
+@dataclass(frozen=True)
+class _OnCancel:
+    """From here on, should its caller abandon the operation (an asyncio task cancelled, Ctrl-C
+    in a blocking call), send `call` before the cancellation goes on: shielded, best effort,
+    within CANCEL_SECONDS (drivers.py). None: nothing any more."""
+
+    call: _Call | None
+
+
 # An operation is a generator that yields what to do (an HTTP request: a _Call; a pause: a
-# number of seconds; closing the connections: a _Hangup) and is sent the outcome (an
-# httpx.Response, or has the transport error thrown in); it returns its result. Pool drives
+# number of seconds; closing the connections: a _Hangup; what to send if it is abandoned: an
+# _OnCancel) and is sent the outcome (an httpx.Response, or has the transport error thrown
+# in; None for the others); it returns its result. Pool drives
 # operations with blocking I/O, AsyncPool with awaited I/O (drivers.py), so the protocol,
 # retries included, is written once.
 Op = Generator[Any, Any, Any]
@@ -168,7 +179,7 @@ class _SessionOps(_Ops):
         return (yield from self._tool(write_file_call(path, content)))
 
 
-class _RunOps(_SessionOps):
+class _RunOps(_SessionOps, _CommandOps):
     def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
         self._pool = pool
         self.id = run_id

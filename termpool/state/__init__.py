@@ -22,7 +22,7 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   hosts:lost                 hash: host -> its last beat its judge saw when a process judged it
                              lost; placement passes it over until its beat in `hosts` moves
   images:<h>                 set: task paths whose images host h has built
-  job:<id>                   hash: a job record
+  job:<id>                   hash: a job record (cancel_requested: its client cancelled it)
   job:<id>:done              list, non-empty once the job ended (wakes wait_job)
   episode:<start job>        list: an episode's job ids in chain order
   node:<name>                string, NODE_TTL: a worker process (by node name) is alive
@@ -80,7 +80,7 @@ from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
-from termpool.state.jobs import _BEGIN_JOB, _FINISH_JOB, JobsState
+from termpool.state.jobs import _BEGIN_JOB, _CANCEL_JOB, _FINISH_JOB, JobsState
 from termpool.state.keys import (
     BEAT_LOCK,
     DRAINING,
@@ -186,6 +186,7 @@ class Store(
         self._use_run = client.register_script(_USE_RUN)
         self._begin_job = client.register_script(_BEGIN_JOB)
         self._finish_job = client.register_script(_FINISH_JOB)
+        self._cancel_job = client.register_script(_CANCEL_JOB)
         self._fork_place = client.register_script(_FORK_PLACE)
         self._drop_images = client.register_script(_DROP_IMAGES)
 

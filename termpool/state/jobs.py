@@ -53,6 +53,14 @@ if worker_jobs ~= '' then redis.call('SREM', worker_jobs, job_id) end
 return 1
 """
 
+# A client cancels a job (a command: app/commands_api.py): an unfinished job gets the cancel
+# mark its worker watches for (tasks/command_jobs.py); the job's state before is returned.
+_CANCEL_JOB = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'queued' or state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[1]) end
+return state
+"""
+
 
 class JobsState:
     """Store's jobs."""
@@ -129,6 +137,15 @@ class JobsState:
             ],
             args=[state, self.record_ttl, job_id, code if error and counted else "", *pairs],
         )
+
+    def request_cancel(self, job_id: str) -> str | None:
+        """Mark an unfinished job as cancelled by its client; its state before (None: no such
+        job). Marking twice is harmless."""
+        return self._cancel_job(keys=[keys.job_key(job_id)], args=[time.time()])
+
+    def cancel_requested(self, job_id: str) -> bool:
+        """Whether the job's client has cancelled it (one HEXISTS: watched by its worker)."""
+        return bool(self._r.hexists(keys.job_key(job_id), "cancel_requested"))
 
     def job_state(self, job_id: str) -> str | None:
         return self._r.hget(keys.job_key(job_id), "state")
