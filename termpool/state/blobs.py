@@ -12,19 +12,9 @@ on the same Redis that does not.
 from __future__ import annotations
 
 import redis
-from redis.sentinel import SentinelConnectionPool
 
 from termpool.state import keys
-
-
-def binary_client(client: redis.Redis) -> redis.Redis:
-    """A client of the same Redis (same connection settings, Sentinel included) that returns
-    bytes: a new pool made from the public connection settings of `client`'s pool."""
-    pool = client.connection_pool
-    options = {**pool.connection_kwargs, "decode_responses": False, "connection_class": pool.connection_class}
-    if isinstance(pool, SentinelConnectionPool):  # asks the sentinels for the primary, as `client` does
-        return redis.Redis(connection_pool=SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **options))
-    return redis.Redis(connection_pool=redis.ConnectionPool(**options))
+from termpool.state.connection import binary_client
 
 
 class BlobsState:

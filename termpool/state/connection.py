@@ -20,7 +20,7 @@ import logging
 from urllib.parse import quote, urlsplit
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from termpool.config import Settings
 
@@ -60,6 +60,16 @@ def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
 def client_for_url(url: str, timeout: float = 30) -> redis.Redis:
     """A client of one Redis by URL (tests and tools that start their own)."""
     return redis.Redis.from_url(url, **client_options(timeout))
+
+
+def binary_client(client: redis.Redis) -> redis.Redis:
+    """A client of the same Redis (same connection settings, Sentinel included) that returns
+    bytes: a new pool made from the public connection settings of `client`'s pool."""
+    pool = client.connection_pool
+    options = {**pool.connection_kwargs, "decode_responses": False, "connection_class": pool.connection_class}
+    if isinstance(pool, SentinelConnectionPool):  # asks the sentinels for the primary, as `client` does
+        return redis.Redis(connection_pool=SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **options))
+    return redis.Redis(connection_pool=redis.ConnectionPool(**options))
 
 
 def broker_url(cfg: Settings) -> str:
