@@ -27,6 +27,8 @@ CLIENT_STATUS = {
     "HOST_DISK_LOW": (429, 429),
     "HOST_NETWORKS_EXHAUSTED": (429, 429),
     "FORK_TOO_DEEP": (409, 409),
+    "BAD_ARCHIVE": (None, 400),
+    "ARCHIVE_NOT_FOUND": (None, 404),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -46,6 +48,8 @@ RUNS_FACADE_STATUS = {
 # start found what a one-per-host task pins held by another run of it on its host, or every
 # block of its host's run-network range held.
 CLIENT_JOB_CODES = ("RUN_NOT_READY", "RUN_CLOSED", "RUN_SLOTS_EXHAUSTED", "HOST_NETWORKS_EXHAUSTED")
+# Client errors only an archive job ends with: what its path is, or how large its archive.
+CLIENT_JOB_CODES += ("PATH_NOT_FOUND", "NOT_A_DIRECTORY", "ARCHIVE_TOO_LARGE")
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

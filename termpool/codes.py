@@ -43,6 +43,11 @@ CODES: dict[str, Code] = {
         ),
         Code("HOST_DISK_LOW", "client", True, "every host that could take the run is under HOST_DISK_MIN_FREE"),
         Code("FORK_TOO_DEEP", "client", False, "the run is a fork FORK_MAX_DEPTH deep: it cannot be forked"),
+        Code("BAD_ARCHIVE", "client", False, "an uploaded archive is not a plain tar, or a member of it is refused"),
+        Code("ARCHIVE_NOT_FOUND", "client", False, "the job has no archive to read: not a finished export, or expired"),
+        Code("ARCHIVE_TOO_LARGE", "client", False, "the path's archive is larger than ARCHIVE_MAX_BYTES"),
+        Code("PATH_NOT_FOUND", "client", False, "no such path in the run's container"),
+        Code("NOT_A_DIRECTORY", "client", False, "an archive's target path (or a parent of it) is not a directory"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),

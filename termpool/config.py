@@ -219,6 +219,8 @@ class Settings:
     isolated_bridge_size: int = (
         1000  # ISOLATED_BRIDGE_SIZE: containers per termpool bridge (a Linux bridge: 1024 ports)
     )
+    archive_max_bytes: int = 64 << 20  # ARCHIVE_MAX_BYTES: largest tar uploaded into or read out of a run
+    archive_ttl: int = 600  # ARCHIVE_TTL: seconds an archive waits in Redis for its worker or its reader
 
     @property
     def default_log_dir(self) -> Path:
@@ -318,6 +320,8 @@ def load_settings(env=None) -> Settings:
         fork_processes=_fork_processes(env),
         run_subnets=parse(_str(env, "RUN_SUBNETS", "10.240.0.0/16"), _int(env, "RUN_SUBNET_PREFIX", 26)),
         isolated_bridge_size=_bridge_size(env),
+        archive_max_bytes=_bytes(env, "ARCHIVE_MAX_BYTES", "64m"),
+        archive_ttl=_int(env, "ARCHIVE_TTL", 600, minimum=10),
     )
 
 
