@@ -70,12 +70,14 @@ def create_app(cfg: Settings | None = None) -> Flask:
     errors.register(app)
 
     from app import apidoc
+    from app.archives_api import bp as archives_bp
     from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
     from app.runs_api import bp as runs_bp
 
     app.register_blueprint(pool_bp)
     app.register_blueprint(runs_bp)
+    app.register_blueprint(archives_bp)
     app.register_blueprint(viewer.bp)
     init_metrics(app)
     apidoc.register(app)

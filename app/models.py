@@ -571,13 +571,13 @@ class Run(_Out):
 class Job(_Out):
     job_id: JobId
     run_id: RunId
-    kind: Literal["start", "tool_call", "evaluation", "close", "fork"]
+    kind: Literal["start", "tool_call", "evaluation", "close", "fork", "put_archive", "get_archive"]
     state: JobState
     result: Any = Field(
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
         "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
-        "processes, processes_reason, sessions_restarted}.",
+        "processes, processes_reason, sessions_restarted}; put_archive: {path, size}; get_archive: {size, path_type}.",
     )
     error: str | None = None
     code: Code | None = None

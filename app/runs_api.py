@@ -215,21 +215,25 @@ def get_job(job_id: str):
 
 
 # ---- errors ---------------------------------------------------------------------------------
-@bp.errorhandler(UnknownLease)
-def _unknown_run(exc):
-    return fail("UNKNOWN_RUN", str(exc))
+def register_refusals(blueprint: Blueprint) -> None:
+    """The runs API's answers to a refused operation on a run, on `blueprint` (the archive
+    routes, app/archives_api.py, refuse the same way)."""
+
+    @blueprint.errorhandler(UnknownLease)
+    def _unknown_run(exc):
+        return fail("UNKNOWN_RUN", str(exc))
+
+    @blueprint.errorhandler(NotReady)
+    def _not_ready(exc):
+        return fail("RUN_NOT_READY", str(exc))
+
+    @blueprint.errorhandler(Refused)
+    def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT (RunEnded)
+        return fail(exc.code, str(exc))
+
+    @blueprint.errorhandler(RunClosed)
+    def _closed(exc):
+        return fail("RUN_CLOSED", str(exc))
 
 
-@bp.errorhandler(NotReady)
-def _not_ready(exc):
-    return fail("RUN_NOT_READY", str(exc))
-
-
-@bp.errorhandler(Refused)
-def _refused(exc):  # HOST_LOST, WORKERS_DOWN (HostUnavailable), RUN_DISK_LIMIT (RunEnded)
-    return fail(exc.code, str(exc))
-
-
-@bp.errorhandler(RunClosed)
-def _closed(exc):
-    return fail("RUN_CLOSED", str(exc))
+register_refusals(bp)
