@@ -14,6 +14,7 @@ RECONCILE_SECONDS = 30.0
 JOB_MODULES = [
     "tasks.run_jobs",
     "tasks.fork_jobs",
+    "tasks.archive_jobs",
     "tasks.warm_pool",
     "tasks.maintenance",
     "tasks.disk_check",

@@ -44,6 +44,8 @@ JOB_QUEUE_KINDS = {
     "tool_call": ("exec",),
     "evaluation": ("eval",),
     "fork": ("lifecycle",),
+    "put_archive": ("exec",),
+    "get_archive": ("exec",),
 }
 
 

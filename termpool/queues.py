@@ -36,6 +36,8 @@ JOB_KINDS = {
     "pool.start_warm": "lifecycle",
     "pool.size_warm": "lifecycle",
     "pool.exec_tool": "exec",
+    "pool.put_archive": "exec",
+    "pool.get_archive": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",
