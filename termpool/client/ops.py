@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from termpool.client.archives import _ArchiveOps
 from termpool.client.calls import Evaluation, exec_call, task_meta, tool_call, write_file_call
 from termpool.client.errors import TermpoolError, WaitTimeout, _job_error
 
@@ -31,6 +32,8 @@ class _Call:
     params: dict | None = None
     idempotent: bool = False
     long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
+    content: bytes | None = None  # a raw body (a tar archive) sent instead of `body`'s JSON
+    raw_reply: bool = False  # a successful reply is its bytes (a tar archive), not JSON
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ class _SessionOps(_Ops):
         return (yield from self._tool(write_file_call(path, content)))
 
 
-class _RunOps(_SessionOps):
+class _RunOps(_ArchiveOps, _SessionOps):
     def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
         self._pool = pool
         self.id = run_id

@@ -14,6 +14,7 @@ from termpool.client.calls import Episode, task_meta
 from termpool.client.errors import ServiceUnreachable, TermpoolError, WaitTimeout, _job_error, _reply_error
 from termpool.client.ops import Op, _Call, _Hangup, _Ops, _options, _RunOps, _wait_job
 
+RAW_BODY = {"Content-Type": "application/x-tar"}  # the one raw body the API takes: a tar archive
 DEFAULT_URL = "http://127.0.0.1:18081"
 
 
@@ -86,10 +87,11 @@ class _PoolOps(_Ops):
         return {"base_url": self.url, "headers": self._headers, "timeout": self._timeout}
 
     def _request_args(self, call: _Call) -> dict:
+        body = {"json": call.body} if call.content is None else {"content": call.content, "headers": RAW_BODY}
         return {
             "method": call.method,
             "url": call.path,
-            "json": call.body,
+            **body,
             "params": call.params,
             "timeout": httpx.Timeout(
                 self._timeout, read=None if call.long_poll is None else self._timeout + call.long_poll
@@ -104,7 +106,9 @@ class _PoolOps(_Ops):
         return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
     @staticmethod
-    def _outcome(call: _Call, response: httpx.Response) -> dict | TermpoolError:
+    def _outcome(call: _Call, response: httpx.Response) -> dict | bytes | TermpoolError:
+        if call.raw_reply and response.status_code == 200:
+            return response.content
         try:
             body = response.json()
         except ValueError:
