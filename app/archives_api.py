@@ -35,10 +35,13 @@ ACCEPTED = ("Accepted; poll the job", ArchiveAccepted)
 
 
 def _query_path() -> str:
+    """The ?path= of an upload: the directory to extract into."""
+    if "path" not in request.args:
+        raise BadRequest("the query parameter path is required: the directory to extract into")
     try:
-        return PATH.validate_python(request.args.get("path"))
+        return PATH.validate_python(request.args["path"])
     except ValidationError as exc:
-        raise BadRequest(explain(exc, "path").replace("the request body", "path")) from None
+        raise BadRequest(explain(exc, "path")) from None
 
 
 def _archive_body() -> bytes:

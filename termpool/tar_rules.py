@@ -78,13 +78,17 @@ class _Members:
         return name
 
 
-def check_archive(data: bytes) -> list[tarfile.TarInfo]:
+def check_archive(data: bytes, skip_special: bool = False) -> list[tarfile.TarInfo]:
     """The members of a plain tar that keeps every rule (module doc), in archive order;
-    ArchiveRefused for anything else: not a tar, compressed, truncated, or a member refused."""
+    ArchiveRefused for anything else: not a tar, compressed, truncated, or a member refused.
+    skip_special: leave device nodes and fifos out instead (a download of a folder that holds
+    one: the rest is still wanted)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             members, seen = [], _Members()
             for member in tar:
+                if skip_special and member.type in REFUSED_KINDS:
+                    continue
                 seen.check(member)
                 if member.offset_data + (member.size if member.isreg() else 0) > len(data):
                     raise ArchiveRefused(f"the archive is truncated: member {member.name!r} is cut short")

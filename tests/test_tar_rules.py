@@ -162,6 +162,12 @@ def test_unpack_refuses_a_bad_archive_before_writing(tmp_path):
     assert not (tmp_path / "d").exists() and not (tmp_path / "evil").exists()
 
 
+def test_unpack_leaves_devices_and_fifos_out(tmp_path):
+    data = tar_of(("pipe", tarfile.FIFOTYPE, b""), ("dev", tarfile.CHRTYPE, b""), ("kept", FILE, b"k"))
+    tarballs.unpack(data, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
 def test_pack_file_refuses_a_folder_and_a_missing_file(tmp_path):
     with pytest.raises(IsADirectoryError):
         tarballs.pack_file(tmp_path, "x")

@@ -4,7 +4,8 @@
 Packing keeps modes and symlinks (a link is stored as a link, never followed) and writes root's
 ids as the owner, as `docker cp` does: what lands in the container is owned by root there.
 Unpacking checks the archive with the rules the server applies to uploads
-(termpool/tar_rules.py) and writes nothing outside the destination folder: no member name
+(termpool/tar_rules.py), except that device nodes and fifos are left out instead of refused,
+and writes nothing outside the destination folder: no member name
 leaves it, none goes through a symlink (of the archive, or one already in the folder), and a
 file replaces a link in its place instead of writing through it. Permission bits are kept
 (setuid, setgid and sticky are dropped); files get the user's own ids, as with `docker cp`.
@@ -85,7 +86,7 @@ def unpack(data: bytes, dest: str | os.PathLike, rename: Callable[[str], str | N
     """Write an archive's members into `dest` (made if missing). `rename` maps each member's
     normalized name to where it goes below dest ("." for dest itself), or None to skip it."""
     try:
-        members = check_archive(data)
+        members = check_archive(data, skip_special=True)
     except ArchiveRefused as exc:
         raise BadArchive(str(exc)) from None
     root = Path(os.path.realpath(dest))
