@@ -99,8 +99,9 @@ def run(pool):
 
 @pytest.fixture
 def small_facade(stack):
-    """A facade of the same stack (its Redis and workers) with ARCHIVE_MAX_BYTES at 4 KiB."""
-    app = create_app(load_settings({**stack.env, "ARCHIVE_MAX_BYTES": "4k"}))
+    """A facade of the same stack (its Redis and workers) with ARCHIVE_MAX_BYTES at 16 KiB
+    (tarfile pads an archive to 10 KiB)."""
+    app = create_app(load_settings({**stack.env, "ARCHIVE_MAX_BYTES": "16k"}))
     return app.test_client()
 
 
@@ -288,10 +289,10 @@ def test_reading_an_archive_that_is_not_there(stack, run, pool):
 
 def test_the_size_limit_both_ways(stack, run, pool, small_facade):
     before = blobs(stack)
-    big = tar_of(("big", FILE, os.urandom(8192)))
+    big = tar_of(("big", FILE, os.urandom(32768)))
     reply = small_facade.put(f"/v1/runs/{run.id}/archive?path=/tmp/big", data=big)
     assert reply.status_code == 413 and reply.json["code"] == "PAYLOAD_TOO_LARGE", reply.json
-    assert "4096" in reply.json["error"]
+    assert "16384" in reply.json["error"]
     assert blobs(stack) <= before
     assert (
         small_facade.put(f"/v1/runs/{run.id}/archive?path=/tmp/small", data=tar_of(("s", FILE, b"s"))).status_code
