@@ -246,11 +246,12 @@ def test_a_bad_archive_changes_nothing(stack, run, name):
 
 def test_bad_paths_and_runs_are_refused(stack, run, pool):
     good = tar_of(("a", FILE, b"a"))
-    for path in ("relative/dir", "", "/" + "x" * 5000, "/tmp/new\nline"):
+    for path in ("relative/dir", "", "/tmp/new\nline"):
         reply = requests.put(f"{stack.url}/v1/runs/{run.id}/archive", params={"path": path}, data=good, timeout=30)
         assert (reply.status_code, reply.json()["code"]) == (400, "BAD_REQUEST"), (path, reply.text)
-    reply = stack.post(f"/v1/runs/{run.id}/archive/export", {"path": "etc"})
-    assert (reply.status_code, reply.json()["code"]) == (400, "BAD_REQUEST")
+    for path in ("etc", "/" + "x" * 5000, 7):  # a long path in the body: a URL that long is refused by gunicorn
+        reply = stack.post(f"/v1/runs/{run.id}/archive/export", {"path": path})
+        assert (reply.status_code, reply.json()["code"]) == (400, "BAD_REQUEST"), (path, reply.text)
     missing = "run-0000000000000000"
     with pytest.raises(UnknownRun):
         pool.run(missing)
