@@ -70,6 +70,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     errors.register(app)
 
     from app import apidoc
+    from app.archives_api import bp as archives_bp
     from app.commands_api import bp as commands_bp
     from app.metrics import init_metrics
     from app.pool_api import bp as pool_bp
@@ -80,6 +81,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.register_blueprint(runs_bp)
     app.register_blueprint(tasks_bp)
     app.register_blueprint(commands_bp)
+    app.register_blueprint(archives_bp)
     app.register_blueprint(viewer.bp)
     init_metrics(app)
     apidoc.register(app)

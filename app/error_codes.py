@@ -34,6 +34,8 @@ CLIENT_STATUS = {
     "JOB_NOT_CANCELLABLE": (None, 409),
     "JOB_CANCELLED": (None, None),  # only in job records (app/commands_api.py)
     "UNKNOWN_USER": (None, None),
+    "BAD_ARCHIVE": (None, 400),
+    "ARCHIVE_NOT_FOUND": (None, 404),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
 UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
@@ -63,6 +65,8 @@ CLIENT_JOB_CODES = (
     "JOB_CANCELLED",
     "UNKNOWN_USER",
 )
+# Client errors only an archive job ends with: what its path is, or how large its archive.
+CLIENT_JOB_CODES += ("PATH_NOT_FOUND", "NOT_A_DIRECTORY", "ARCHIVE_TOO_LARGE")
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 

@@ -10,7 +10,7 @@ import logging
 
 import kombu.exceptions
 import redis.exceptions
-from flask import Flask
+from flask import Flask, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.http import BadRequest, fail
@@ -41,8 +41,9 @@ def register(app: Flask) -> None:
         return fail(http_code(status), exc.description or exc.name, status, headers)
 
     @app.errorhandler(RequestEntityTooLarge)
-    def too_large(exc):
-        return fail("PAYLOAD_TOO_LARGE", f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
+    def too_large(exc):  # the route's own limit where it set one (an archive upload's)
+        limit = request.max_content_length or MAX_BODY_BYTES
+        return fail("PAYLOAD_TOO_LARGE", f"the request body is larger than {limit} bytes", 413)
 
     def backend_down(exc):
         log.warning("backend unreachable: %s", exc)

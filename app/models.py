@@ -570,14 +570,14 @@ class Run(_Out):
 class Job(_Out):
     job_id: JobId
     run_id: RunId
-    kind: Literal["start", "tool_call", "evaluation", "close", "fork", "command"]
+    kind: Literal["start", "tool_call", "evaluation", "close", "fork", "command", "put_archive", "get_archive"]
     state: JobState
     result: Any = Field(
         None,
         description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
         "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
         "processes, processes_reason, sessions_restarted}; command: {return_code, stdout, stderr, stdout_truncated, "
-        "stderr_truncated, timed_out}.",
+        "stderr_truncated, timed_out}; put_archive: {path, size}; get_archive: {size, path_type}.",
     )
     error: str | None = None
     code: Code | None = None

@@ -216,7 +216,8 @@ def get_job(job_id: str):
 
 # ---- errors ---------------------------------------------------------------------------------
 def answer_run_errors(blueprint: Blueprint) -> None:
-    """How a runs API blueprint answers the engine's refusals (by their codes)."""
+    """How a runs API blueprint answers the engine's refusals (by their codes): this one's, and
+    the commands' and archives' (app/commands_api.py, app/archives_api.py)."""
 
     @blueprint.errorhandler(UnknownLease)
     def _unknown_run(exc):

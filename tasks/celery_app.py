@@ -15,6 +15,7 @@ JOB_MODULES = [
     "tasks.run_jobs",
     "tasks.command_jobs",
     "tasks.fork_jobs",
+    "tasks.archive_jobs",
     "tasks.warm_pool",
     "tasks.maintenance",
     "tasks.disk_check",

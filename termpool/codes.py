@@ -66,6 +66,11 @@ CODES: dict[str, Code] = {
         Code("JOB_CANCELLED", "client", False, "the client cancelled the job (DELETE /v1/jobs/<id>) before it ended"),
         Code("JOB_NOT_CANCELLABLE", "client", False, "only a command job can be cancelled"),
         Code("UNKNOWN_USER", "client", False, "a command's user does not exist in the run's container"),
+        Code("BAD_ARCHIVE", "client", False, "an uploaded archive is not a plain tar, or a member of it is refused"),
+        Code("ARCHIVE_NOT_FOUND", "client", False, "the job has no archive to read: not a finished export, or expired"),
+        Code("ARCHIVE_TOO_LARGE", "client", False, "the path's archive is larger than ARCHIVE_MAX_BYTES"),
+        Code("PATH_NOT_FOUND", "client", False, "no such path in the run's container"),
+        Code("NOT_A_DIRECTORY", "client", False, "an archive's target path (or a parent of it) is not a directory"),
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),

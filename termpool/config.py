@@ -230,6 +230,8 @@ class Settings:
     uploaded_task_max_bytes: int = 32 << 20
     uploaded_task_max_files: int = 10_000
     uploaded_tasks_dir: Path = Path("terminal-rl/uploaded_tasks").resolve()
+    archive_max_bytes: int = 64 << 20  # ARCHIVE_MAX_BYTES: largest tar uploaded into or read out of a run
+    archive_ttl: int = 600  # ARCHIVE_TTL: seconds an archive waits in Redis for its worker or its reader
 
     @property
     def default_log_dir(self) -> Path:
@@ -339,6 +341,8 @@ def load_settings(env=None) -> Settings:
         uploaded_tasks_dir=Path(_str(env, "UPLOADED_TASKS_DIR", "terminal-rl/uploaded_tasks")).resolve(),
         command_output_limit=_bytes(env, "COMMAND_OUTPUT_LIMIT", "4m"),
         command_max_timeout=_positive(env, "COMMAND_MAX_TIMEOUT", 86400.0),
+        archive_max_bytes=_bytes(env, "ARCHIVE_MAX_BYTES", "64m"),
+        archive_ttl=_int(env, "ARCHIVE_TTL", 600, minimum=10),
     )
 
 

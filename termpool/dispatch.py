@@ -84,7 +84,22 @@ def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_pat
 def enqueue(
     celery: Celery, store: Store, kind: str, task: str, run_id: str, host: str, job_fields: dict | None = None, **kwargs
 ) -> str:
-    job_id = new_job(store, run_id, kind, **(job_fields or {}))
+    return send_job(celery, store, new_job_id(), kind, task, run_id, host, job_fields, **kwargs)
+
+
+def send_job(
+    celery: Celery,
+    store: Store,
+    job_id: str,
+    kind: str,
+    task: str,
+    run_id: str,
+    host: str,
+    job_fields: dict | None = None,
+    **kwargs,
+) -> str:
+    """Record and send a job whose id the caller chose (an archive job keys its blob by it)."""
+    store.create_job(job_id, run_id, kind, **(job_fields or {}))
     _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     return job_id
 

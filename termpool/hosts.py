@@ -45,6 +45,8 @@ JOB_QUEUE_KINDS = {
     "command": ("exec",),
     "evaluation": ("eval",),
     "fork": ("lifecycle",),
+    "put_archive": ("exec",),
+    "get_archive": ("exec",),
 }
 
 

@@ -37,6 +37,8 @@ JOB_KINDS = {
     "pool.size_warm": "lifecycle",
     "pool.exec_tool": "exec",
     "pool.run_command": "exec",
+    "pool.put_archive": "exec",
+    "pool.get_archive": "exec",
     "pool.evaluate": "eval",
     "pool.close_run": "teardown",
     "pool.reconcile": "teardown",

@@ -4,17 +4,15 @@ through Docker's archive API."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
-import json
 import tarfile
 import time
 from typing import NamedTuple
-from urllib.parse import quote
 
 import docker.errors
 
+from environments import archives
 from environments.docker_client import says_not_running
 from environments.session_helper import HELPER_PATH, exec_never_started, prepare_container
 from environments.tools.server_socket import (
@@ -142,13 +140,6 @@ class HelperTransport:
             raise OSError("the container refused the archive")
 
     def is_directory(self, path: str) -> bool:
-        """Stat a path through the archive API's HEAD request: no process is started. docker-py
-        has no call for it (get_archive would start streaming the archive), so the URL is made
-        from the client's public base_url and api_version the way the SDK makes its own."""
-        api = self.container.client.api
-        url = f"{api.base_url}/v{api.api_version}/containers/{quote(self.container.id, safe='')}/archive"
-        res = api.head(url, params={"path": path})
-        if res.status_code != 200:  # missing, or a parent is not a directory: put_archive says why
-            return False
-        stat = json.loads(base64.b64decode(res.headers.get("X-Docker-Container-Path-Stat") or "e30="))
-        return bool(int(stat.get("mode", 0)) & (1 << 31))  # Go's os.ModeDir
+        """Stat a path through the archive API's HEAD request: no process is started. Missing,
+        or a parent that is not a directory, is False: put_archive then says why."""
+        return archives.is_dir(archives.path_stat(self.container, path))

@@ -134,6 +134,24 @@ class JobNotCancellable(ClientError):
 
 class UnknownUser(ClientError):
     code = "UNKNOWN_USER"  # noqa: E701
+class BadArchive(ClientError):
+    code = "BAD_ARCHIVE"  # noqa: E701
+
+
+class ArchiveNotFound(ClientError):
+    code = "ARCHIVE_NOT_FOUND"  # noqa: E701
+
+
+class ArchiveTooLarge(ClientError):
+    code = "ARCHIVE_TOO_LARGE"  # noqa: E701
+
+
+class PathNotFound(ClientError):
+    code = "PATH_NOT_FOUND"  # noqa: E701
+
+
+class NotADirectory(ClientError):
+    code = "NOT_A_DIRECTORY"  # noqa: E701
 
 
 class TaskSlotsExhausted(CapacityExhausted):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from termpool.client.archives import _ArchiveOps
 from termpool.client.calls import Evaluation, exec_call, task_meta, tool_call, write_file_call
 from termpool.client.commands import _CommandOps
 from termpool.client.errors import TermpoolError, WaitTimeout, _job_error
@@ -32,8 +33,9 @@ class _Call:
     params: dict | None = None
     idempotent: bool = False
     long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
-    content: bytes | None = None  # a raw body in place of `body`'s JSON (an uploaded task)
-    content_type: str = ""
+    content: bytes | None = None  # a raw body in place of `body`'s JSON (a tar archive)
+    content_type: str = "application/x-tar"
+    raw_reply: bool = False  # a successful reply is its bytes (a tar archive), not JSON
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ class _SessionOps(_Ops):
         return (yield from self._tool(write_file_call(path, content)))
 
 
-class _RunOps(_SessionOps, _CommandOps):
+class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
     def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
         self._pool = pool
         self.id = run_id

@@ -111,7 +111,9 @@ class _PoolOps(_Ops):
         return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
     @staticmethod
-    def _outcome(call: _Call, response: httpx.Response) -> dict | TermpoolError:
+    def _outcome(call: _Call, response: httpx.Response) -> dict | bytes | TermpoolError:
+        if call.raw_reply and response.status_code == 200:
+            return response.content
         try:
             body = response.json()
         except ValueError:

@@ -62,6 +62,16 @@ def client_for_url(url: str, timeout: float = 30) -> redis.Redis:
     return redis.Redis.from_url(url, **client_options(timeout))
 
 
+def binary_client(client: redis.Redis) -> redis.Redis:
+    """A client of the same Redis (same connection settings, Sentinel included) that returns
+    bytes: a new pool made from the public connection settings of `client`'s pool."""
+    pool = client.connection_pool
+    options = {**pool.connection_kwargs, "decode_responses": False, "connection_class": pool.connection_class}
+    if isinstance(pool, SentinelConnectionPool):  # asks the sentinels for the primary, as `client` does
+        return redis.Redis(connection_pool=SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **options))
+    return redis.Redis(connection_pool=redis.ConnectionPool(**options))
+
+
 def broker_url(cfg: Settings) -> str:
     """Celery's broker URL: REDIS_URL, or one `sentinel://` URL per sentinel joined by `;` (the
     primary's password and database ride in each, as kombu reads them)."""
