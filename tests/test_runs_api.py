@@ -378,6 +378,7 @@ EXPECTED_PATHS = {
     "/v1/runs/{run_id}/evaluation": {"post"},
     "/v1/runs/{run_id}/fork": {"post"},
     "/v1/jobs/{job_id}": {"get"},
+    "/v1/tasks": {"post"},
     "/openapi.json": {"get"},
     "/metrics": {"get"},
 }
