@@ -119,13 +119,3 @@ def describe(cfg: Settings) -> str:
 
 def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def binary_client(client: redis.Redis) -> redis.Redis:
-    """A client of the same Redis (same connection settings, Sentinel included) that returns
-    bytes: a new pool made from the public connection settings of `client`'s pool."""
-    pool = client.connection_pool
-    options = {**pool.connection_kwargs, "decode_responses": False, "connection_class": pool.connection_class}
-    if isinstance(pool, SentinelConnectionPool):  # asks the sentinels for the primary, as `client` does
-        return redis.Redis(connection_pool=SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **options))
-    return redis.Redis(connection_pool=redis.ConnectionPool(**options))
