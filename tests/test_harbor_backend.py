@@ -19,10 +19,11 @@ from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 from tests.test_harbor_hosts import two_hosts  # noqa: F401 (the fixture)
 from tests.test_harbor_tasks import HARBOR, HOST_VAR, NAMES
 
-# Every Harbor fixture (harbor-prebuilt's image comes from a registry in real life, and
-# test_harbor_images.py covers it; harbor-agent-timeout has a test of its own below), the
-# multi-step one (Harbor runs its steps itself), and the example task.
-COMPARED = [n for n in NAMES if n not in ("harbor-prebuilt", "harbor-agent-timeout")] + ["harbor-multi-step"]
+# Every Harbor fixture, the multi-step one (Harbor runs its steps itself) and the example task,
+# except three with tests of their own: harbor-prebuilt (its image comes from a registry in real
+# life; test_harbor_images.py), harbor-agent-timeout and harbor-no-internet (below).
+OWN_TESTS = ("harbor-prebuilt", "harbor-agent-timeout", "harbor-no-internet")
+COMPARED = [n for n in NAMES if n not in OWN_TESTS] + ["harbor-multi-step"]
 EXAMPLE = ROOT / "examples" / "tasks" / "sales-summary"
 HARBOR_ENV = {HOST_VAR: "from-host"}  # harbor-env's templates read it from Harbor's environment
 
@@ -105,6 +106,14 @@ def test_cancelled_exec_leaves_no_process(venv, pool, docker_side, tmp_path):
     assert (ours.reward, ours.exception) == (1.0, "AgentTimeoutError")
     [theirs] = _job(venv, task, "oracle", "docker", tmp_path / "docker", n=1, extra=docker_side)
     assert (theirs.reward, theirs.exception) == (0.0, "AgentTimeoutError")
+
+
+def test_no_internet_task(venv, pool, tmp_path):
+    """[environment] allow_internet = false: the trial's container has no network (its verifier
+    gives 1 only when deb.debian.org is unreachable). Harbor's own Docker environment needs its
+    egress-control sidecar image from a registry for this and refuses the task without it."""
+    [trial] = _job(venv, HARBOR / "harbor-no-internet", "oracle", TERMPOOL_ENV, tmp_path, pool, n=1)
+    assert (trial.reward, trial.exception) == (1.0, None)
 
 
 def test_stop_after_a_failed_start_leaves_nothing(venv, pool, tmp_path):
