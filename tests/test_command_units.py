@@ -274,13 +274,12 @@ def refusal(body: dict) -> str:
 def test_requests_are_checked_before_anything_is_queued():
     assert refusal({"command": "ls", "cwd": "tmp"}) == "cwd must be an absolute path"
     assert refusal({"command": "ls", "env": {"A": 1}}) == "env.A must be a string"
-    assert refusal({"command": "ls", "env": {"A=B": "c"}}).startswith("env has a bad name")
+    assert "env.A=B" in refusal({"command": "ls", "env": {"A=B": "c"}})
     assert refusal({"command": "x" * (MAX_ARG_BYTES + 1)}).startswith("command is longer than")
     assert refusal({"command": "ls\x00"}) == "command must not contain a NUL character"
     assert refusal({"command": "ls", "env": {"BIG": "v" * MAX_ARG_BYTES}}).startswith("env BIG: NAME=VALUE is longer")
     assert refusal({"command": "ls", "timeout_sec": 0}).startswith("timeout_sec")
     assert refusal({"command": "ls", "timeout_sec": "5"}) == "timeout_sec must be a number of seconds"
-    assert refusal({"command": "ls", "timeout_sec": 601}) == "timeout_sec is more than COMMAND_MAX_TIMEOUT (600 s)"
     assert refusal({"command": "ls", "user": "a b"}).startswith("user must be a user name")
     assert refusal({"command": "ls", "user": -1}).startswith("user must be a uid")
     assert refusal({"command": "ls", "user": True}).startswith("user must be a user name or a uid")
@@ -294,8 +293,9 @@ def test_a_valid_request_keeps_its_values_and_a_uid_becomes_digits():
     assert CommandRequest.model_validate({"command": "ls"}, context={"cfg": CFG}).user is None
 
 
-def test_a_command_without_a_time_limit_gets_the_upper_bound():
+def test_a_command_without_a_time_limit_or_past_the_bound_gets_the_bound():
     assert command_spec({"command": "ls"}, "m", 600.0).timeout_sec == 600.0
+    assert command_spec({"command": "ls", "timeout_sec": 1e9}, "m", 600.0).timeout_sec == 600.0
     assert command_spec({"command": "ls", "timeout_sec": 5}, "m", 600.0).timeout_sec == 5.0
 
 
