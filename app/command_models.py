@@ -39,6 +39,8 @@ def _no_nul(value: str) -> str:
 
 def _user(value):
     """A name, or a uid as an integer or digits: the string Docker's exec takes."""
+    if isinstance(value, float) and value.is_integer():  # JSON Schema's integers include 393.0
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (str, int)) and value is not None:
         raise refuse("must be a user name or a uid (integer)")
     if isinstance(value, int):

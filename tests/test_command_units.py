@@ -291,6 +291,8 @@ def test_a_valid_request_keeps_its_values_and_a_uid_becomes_digits():
     model = CommandRequest.model_validate(body, context={"cfg": CFG})
     assert model.model_dump() == {**body, "user": "1000"}
     assert CommandRequest.model_validate({"command": "ls"}, context={"cfg": CFG}).user is None
+    assert CommandRequest.model_validate({"command": "ls", "user": 393.0}, context={"cfg": CFG}).user == "393"
+    assert refusal({"command": "ls", "user": 3.5}).startswith("user must be a user name or a uid")
 
 
 def test_a_command_without_a_time_limit_or_past_the_bound_gets_the_bound():
