@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, StrictInt, StrictStr, field_validator
+from pydantic import BeforeValidator, Field, StrictInt, StrictStr, WithJsonSchema, field_validator
 
 from app.models import TEXT_PATTERN, JobId, JobState, Reply, _Body, _Out, refuse
 
@@ -77,8 +77,17 @@ Cwd = Annotated[
         json_schema_extra={"pattern": r"^/[^\x00]*$"},  # checked by _absolute, whose texts say more
     ),
 ]
-EnvText = Annotated[StrictStr, Field(pattern=TEXT_PATTERN)]
-EnvName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_ENV_NAME, pattern=ENV_NAME_PATTERN)]
+# Names and values are checked by CommandRequest._entries; the schema says the same in one place.
+EnvMap = Annotated[
+    dict[StrictStr, StrictStr],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"minLength": 1, "maxLength": MAX_ENV_NAME, "pattern": ENV_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": TEXT_PATTERN},
+        }
+    ),
+]
 UserName = Annotated[StrictStr, Field(max_length=MAX_USER_LENGTH, pattern=USER_NAME_PATTERN)]
 Uid = Annotated[StrictInt, Field(ge=0, le=MAX_UID)]  # in the schema: _user makes it digits
 User = Annotated[UserName | Uid | None, BeforeValidator(_user)]
@@ -89,7 +98,7 @@ Timeout = Annotated[Seconds | None, BeforeValidator(_timeout)]
 class CommandRequest(_Body):
     command: CommandText
     cwd: Cwd | None = None
-    env: dict[EnvName, EnvText] | None = Field(
+    env: EnvMap | None = Field(
         None,
         description=f"Set over the container's environment; each NAME=VALUE at most {MAX_ARG_BYTES} bytes, "
         f"{MAX_ENV_BYTES} bytes in all.",

@@ -274,7 +274,7 @@ def refusal(body: dict) -> str:
 def test_requests_are_checked_before_anything_is_queued():
     assert refusal({"command": "ls", "cwd": "tmp"}) == "cwd must be an absolute path"
     assert refusal({"command": "ls", "env": {"A": 1}}) == "env.A must be a string"
-    assert "env.A=B" in refusal({"command": "ls", "env": {"A=B": "c"}})
+    assert refusal({"command": "ls", "env": {"A=B": "c"}}).startswith("env has a bad name")
     assert refusal({"command": "x" * (MAX_ARG_BYTES + 1)}).startswith("command is longer than")
     assert refusal({"command": "ls\x00"}) == "command must not contain a NUL character"
     assert refusal({"command": "ls", "env": {"BIG": "v" * MAX_ARG_BYTES}}).startswith("env BIG: NAME=VALUE is longer")
