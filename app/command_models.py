@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, StrictStr, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, StrictInt, StrictStr, WithJsonSchema, field_validator
 
-from app.models import JobId, JobState, Reply, _Body, _Out, refuse
+from app.models import TEXT_PATTERN, JobId, JobState, Reply, _Body, _Out, refuse
 
 # One argv string may be at most 128 KiB including its NUL (Linux's MAX_ARG_STRLEN): the command
 # is one (bash -c COMMAND), and each env entry is one "NAME=VALUE" string.
@@ -39,6 +39,8 @@ def _no_nul(value: str) -> str:
 
 def _user(value):
     """A name, or a uid as an integer or digits: the string Docker's exec takes."""
+    if isinstance(value, float) and value.is_integer():  # JSON Schema's integers include 393.0
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (str, int)) and value is not None:
         raise refuse("must be a user name or a uid (integer)")
     if isinstance(value, int):
@@ -62,14 +64,33 @@ def _timeout(value):
 
 CommandText = Annotated[
     StrictStr,
-    Field(description=f"Run as `bash -c COMMAND`; at most {MAX_ARG_BYTES} bytes of UTF-8, no NUL."),
+    Field(
+        max_length=MAX_ARG_BYTES,
+        pattern=TEXT_PATTERN,
+        description=f"Run as `bash -c COMMAND`; at most {MAX_ARG_BYTES} bytes of UTF-8, no NUL.",
+    ),
 ]
 Cwd = Annotated[
     StrictStr,
-    Field(min_length=1, description=f"An absolute path, at most {MAX_CWD_BYTES} bytes; null: the container's own."),
+    Field(
+        description=f"An absolute path, at most {MAX_CWD_BYTES} bytes; null: the container's own.",
+        json_schema_extra={"pattern": r"^/[^\x00]*$"},  # checked by _absolute, whose texts say more
+    ),
 ]
-UserName = Annotated[StrictStr, Field(max_length=MAX_USER_LENGTH)]
-User = Annotated[UserName | None, BeforeValidator(_user)]
+# Names and values are checked by CommandRequest._entries; the schema says the same in one place.
+EnvMap = Annotated[
+    dict[StrictStr, StrictStr],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"minLength": 1, "maxLength": MAX_ENV_NAME, "pattern": ENV_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": TEXT_PATTERN},
+        }
+    ),
+]
+UserName = Annotated[StrictStr, Field(max_length=MAX_USER_LENGTH, pattern=USER_NAME_PATTERN)]
+Uid = Annotated[StrictInt, Field(ge=0, le=MAX_UID)]  # in the schema: _user makes it digits
+User = Annotated[UserName | Uid | None, BeforeValidator(_user)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Timeout = Annotated[Seconds | None, BeforeValidator(_timeout)]
 
@@ -77,13 +98,13 @@ Timeout = Annotated[Seconds | None, BeforeValidator(_timeout)]
 class CommandRequest(_Body):
     command: CommandText
     cwd: Cwd | None = None
-    env: dict[StrictStr, StrictStr] | None = Field(
+    env: EnvMap | None = Field(
         None,
         description=f"Set over the container's environment; each NAME=VALUE at most {MAX_ARG_BYTES} bytes, "
         f"{MAX_ENV_BYTES} bytes in all.",
     )
     user: User = Field(None, description="A user name or a uid (integer or digits); null: the container's default.")
-    timeout_sec: Timeout = Field(None, description="Seconds; null: COMMAND_MAX_TIMEOUT (the most allowed).")
+    timeout_sec: Timeout = Field(None, description="Seconds; null or more than COMMAND_MAX_TIMEOUT: that.")
 
     @field_validator("command")
     @classmethod
@@ -117,14 +138,6 @@ class CommandRequest(_Body):
             total += entry
         if total > MAX_ENV_BYTES:
             raise refuse(f"is larger than {MAX_ENV_BYTES} bytes in all")
-        return value
-
-    @field_validator("timeout_sec")
-    @classmethod
-    def _within_bound(cls, value: float | None, info: ValidationInfo) -> float | None:
-        bound = (info.context or {})["cfg"].command_max_timeout
-        if value is not None and value > bound:
-            raise refuse(f"is more than COMMAND_MAX_TIMEOUT ({bound:g} s)")
         return value
 
 

@@ -189,7 +189,6 @@ def test_bad_requests_are_400_and_queue_nothing(stack, run):
         ({"command": "x" * 200_000}, "command is longer than"),
         ({"command": "ls", "env": {"A": "v" * 200_000}}, "NAME=VALUE is longer"),
         ({"command": "ls", "timeout_sec": -1}, "timeout_sec"),
-        ({"command": "ls", "timeout_sec": 10**9}, "COMMAND_MAX_TIMEOUT"),
         ({"command": "ls", "user": "two words"}, "user must be"),
         ({}, "command is required"),
     ]:

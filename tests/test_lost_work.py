@@ -313,17 +313,21 @@ def test_exec_worker_killed_during_a_command_kills_the_command(lost_stack, pool,
 
     task = own_task("hello-file")
     lease = pool.allocate(task)
-    assert pool.reset(lease, task).status_code == 200
-    container = docker_client.containers.get(store(lost_stack).get_run(lease)["env"]["client"])
-    reply = lost_stack.post(f"/v1/runs/{lease}/commands", {"command": "sleep 1005 & setsid sleep 1005 & wait"})
-    job_id = reply.json()["job_id"]
-    assert wait_for(lambda: len(live_processes(container, "sleep 1005")) == 2, 30)
-    lost_stack.kill("exec")
-    job = wait_for(lambda: (j := store(lost_stack).get_job(job_id))["state"] == "failed" and j, 60)
-    assert job and job["code"] == "WORKER_LOST", store(lost_stack).get_job(job_id)
-    assert wait_for(lambda: live_processes(container, "sleep 1005") == [], 20)
-    lost_stack.start_worker("exec")
-    pool.close(lease)
+    try:
+        assert pool.reset(lease, task).status_code == 200
+        container = docker_client.containers.get(store(lost_stack).get_run(lease)["env"]["client"])
+        reply = lost_stack.post(f"/v1/runs/{lease}/commands", {"command": "sleep 1005 & setsid sleep 1005 & wait"})
+        job_id = reply.json()["job_id"]
+        started = wait_for(lambda: len(live_processes(container, "sleep 1005")) == 3, 30)  # bash and its two
+        assert started, (store(lost_stack).get_job(job_id), live_processes(container, "sleep"))
+        lost_stack.kill("exec")
+        job = wait_for(lambda: (j := store(lost_stack).get_job(job_id))["state"] == "failed" and j, 60)
+        assert job and job["code"] == "WORKER_LOST", store(lost_stack).get_job(job_id)
+        assert wait_for(lambda: live_processes(container, "sleep 1005") == [], 20)
+    finally:
+        if "exec" not in lost_stack.procs:  # killed above
+            lost_stack.start_worker("exec")
+        pool.close(lease)
 
 
 def test_eval_worker_killed_while_tests_run(lost_stack, pool, own_task):

@@ -377,8 +377,9 @@ EXPECTED_PATHS = {
     "/v1/runs/{run_id}/tool_calls": {"post"},
     "/v1/runs/{run_id}/evaluation": {"post"},
     "/v1/runs/{run_id}/fork": {"post"},
-    "/v1/jobs/{job_id}": {"get"},
     "/v1/tasks": {"post"},
+    "/v1/runs/{run_id}/commands": {"post"},
+    "/v1/jobs/{job_id}": {"get", "delete"},
     "/openapi.json": {"get"},
     "/metrics": {"get"},
 }
