@@ -378,6 +378,9 @@ EXPECTED_PATHS = {
     "/v1/runs/{run_id}/evaluation": {"post"},
     "/v1/runs/{run_id}/fork": {"post"},
     "/v1/jobs/{job_id}": {"get"},
+    "/v1/runs/{run_id}/archive": {"put"},
+    "/v1/runs/{run_id}/archive/export": {"post"},
+    "/v1/jobs/{job_id}/archive": {"get"},
     "/openapi.json": {"get"},
     "/metrics": {"get"},
 }
