@@ -146,6 +146,11 @@ def _reply(reply, refs: dict) -> dict:
     description, body = reply if isinstance(reply, tuple) else (reply, models.Error)
     if body is str:
         return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+    if body is bytes:  # a tar archive (app/archives_api.py)
+        return {
+            "description": description,
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+        }
     schema = refs[(body, "serialization")] if _is_model(body) else TypeAdapter(body).json_schema()
     return {"description": description, "content": {JSON: {"schema": schema}}}
 

@@ -7,16 +7,17 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StrictStr
 
-from app.models import PRINTABLE_PATTERN, JobId, Reply, refuse
+from app.models import CONTROL_CHARACTERS, PRINTABLE_PATTERN, JobId, Reply, refuse
 
-MAX_CONTAINER_PATH = 4096  # bytes of a path in the container (Linux's PATH_MAX)
+MAX_CONTAINER_PATH = 4096  # characters of a path in the container (Linux's PATH_MAX)
+# What /openapi.json says (the fuzzer reads it): absolute, no control characters. The validator
+# below checks the leading / itself, for a readable refusal.
+ABSOLUTE_PATTERN = f"^/[^{CONTROL_CHARACTERS}]*$"
 
 
 def _absolute(value: str) -> str:
     if not value.startswith("/"):
         raise refuse("must be an absolute path (start with /)")
-    if len(value.encode()) > MAX_CONTAINER_PATH:
-        raise refuse(f"is longer than {MAX_CONTAINER_PATH} bytes")
     return value
 
 
@@ -24,9 +25,11 @@ ContainerPath = Annotated[
     StrictStr,
     Field(
         min_length=1,
+        max_length=MAX_CONTAINER_PATH,
         pattern=PRINTABLE_PATTERN,
         description=f"An absolute path in the run's container: no control characters, at most "
-        f"{MAX_CONTAINER_PATH} bytes.",
+        f"{MAX_CONTAINER_PATH} characters.",
+        json_schema_extra={"pattern": ABSOLUTE_PATTERN},
     ),
     AfterValidator(_absolute),
 ]

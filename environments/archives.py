@@ -24,6 +24,7 @@ import docker.errors
 from termpool.failures import DockerError, Failure
 
 DIR_BIT = 1 << 31  # Go's os.ModeDir, in the path stat the Engine answers with
+LINK_BIT = 1 << 27  # Go's os.ModeSymlink
 STAT_HEADER = "X-Docker-Container-Path-Stat"
 CHUNK = 1 << 20  # bytes read from get_archive's stream at a time
 NEW_DIR_MODE = 0o755  # of the target's missing parents, made as root (as `mkdir -p` by root would)
@@ -58,14 +59,17 @@ def is_dir(stat: dict | None) -> bool:
     return bool(stat) and bool(int(stat.get("mode", 0)) & DIR_BIT)
 
 
-def _missing_parts(container, path: str) -> tuple[str, list[str]]:
-    """The deepest existing folder of `path` (itself when it exists) and the names below it
-    that do not exist yet, outermost first."""
+def _deepest_existing(container, path: str) -> tuple[str, dict | None, list[str]]:
+    """The deepest existing path of `path` (itself when it exists), its stat (None for /), and
+    the names below it that do not exist yet, outermost first."""
     current, missing = posixpath.normpath(path), []
-    while current != "/" and path_stat(container, current) is None:
+    while current != "/":
+        found = path_stat(container, current)
+        if found is not None:
+            return current, found, missing
         current, name = posixpath.split(current)
         missing.insert(0, name)
-    return current, missing
+    return current, None, missing
 
 
 def _folders_archive(names: list[str]) -> bytes:
@@ -85,7 +89,7 @@ def _put(container, path: str, data: bytes) -> None:
     except docker.errors.NotFound as exc:  # removed meanwhile
         raise PathNotFound(f"{path} does not exist in the container: {exc.explanation}") from None
     except docker.errors.APIError as exc:
-        if exc.status_code == 400:  # the Engine's "extraction point is not a directory"
+        if exc.status_code == 400:  # newer Engines' "extraction point is not a directory" (a race with the stat)
             raise NotADirectory(f"{path} is not a directory (or a parent of it is not): {exc.explanation}") from None
         raise
     if not accepted:
@@ -95,7 +99,9 @@ def _put(container, path: str, data: bytes) -> None:
 def extract(container, path: str, data: bytes) -> None:
     """Extract a tar archive into the directory `path`, made first (with its missing parents)
     when it does not exist; NotADirectory when it, or the deepest existing parent, is a file."""
-    existing, missing = _missing_parts(container, path)
+    existing, found, missing = _deepest_existing(container, path)
+    if found is not None and not int(found.get("mode", 0)) & (DIR_BIT | LINK_BIT):  # a link: the Engine follows it
+        raise NotADirectory(f"{existing} is not a directory" + (f", so {path} cannot be made" if missing else ""))
     if missing:
         _put(container, existing, _folders_archive(missing))
     _put(container, path, data)

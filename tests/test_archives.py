@@ -125,8 +125,8 @@ def test_a_folder_goes_up_and_comes_back_the_same(run, tmp_path):
 def test_upload_dir_merges_into_what_is_there(run, tmp_path):
     sh(run, "mkdir -p /tmp/merge/sub && echo old > /tmp/merge/old.txt && echo keep > /tmp/merge/sub/keep.txt")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "new.txt").write_text("new")
-    (tmp_path / "old.txt").write_text("replaced")
+    (tmp_path / "sub" / "new.txt").write_text("new\n")
+    (tmp_path / "old.txt").write_text("replaced\n")
     run.upload_dir(str(tmp_path), "/tmp/merge")
     assert sh(run, "cat /tmp/merge/old.txt /tmp/merge/sub/keep.txt /tmp/merge/sub/new.txt") == "replaced\nkeep\nnew"
 
@@ -178,7 +178,7 @@ def test_async_client(stack, run, tmp_path):
     assert tree(back) == tree(src)
     assert (tmp_path / "b.bin").read_bytes() == (src / "blob.bin").read_bytes()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        assert [(m.name, m.mode) for m in tar] == [("run.sh", 0o755)]
+        assert [(m.name, stat.S_IMODE(m.mode)) for m in tar] == [("run.sh", 0o755)]
 
 
 def test_compose_run_uses_the_agents_container(pool, tmp_path):
