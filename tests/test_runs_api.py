@@ -380,7 +380,6 @@ EXPECTED_PATHS = {
     "/v1/tasks": {"post"},
     "/v1/runs/{run_id}/commands": {"post"},
     "/v1/jobs/{job_id}": {"get", "delete"},
-    "/v1/jobs/{job_id}": {"get"},
     "/v1/runs/{run_id}/archive": {"put"},
     "/v1/runs/{run_id}/archive/export": {"post"},
     "/v1/jobs/{job_id}/archive": {"get"},

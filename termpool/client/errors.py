@@ -134,6 +134,8 @@ class JobNotCancellable(ClientError):
 
 class UnknownUser(ClientError):
     code = "UNKNOWN_USER"  # noqa: E701
+
+
 class BadArchive(ClientError):
     code = "BAD_ARCHIVE"  # noqa: E701
 
