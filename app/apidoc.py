@@ -142,10 +142,12 @@ def _operation(path: str, op: Operation, arguments: list[str], refs: dict) -> di
 
 
 def _reply(reply, refs: dict) -> dict:
-    """(description, model or type) or an Error's description -> an OpenAPI response."""
+    """(description, model or type or media type) or an Error's description -> an OpenAPI response."""
     description, body = reply if isinstance(reply, tuple) else (reply, models.Error)
     if body is str:
         return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+    if isinstance(body, str):  # a media type: a page the app does not write (gunicorn's own)
+        return {"description": description, "content": {body: {"schema": {"type": "string"}}}}
     if body is bytes:  # a tar archive (app/archives_api.py)
         return {
             "description": description,

@@ -75,7 +75,10 @@ def _queue(run_id: str, kind: str, task: str, blob: bytes | None = None, **kwarg
         404: UNKNOWN_RUN,
         409: WRONG_STATE,
         413: "The body is larger than ARCHIVE_MAX_BYTES (PAYLOAD_TOO_LARGE)",
-        414: "The request line is over gunicorn's 4094 bytes (a path of thousands of characters): gunicorn's own reply",
+        414: (
+            "The request line is over gunicorn's 4094 bytes (a path of thousands of characters): gunicorn's own page",
+            "text/html",
+        ),
     },
     query={"path": ("The directory to extract into; made if missing.", PATH)},
     tag="runs",
