@@ -53,7 +53,8 @@ RUNS_FACADE_STATUS = {
 }
 # Client errors a job can also end with: the run changed under a queued job, or a start found
 # what a one-per-host task pins held by another run of it on its host, or every block of its
-# host's run-network range held; a command cancelled, or run as a user its container lacks.
+# host's run-network range held; a command cancelled, or run as a user its container lacks; an
+# archive job's path missing or not a directory, or its archive too large.
 # An uploaded task that expired before a host materialized it is UNKNOWN_TASK there too.
 CLIENT_JOB_CODES = (
     "RUN_NOT_READY",
@@ -64,9 +65,10 @@ CLIENT_JOB_CODES = (
     "TASK_HAS_NO_TESTS",
     "JOB_CANCELLED",
     "UNKNOWN_USER",
+    "PATH_NOT_FOUND",
+    "NOT_A_DIRECTORY",
+    "ARCHIVE_TOO_LARGE",
 )
-# Client errors only an archive job ends with: what its path is, or how large its archive.
-CLIENT_JOB_CODES += ("PATH_NOT_FOUND", "NOT_A_DIRECTORY", "ARCHIVE_TOO_LARGE")
 # Codes only a probe answers (GET /readyz): no request or job ever fails with them.
 PROBE_CODES = ("NOT_READY",)
 
