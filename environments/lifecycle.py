@@ -217,6 +217,10 @@ def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, ti
     except (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout):
         # A build step silent for the whole limit (the stream's read timeout is the limit).
         raise TimeoutError(f"building {image} did not finish within {timeout:g} s") from None
+    finally:
+        # Closing the stream drops the connection, which is what stops the daemon's build; left to
+        # the garbage collector (a traceback keeps it alive) the build would run on past its limit.
+        stream.close()
 
 
 def _build_with_compose(

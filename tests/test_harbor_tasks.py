@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -250,12 +251,25 @@ def test_no_internet_episode(hstack, docker_client):
 
 def test_build_past_build_timeout_sec(hstack, docker_client):
     started = time.monotonic()
+    since = time.time()
     lease, reply = _try_reset(hstack, "harbor-slow-build")  # RUN sleep 120, build_timeout_sec = 3
     assert reply.status_code == 500, reply.text
     body = reply.json()
     assert (body["code"], body["retryable"]) == ("TASK_BUILD_FAILED", False), body
     assert "build_timeout_sec" in body["error"] and time.monotonic() - started < 60
     _close(hstack, docker_client, lease)
+    assert wait_for(lambda: not _builds_since(docker_client, since), 15), "the abandoned build runs on"
+
+
+def _builds_since(docker_client, since: float) -> list[str]:
+    """Containers of harbor-slow-build's RUN step created since `since` (older ones may be
+    builds Harbor's own Docker environment left running in another test)."""
+    found = []
+    for container in docker_client.containers.list():
+        created = datetime.fromisoformat(container.attrs["Created"][:26].rstrip("Z") + "+00:00").timestamp()
+        if "sleep 120" in " ".join(container.attrs["Config"]["Cmd"] or []) and created >= since - 1:
+            found.append(container.id)
+    return found
 
 
 @pytest.mark.parametrize(
