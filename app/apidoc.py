@@ -28,7 +28,7 @@ BAD_INPUT = (
     f"a lone surrogate, or nests deeper than {models.MAX_JSON_DEPTH}"
 )
 TOO_LARGE = f"The body is larger than {models.MAX_BODY_BYTES} bytes (code PAYLOAD_TOO_LARGE)"
-BACKEND_DOWN = "Redis or Docker is unreachable (code BACKEND_UNAVAILABLE)"
+BACKEND_DOWN = "Redis or Docker is unreachable (code REDIS_UNAVAILABLE or BACKEND_UNAVAILABLE)"
 BODY_NOTE = (
     "A body that is not a JSON object counts as {}. Strings must be valid Unicode, numbers must fit a "
     f"double, nesting is limited to {models.MAX_JSON_DEPTH} levels and the body to "

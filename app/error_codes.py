@@ -38,11 +38,20 @@ CLIENT_STATUS = {
     "ARCHIVE_NOT_FOUND": (None, 404),
 }
 # A job failure is a 500 on the pool API (as the reference server answers), except these.
-UNAVAILABLE = ("BACKEND_UNAVAILABLE", "BACKEND_FULL", "HOST_LOST", "CONTAINER_LOST", "WORKERS_DOWN", "NOT_READY")
+UNAVAILABLE = (
+    "BACKEND_UNAVAILABLE",
+    "REDIS_UNAVAILABLE",
+    "BACKEND_FULL",
+    "HOST_LOST",
+    "CONTAINER_LOST",
+    "WORKERS_DOWN",
+    "NOT_READY",
+)
 # The runs API answers a job failure 200 with the failed job record; the facade itself
 # answers these when it cannot do its own part (Redis away, an unexpected error).
 RUNS_FACADE_STATUS = {
     "BACKEND_UNAVAILABLE": 503,
+    "REDIS_UNAVAILABLE": 503,
     "BACKEND_FULL": 503,
     "HOST_LOST": 503,
     "CONTAINER_LOST": 503,

@@ -47,7 +47,7 @@ def register(app: Flask) -> None:
 
     def backend_down(exc):
         log.warning("backend unreachable: %s", exc)
-        return fail("BACKEND_UNAVAILABLE", f"Redis is unreachable: {exc}", 503)
+        return fail("REDIS_UNAVAILABLE", f"Redis is unreachable: {exc}", 503)
 
     for exc_class in BACKEND_DOWN:
         app.register_error_handler(exc_class, backend_down)

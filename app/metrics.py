@@ -181,7 +181,7 @@ class PoolCollector(Collector):
     def store(self) -> Store:
         if self._store is None:
             # A store of its own with short timeouts: a stuck Redis must not stall the scrape.
-            self._store = Store.connect(self.cfg, timeout=SCRAPE_REDIS_TIMEOUT)
+            self._store = Store.connect(self.cfg, timeout=SCRAPE_REDIS_TIMEOUT, wait_out=False)
         return self._store
 
     def describe(self):

@@ -12,13 +12,15 @@ from flask import Blueprint
 from app import error_codes, models
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
+from termpool import failures
 from termpool.state import CapacityError
 
 bp = Blueprint("pool", __name__)
 fail = fail_on(error_codes.pool_status)
 
 UNAVAILABLE = (
-    "Docker or the run's worker host could not be reached (BACKEND_UNAVAILABLE, HOST_LOST, WORKERS_DOWN): retry"
+    "Redis, Docker or the run's worker host could not be reached"
+    " (REDIS_UNAVAILABLE, BACKEND_UNAVAILABLE, HOST_LOST, WORKERS_DOWN): retry"
 )
 # The reference answers 500 for an unknown lease and a run that was not reset; routers expect it.
 UNKNOWN_LEASE = "Unknown run_lease_id (code UNKNOWN_LEASE)"
@@ -32,8 +34,9 @@ def _job_reply(job: dict, success: type[models.Reply], **fields):
             "TIMEOUT", f"{job.get('kind', 'job')} did not finish in time (job {job['job_id']} is {job['state']})"
         )
     code, error = job.get("code") or "INTERNAL", job.get("error") or "job failed"
-    if code == "BACKEND_UNAVAILABLE":  # a worker could not reach its Docker engine
-        error = f"Docker is unreachable: {error}"
+    prefix = failures.UNREACHABLE_PREFIX.get(code)  # records of older workers lack it
+    if prefix and not error.startswith(prefix):
+        error = f"{prefix}: {error}"
     return fail(code, error)
 
 

@@ -37,8 +37,9 @@ class BuildResult:
 
 
 def lock_store(cfg: Settings) -> Store:
-    """The state store whose locks serialise builds of one image on this host; checked now."""
-    store = Store.connect(cfg)
+    """The state store whose locks serialise builds of one image on this host; checked now (an
+    operator's command: a Redis that is away is said at once, not waited for)."""
+    store = Store.connect(cfg, wait_out=False)
     store.ping()
     return store
 

@@ -169,7 +169,7 @@ def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
     """Beat from a thread of its own on a Redis client of its own with short timeouts: no job
     holds it up, and a Redis that hangs costs a beat, not the next 30 s of them."""
     capacity = hosts.capacity(settings())
-    beats = Store.connect(settings(), timeout=hosts.WATCH_TIMEOUT)
+    beats = Store.connect(settings(), timeout=hosts.WATCH_TIMEOUT, wait_out=False)
     while not stop.is_set():
         try:
             beats.node_heartbeat(node)

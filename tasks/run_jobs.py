@@ -126,7 +126,8 @@ def _job(fn=None, *, on_failure=None, retry=False):
                 return None  # another task carries this job on
             except Exception as exc:
                 lost = _container_lost(run_id, exc)
-                code, error = failures.classify(lost or exc), _describe(lost or exc)
+                code = failures.classify(lost or exc)
+                error = failures.describe(lost or exc, code)
                 if (
                     retry
                     and not lost
@@ -185,13 +186,10 @@ def _record_end(job_id: str, **fields) -> None:
     through_outage(lambda: store().job_finished(job_id, **fields), f"job {job_id}'s end")
 
 
-def _describe(exc: BaseException) -> str:
-    """The error text of a failed job: the message, with the exception type where the
-    message alone would not say what failed; cut to failures.ERROR_LIMIT."""
-    text = str(exc).strip() or type(exc).__name__
-    if not isinstance(exc, (failures.Failure, TimeoutError)):
-        text = f"{type(exc).__name__}: {text}"
-    return failures.cap(text)
+def _failed(exc: BaseException) -> dict:
+    """A failure's code and text, as a job record and results.json carry them."""
+    code = failures.classify(exc)
+    return {"error": failures.describe(exc, code), "code": code}
 
 
 def _start_failed(run_id: str, error: str, code: str) -> None:
@@ -434,7 +432,7 @@ def evaluate(self, *, host, run_id, job_id):
                 artifacts.write_test_output(run_path, exc.output)
             artifacts.write_results(
                 run_path,
-                {"run_id": run_id, "score": None, "tests": {}, "error": _describe(exc), "code": failures.classify(exc)},
+                {"run_id": run_id, "score": None, "tests": {}, **_failed(exc)},
             )
             raise
     artifacts.write_test_output(run_path, result.output)

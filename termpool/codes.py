@@ -81,7 +81,13 @@ CODES: dict[str, Code] = {
         Code("REWARD_MISSING", "task", False, "a Harbor task's verifier wrote no usable reward file"),
         Code("RUN_DISK_LIMIT", "task", False, "the run wrote more than its disk limit; it was ended and removed"),
         # infrastructure errors: retry the episode
-        Code("BACKEND_UNAVAILABLE", "infrastructure", True, "Redis or the Docker engine could not be reached"),
+        Code("BACKEND_UNAVAILABLE", "infrastructure", True, "a worker could not reach its Docker engine"),
+        Code(
+            "REDIS_UNAVAILABLE",
+            "infrastructure",
+            True,
+            "Redis (run state and job queues) could not be reached within the call's limit",
+        ),
         Code(
             "BACKEND_FULL",
             "infrastructure",

@@ -130,6 +130,11 @@ class NetworksExhausted(Failure):
 
 # Library exception types -> code, in registration order (the first that matches wins).
 _CODES_BY_TYPE: list[tuple[type[BaseException], str]] = []
+# A backend's own "could not reach it" types -> its code (Redis's: REDIS_UNAVAILABLE), checked
+# along the exception's chain before the generic connection errors, which mean Docker.
+_UNREACHABLE_BY_TYPE: list[tuple[type[BaseException], str]] = []
+# What a failed job's text starts with, naming the component that could not be reached.
+UNREACHABLE_PREFIX = {"BACKEND_UNAVAILABLE": "Docker is unreachable", "REDIS_UNAVAILABLE": "Redis is unreachable"}
 
 
 def register_codes(codes: dict[type[BaseException], str]) -> None:
@@ -143,26 +148,53 @@ def register_codes(codes: dict[type[BaseException], str]) -> None:
             _CODES_BY_TYPE.append((kind, code))
 
 
-def _unreachable(exc: BaseException) -> bool:
-    kinds = (requests.exceptions.ConnectionError, ConnectionError)
+def register_unreachable(kinds: tuple[type[BaseException], ...], code: str) -> None:
+    """Name the component behind a library's connection errors: an exception of `kinds`
+    anywhere in a failure's chain (the outermost known one decides) gets `code`."""
+    if code not in CODES:
+        raise ValueError(f"unknown failure code {code!r}")
+    known = {kind for kind, _ in _UNREACHABLE_BY_TYPE}
+    _UNREACHABLE_BY_TYPE.extend((kind, code) for kind in kinds if kind not in known)
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """The code of the component that could not be reached, walking the chain outermost
+    first: a Redis timeout whose cause is a refused socket is Redis's, not Docker's."""
+    generic = (requests.exceptions.ConnectionError, ConnectionError)
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, kinds):
-            return True
+        for kind, code in _UNREACHABLE_BY_TYPE:
+            if isinstance(exc, kind):
+                return code
+        if isinstance(exc, generic):
+            return "BACKEND_UNAVAILABLE"
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def classify(exc: BaseException) -> str:
     """The code of any exception a job may raise, by its type."""
     if isinstance(exc, Failure):
         return exc.code
-    if _unreachable(exc):
-        return "BACKEND_UNAVAILABLE"
+    unreachable = _unreachable(exc)
+    if unreachable:
+        return unreachable
     if isinstance(exc, (TimeoutError, requests.exceptions.Timeout)):
         return "TIMEOUT"
     for kind, code in _CODES_BY_TYPE:
         if isinstance(exc, kind):
             return code
     return "INTERNAL"
+
+
+def describe(exc: BaseException, code: str) -> str:
+    """A failed job's text: the message, with the exception type where the message alone would
+    not say what failed, after the component for an unreachable one; cut to ERROR_LIMIT."""
+    text = str(exc).strip() or type(exc).__name__
+    if not isinstance(exc, (Failure, TimeoutError)):
+        text = f"{type(exc).__name__}: {text}"
+    prefix = UNREACHABLE_PREFIX.get(code)
+    if prefix and not text.startswith(prefix):
+        text = f"{prefix}: {text}"
+    return cap(text)

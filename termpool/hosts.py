@@ -53,7 +53,7 @@ JOB_QUEUE_KINDS = {
 def make_watch(cfg: Settings, reader: Store | None = None) -> liveness.Watch:
     """A watch of every host (not started), reading through `reader`, by default a Redis client
     of its own with short timeouts."""
-    reader = reader or Store.connect(cfg, timeout=WATCH_TIMEOUT)
+    reader = reader or Store.connect(cfg, timeout=WATCH_TIMEOUT, wait_out=False)
 
     def read(also: set) -> liveness.Snapshot:
         return liveness.Snapshot(*reader.beats_snapshot(also))

@@ -137,6 +137,10 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         broker_connection_retry=True,
         broker_connection_max_retries=None,
         broker_channel_error_retry=True,
+        # Sending a job waits out an unreachable Redis as the state store's commands do
+        # (REDIS_OUTAGE_SECONDS): tries 0.5 s apart, then 2 s apart, about that long in all.
+        task_publish_retry=True,
+        task_publish_retry_policy=_publish_retry_policy(cfg.redis_outage_seconds),
         # One priority step (termpool sends no priorities): every message of a queue is in the
         # Redis list named after it, whose LLEN is the queue's depth (Store.queue_depths).
         # A Sentinel deployment adds the primary's name (connection.py): kombu asks the
@@ -154,6 +158,16 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def _publish_retry_policy(outage: float) -> dict:
+    """kombu's retry policy for publishing (waits of 0, 0.5, 1, 1.5, then 2 s) spanning about
+    `outage` seconds."""
+    waits, tries = 0.0, 0
+    while waits < outage:
+        tries += 1
+        waits += min(0.5 * (tries - 1), 2.0)
+    return {"max_retries": tries, "interval_start": 0, "interval_step": 0.5, "interval_max": 2.0}
 
 
 def follow_monitor(app: Celery, cfg: Settings, store) -> None:

@@ -11,7 +11,7 @@ from tests.conftest import Router, wait_for
 @pytest.fixture(scope="module")
 def lonely_stack(base_image):
     # Workers that talk to a Docker socket that does not exist.
-    s = Stack(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"}).start()
+    s = Stack(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "REDIS_OUTAGE_SECONDS": "3"}).start()
     yield s
     s.stop()
 
@@ -30,7 +30,7 @@ def test_redis_down_gives_503_then_recovers(lonely_stack):
     lonely_stack.kill("redis")
     reply = lonely_stack.post("/allocate", {"task_key": "hello-file"}, timeout=30)
     assert reply.status_code == 503
-    assert reply.json()["code"] == "BACKEND_UNAVAILABLE" and "Redis" in reply.json()["error"]
+    assert reply.json()["code"] == "REDIS_UNAVAILABLE" and "Redis" in reply.json()["error"]
     assert lonely_stack.get("/status").status_code == 503
     assert lonely_stack.get("/healthz").status_code == 200
     lonely_stack._spawn(

@@ -88,7 +88,15 @@ def test_a_call_that_must_land_waits_out_an_outage_only():
 
 @pytest.mark.unit
 def test_a_job_failed_by_redis_has_a_retryable_code():
-    assert failures.classify(redis.exceptions.TimeoutError("Timeout connecting to server")) == "BACKEND_UNAVAILABLE"
-    assert failures.classify(redis.exceptions.ConnectionError("refused")) == "BACKEND_UNAVAILABLE"
+    assert failures.classify(redis.exceptions.TimeoutError("Timeout connecting to server")) == "REDIS_UNAVAILABLE"
+    assert failures.classify(redis.exceptions.ConnectionError("refused")) == "REDIS_UNAVAILABLE"
+    try:  # a refused socket under Redis's own error is Redis's, not a generic (Docker) one
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as inner:
+            raise redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379") from inner
+    except redis.exceptions.ConnectionError as exc:
+        assert failures.classify(exc) == "REDIS_UNAVAILABLE"
+        assert failures.describe(exc, "REDIS_UNAVAILABLE").startswith("Redis is unreachable: ConnectionError")
     assert failures.classify(redis.exceptions.OutOfMemoryError("OOM command not allowed")) == "BACKEND_FULL"
     assert failures.retryable("BACKEND_FULL") and failures.retryable("CONTAINER_LOST")

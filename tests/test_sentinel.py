@@ -98,7 +98,7 @@ def test_lua_scripts_work_on_the_promoted_replica(tmp_path):
 @pytest.mark.unit
 def test_a_job_record_lost_under_a_waiting_call_is_retryable(redis_server):
     """The window a failover loses: the job record the facade wrote is not on the new primary.
-    The blocking call answers as Redis away does (503 BACKEND_UNAVAILABLE), not 500."""
+    The blocking call answers as Redis away does (503 REDIS_UNAVAILABLE), not 500."""
     from app.engine import Engine
     from app.errors import BACKEND_DOWN
 
@@ -203,7 +203,7 @@ def test_episodes_go_on_through_a_failover(ha_stack):
     assert all(retryable for _, _, retryable in failures.seen), failures.seen
     # Redis away for a moment (503); or a step whose end was written to the old primary and
     # never reached the replica, which the episode's error path finds running (WORKER_LOST).
-    assert set(codes) <= {"BACKEND_UNAVAILABLE", "WORKER_LOST"}, codes
+    assert set(codes) <= {"REDIS_UNAVAILABLE", "WORKER_LOST"}, codes
     # Every episode ended whole on the new primary, and the pool serves a new one.
     assert run_episode(pool, Failures())[1] > killed_at
     assert stack.redis.info("replication")["role"] == "master"

@@ -208,6 +208,10 @@ class BackendUnavailable(InfrastructureError):
     code = "BACKEND_UNAVAILABLE"  # noqa: E701
 
 
+class RedisUnavailable(InfrastructureError):
+    code = "REDIS_UNAVAILABLE"  # noqa: E701
+
+
 class BackendFull(InfrastructureError):
     code = "BACKEND_FULL"  # noqa: E701
 

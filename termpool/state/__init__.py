@@ -152,8 +152,9 @@ UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is a
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
 # A job that cannot reach Redis (an outage, a partition) or meets a full one fails with a
-# retryable code of its own, not INTERNAL.
-failures.register_codes({**dict.fromkeys(UNREACHABLE, "BACKEND_UNAVAILABLE"), FULL: "BACKEND_FULL"})
+# retryable code of its own that names Redis, never Docker's BACKEND_UNAVAILABLE.
+failures.register_unreachable(UNREACHABLE, "REDIS_UNAVAILABLE")
+failures.register_codes({FULL: "BACKEND_FULL"})
 
 
 class RecordLost(redis.exceptions.ConnectionError):
@@ -191,10 +192,13 @@ class Store(
         self._drop_images = client.register_script(_DROP_IMAGES)
 
     @classmethod
-    def connect(cls, cfg: Settings, timeout: float = 30) -> Store:
+    def connect(cls, cfg: Settings, timeout: float = 30, wait_out: bool = True) -> Store:
         """A store on its own client of the deployment's Redis: REDIS_URL's, or the primary the
-        sentinels name (connection.py). How every termpool process reaches the state store."""
-        return cls(connection.client(cfg, timeout), cfg.record_ttl)
+        sentinels name (connection.py). How every termpool process reaches the state store.
+        Its commands wait out an unreachable Redis for REDIS_OUTAGE_SECONDS; wait_out=False for
+        readers that must answer at once (metrics, liveness, heartbeats: the next try is soon)."""
+        outage = cfg.redis_outage_seconds if wait_out else 0.0
+        return cls(connection.client(cfg, timeout, outage), cfg.record_ttl)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30, record_ttl: int = RECORD_TTL) -> Store:

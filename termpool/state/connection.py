@@ -7,8 +7,9 @@ replicas instead (REDIS_SENTINEL_MASTER: the name they watch it by). redis-py's 
 asks them for the primary's address whenever it opens a connection; a connection left on a
 primary that was demoted meets READONLY, which redis-py turns into a ConnectionError (and a new
 look-up next time). kombu's `sentinel://` transport does the same for the broker. So during a
-failover a caller meets ConnectionError or TimeoutError, as when the one Redis is away: the
-facade answers 503 BACKEND_UNAVAILABLE (retryable) and the workers keep trying (tasks/run_jobs.py).
+failover a command meets ConnectionError or TimeoutError, as when the one Redis is away, and
+OutageRetry sends it again until REDIS_OUTAGE_SECONDS have passed: the caller only waits. Past
+that the facade answers 503 REDIS_UNAVAILABLE (retryable).
 
 The Lua scripts survive a failover: redis-py's Script sends EVALSHA and, on NOSCRIPT from a
 server that never saw the script (the promoted replica), loads it and sends it again.
@@ -17,9 +18,12 @@ server that never saw the script (the promoted replica), loads it and sends it a
 from __future__ import annotations
 
 import logging
+import time
 from urllib.parse import quote, urlsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from termpool.config import Settings
@@ -29,21 +33,53 @@ log = logging.getLogger(__name__)
 SENTINEL_TIMEOUT = 2.0  # seconds for one question to one sentinel: a silent one costs no more
 
 
-def client_options(timeout: float) -> dict:
+class OutageRetry(Retry):
+    """redis-py's retry bounded by time instead of by count: a command meeting a connection
+    error or a timeout is sent again, with jittered backoff, until `window` seconds have passed
+    since its first failure, so a restart, a partition or a Sentinel failover shorter than that
+    costs its caller only the wait. (A command whose reply was lost may run twice; termpool's
+    writes are state transitions and sets that a second run leaves as they are.)"""
+
+    def __init__(self, window: float):
+        super().__init__(ExponentialWithJitterBackoff(base=0.1, cap=1.0), retries=-1)
+        self.window = window
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        first_failure: list[float] = []
+
+        def within_window(error: Exception) -> bool:
+            if is_retryable is not None and not is_retryable(error):
+                return False
+            first_failure[:] = first_failure or [time.monotonic()]
+            if time.monotonic() - first_failure[0] < self.window:
+                log.warning("Redis not reached (%s); trying again", error)
+                return True
+            return False
+
+        return super().call_with_retry(do, fail, within_window, with_failure_count)
+
+
+def client_options(timeout: float, outage: float = 0.0) -> dict:
     """How every state-store connection behaves. The socket timeout must exceed wait_job's polls
-    of a few seconds (readers that never block, like /metrics, pass a short one)."""
-    return {
+    of a few seconds (readers that never block, like /metrics, pass a short one). `outage`:
+    seconds a command waits for an unreachable Redis (REDIS_OUTAGE_SECONDS; 0: none)."""
+    options = {
         "decode_responses": True,
         "health_check_interval": 30,
         "socket_timeout": timeout,
         "socket_connect_timeout": min(5, timeout),
     }
+    if outage > 0:
+        options["retry"] = OutageRetry(outage)
+    return options
 
 
-def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
-    """A client of the primary: REDIS_URL's Redis, or the one the sentinels name now."""
+def client(cfg: Settings, timeout: float = 30, outage: float = 0.0) -> redis.Redis:
+    """A client of the primary: REDIS_URL's Redis, or the one the sentinels name now. Commands
+    wait out an unreachable Redis for `outage` seconds (the long-lived stores of the facade and
+    the workers pass REDIS_OUTAGE_SECONDS; readers that must not block pass nothing)."""
     if not cfg.redis_sentinels:
-        return client_for_url(cfg.redis_url, timeout)
+        return client_for_url(cfg.redis_url, timeout, outage)
     sentinel = Sentinel(
         list(cfg.redis_sentinels),
         sentinel_kwargs={
@@ -53,13 +89,16 @@ def client(cfg: Settings, timeout: float = 30) -> redis.Redis:
         },
     )
     return sentinel.master_for(
-        cfg.redis_sentinel_master, db=cfg.redis_db, password=cfg.redis_password or None, **client_options(timeout)
+        cfg.redis_sentinel_master,
+        db=cfg.redis_db,
+        password=cfg.redis_password or None,
+        **client_options(timeout, outage),
     )
 
 
-def client_for_url(url: str, timeout: float = 30) -> redis.Redis:
+def client_for_url(url: str, timeout: float = 30, outage: float = 0.0) -> redis.Redis:
     """A client of one Redis by URL (tests and tools that start their own)."""
-    return redis.Redis.from_url(url, **client_options(timeout))
+    return redis.Redis.from_url(url, **client_options(timeout, outage))
 
 
 def binary_client(client: redis.Redis) -> redis.Redis:
