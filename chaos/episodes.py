@@ -9,6 +9,12 @@ evaluation runs the tests again, a close is a no-op the second time), so, as a r
 honours `retryable` does, a step answered with a retryable failure is sent again while
 keep_trying allows; a step that still fails ends the episode (its lease is closed, best
 effort) and its run counts as lost.
+
+With the seed's client instead (`--client seed`), every failed call is sent again a fixed number
+of times whatever its code, as the seed's env_client does over slime's HTTP helper (SEED_RETRIES),
+tool calls included. Either way an episode is *whole* when it scored, closed and lost no tool
+call, and *whole without retries* when it also sent no request twice: the figure a client that
+never retries would have seen.
 """
 
 from __future__ import annotations
@@ -95,6 +101,31 @@ class Client:
         self.pool.close()
 
 
+# The seed's client: how often it sends a failed call again (any failure: it does not read
+# `retryable`), SEED_RETRY_WAIT seconds apart. A close is not sent again.
+SEED_RETRIES = {"allocate": 100, "reset": 10, "tool_call": 3, "write": 3, "evaluate": 1}
+SEED_RETRY_WAIT = 2.0
+
+
+class SeedRetrying:
+    """Sends a failed call again SEED_RETRIES[step] times, whatever the failure."""
+
+    def __init__(self, client: Client):
+        self.client, self.retries = client, 0
+
+    def call(self, step: str, request):
+        left = SEED_RETRIES.get(step, 0)
+        while True:
+            try:
+                return self.client.call(step, request)
+            except StepFailed:
+                if left <= 0:
+                    raise
+            left -= 1
+            self.retries += 1
+            time.sleep(SEED_RETRY_WAIT)
+
+
 # Retryable, but not by sending the step again: the run itself is gone (a router starts a new one).
 RUN_GONE = ("CONTAINER_LOST", "HOST_LOST")
 
@@ -122,12 +153,16 @@ class Retrying:
             time.sleep(1)
 
 
-def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS, keep_trying=None) -> dict:
+def episode(
+    client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS, keep_trying=None, seed: bool = False
+) -> dict:
     """One episode; returns its record (never raises). An episode that never gets a lease was
     refused; one whose step fails for good after it got its lease is a lost run. Allocate (same
-    request id) and the idempotent steps are retried while retryable; tool calls never are."""
+    request id) and the idempotent steps are retried while retryable; tool calls never are.
+    seed: retry as the seed's client does instead (SeedRetrying), tool calls too."""
     lease, lost = None, 0
-    steps = Retrying(client, keep_trying or (lambda waited: False))
+    steps = SeedRetrying(client) if seed else Retrying(client, keep_trying or (lambda waited: False))
+    tools = steps if seed else client
     allocate_retries = 0
     try:
         request_id = uuid.uuid4().hex  # the same for every try: a repeat gets the same lease
@@ -136,7 +171,7 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
         steps.call("reset", lambda: lease.reset(task_name, instruction="chaos episode"))
         for call, expected in tool_calls:
             try:
-                observation = client.call("tool_call", lambda call=call: lease.tool(call["name"], **call["arguments"]))
+                observation = tools.call("tool_call", lambda call=call: lease.tool(call["name"], **call["arguments"]))
                 if expected not in str(observation):
                     lost += 1
             except StepFailed:
@@ -154,6 +189,8 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
             raise StepFailed("close", "NOT_FOUND_AT_CLOSE", f"found={found!r}")
         return {
             "ok": True,
+            "whole": lost == 0,
+            "whole_without_retries": lost == 0 and steps.retries == 0 and allocate_retries == 0,
             "lost_tool_calls": lost,
             "allocate_retries": allocate_retries,
             "step_retries": steps.retries,
@@ -161,6 +198,8 @@ def episode(client: Client, task_key: str, task_name: str, tool_calls=TOOL_CALLS
     except StepFailed as failed:
         return {
             "ok": False,
+            "whole": False,
+            "whole_without_retries": False,
             "step": failed.step,
             "code": failed.code,
             "detail": failed.detail,

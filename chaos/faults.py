@@ -72,6 +72,21 @@ def wait_in_flight(app, task_name: str, kind: str, timeout: float = IN_FLIGHT_WA
     return None
 
 
+# A Redis or Docker outage is aimed at the work that suffers most from it: a reset and an
+# evaluation running at once, else an evaluation alone (up to IN_FLIGHT_WAIT in all).
+def wait_reset_and_eval(store, prefer_both_for: float, timeout: float = IN_FLIGHT_WAIT) -> dict:
+    """Wait until a reset (a `start` job) and an evaluation are running at the same time (the
+    jobs worker processes hold, from the state store); after `prefer_both_for` s, an evaluation
+    alone will do. What ran when the wait ended, for the fault's record."""
+    began, kinds = time.monotonic(), []
+    while time.monotonic() - began < timeout:
+        kinds = sorted(store.running_kinds())
+        if "evaluation" in kinds and ("start" in kinds or time.monotonic() - began >= prefer_both_for):
+            break
+        time.sleep(0.05)
+    return {"in_flight": kinds, "reset_and_eval_in_flight": "evaluation" in kinds and "start" in kinds}
+
+
 def kill(proc: psutil.Process, role: str) -> dict:
     info = {"action": "kill -9", "role": role, "pid": proc.pid, "cmdline": _cmdline(proc)}
     os.kill(proc.pid, signal.SIGKILL)

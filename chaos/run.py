@@ -52,6 +52,7 @@ class Scenario:
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
 # others from their end (a kill is instant; a SIGSTOP or a partition is timed once lifted).
+BOTH_IN_FLIGHT_PREFERENCE = 10.0  # s an outage waits for a reset and an evaluation at once
 RECOVER_FROM_START = ("redis-restart", "restart-stack", "sentinel-failover", *grey.RECOVER_FROM_START)
 
 SCENARIOS = {
@@ -94,9 +95,16 @@ SCENARIOS = {
 }
 
 
-def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None) -> dict:
+def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None, prefer_both: float = 0.0) -> dict:
     if scenario.action in ("none", "busy-loops"):  # the busy loops run around the episodes
         return {"action": scenario.action}
+    if scenario.action in ("partition", "docker-restart"):  # aimed at resets and evaluations in flight
+        aimed = faults.wait_reset_and_eval(service.store(), prefer_both)
+        return {**aimed, "hit_at": time.monotonic(), **inject_now(scenario, service, undo, daemon)}
+    return inject_now(scenario, service, undo, daemon)
+
+
+def inject_now(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None) -> dict:
     if scenario.action in grey.ACTIONS:
         return grey.inject(scenario.action, service, daemon)
     if scenario.action == "redis-restart":
@@ -138,7 +146,12 @@ def measure_recovery(service: Service, t0: float, result: dict) -> None:
 
 
 def run_scenario(
-    scenario: Scenario, episodes: int, concurrency: int, logs: Path, request_timeout: float = REQUEST_TIMEOUT
+    scenario: Scenario,
+    episodes: int,
+    concurrency: int,
+    logs: Path,
+    request_timeout: float = REQUEST_TIMEOUT,
+    seed_client: bool = False,
 ) -> dict:
     """Start the service, run the episodes with the fault, measure; the service is stopped and
     cleaned up whatever happens (a scenario that could not run says why under "error")."""
@@ -147,13 +160,20 @@ def run_scenario(
             # sentinel-failover: Redis is a Sentinel deployment (chaos/sentinel.py), not serve.sh's own
             kind = sentinel.SentinelService if scenario.action == "sentinel-failover" else Service
             service = kind(scratch_dir(), {**env, **dict(scenario.env)})
-            return _run_scenario(scenario, service, daemon, episodes, concurrency, logs, request_timeout)
+            return _run_scenario(scenario, service, daemon, episodes, concurrency, logs, request_timeout, seed_client)
     except Exception as exc:  # what the scenario runs on (a second Docker daemon) could not be set up
         return {"scenario": scenario.name, "fault": scenario.fault, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _run_scenario(
-    scenario: Scenario, service: Service, daemon, episodes: int, concurrency: int, logs: Path, request_timeout: float
+    scenario: Scenario,
+    service: Service,
+    daemon,
+    episodes: int,
+    concurrency: int,
+    logs: Path,
+    request_timeout: float,
+    seed_client: bool = False,
 ) -> dict:
     concurrency = scenario.concurrency or concurrency
     result: dict = {
@@ -161,6 +181,7 @@ def _run_scenario(
         "fault": scenario.fault,
         "episodes": episodes,
         "concurrency": concurrency,
+        "client": "seed" if seed_client else "router",
         "host_id": service.host_id,
     }
     started = time.monotonic()
@@ -173,7 +194,9 @@ def _run_scenario(
         if not ok:
             raise RuntimeError(f"warm-up episode failed: {why}")
         task = service.slow_task(SLOW_BUILD_SECONDS) if scenario.slow_build else BASE_TASK
-        result.update(run_episodes(scenario, service, task, episodes, concurrency, request_timeout, daemon))
+        result.update(
+            run_episodes(scenario, service, task, episodes, concurrency, request_timeout, daemon, seed_client)
+        )
         result["settle_s"] = leftovers.settle(service)
         result["not_running_after"] = service.missing_roles() if service.alive() else ["serve.sh"]
         result["leftovers"] = leftovers.measure(service)
@@ -192,8 +215,10 @@ def run_episodes(
     concurrency: int,
     request_timeout: float,
     daemon=None,
+    seed_client: bool = False,
 ) -> dict:
-    """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery."""
+    """The episodes, `concurrency` at once, and the fault FAULT_AFTER s in, then recovery.
+    seed_client: the episodes retry as the seed's client does (episodes.SeedRetrying)."""
     log = Log()
     local = threading.local()
     clients: list[Client] = []
@@ -210,7 +235,8 @@ def run_episodes(
         if not hasattr(local, "client"):
             local.client = Client(service.url, log, request_timeout)
             clients.append(local.client)
-        record = episode(local.client, f"chaos-{index % concurrency}", task, keep_trying=keep_trying)
+        key = f"chaos-{index % concurrency}"
+        record = episode(local.client, key, task, keep_trying=keep_trying, seed=seed_client)
         log.episode(record)
         return record
 
@@ -219,7 +245,9 @@ def run_episodes(
         service.snapshot()
         at = time.monotonic()
         try:
-            fault_info.update(inject(scenario, service, undo, daemon))
+            # Wait for a reset beside the evaluation only when enough episodes are left to bring one.
+            prefer_both = BOTH_IN_FLIGHT_PREFERENCE if episodes >= 4 * concurrency else 0.0
+            fault_info.update(inject(scenario, service, undo, daemon, prefer_both))
         except Exception as exc:
             fault_info["error"] = f"{type(exc).__name__}: {exc}"
         at = fault_info.pop("hit_at", at)  # a fault that measures first says when it hit (monotonic)
@@ -279,6 +307,8 @@ def summarize(log: Log, marks=()) -> dict:
             examples.setdefault(f"{e['code']} ({e['step']})", e["detail"])
     return {
         "episodes_ok": sum(1 for e in log.episodes if e["ok"]),
+        "episodes_whole": sum(1 for e in log.episodes if e.get("whole")),
+        "episodes_whole_without_retries": sum(1 for e in log.episodes if e.get("whole_without_retries")),
         "failed_by_code": dict(failed.most_common()),
         "failure_examples": examples,
         "lost_tool_calls": sum(e["lost_tool_calls"] for e in log.episodes),
@@ -330,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         default=REQUEST_TIMEOUT,
         help="client timeout of one request, seconds (a request that hits it counts as failed)",
     )
+    parser.add_argument(
+        "--client",
+        choices=("router", "seed"),
+        default="router",
+        help="how episodes retry: a router that resends retryable idempotent steps (default), or the"
+        " seed's client (a fixed number of tries per call: episodes.SEED_RETRIES)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--markdown", type=Path, help="write the table to this file too")
     parser.add_argument("--logs", type=Path, help="keep each scenario's service log here (default: a temp folder)")
@@ -344,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "episodes": args.episodes,
         "concurrency": args.concurrency,
         "request_timeout_s": args.request_timeout,
+        "client": args.client,
         "fault_after_s": FAULT_AFTER,
         "recover_limit_s": RECOVER_LIMIT,
         **machine(),
@@ -352,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     failed_to_run = 0
     for name in names:
         print(f"[chaos] {name} ...", file=sys.stderr, flush=True)
-        result = run_scenario(SCENARIOS[name], args.episodes, args.concurrency, logs, args.request_timeout)
+        result = run_scenario(
+            SCENARIOS[name], args.episodes, args.concurrency, logs, args.request_timeout, args.client == "seed"
+        )
         results.append(result)
         failed_to_run += "error" in result
         print(f"[chaos] {name}: {report.one_line(result)}", file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ def test_table_names_failures_and_leftovers():
         "leftovers": {"containers": ["a"], "slots_held": 2, "redis_locks": [], "processes": []},
     }
     row = report.table([result]).splitlines()[2]
-    assert "| 3/4 | 1 | 0 |" in row and "1x WORKER_LOST (reset)" in row and "21.5 s (reset); 1 > 20 s" in row
+    assert "| 3/4 | - / - | 1 | 0 |" in row and "1x WORKER_LOST (reset)" in row and "21.5 s (reset); 1 > 20 s" in row
     assert "never (service exited)" in row and "1 containers, 2 slots held" in row
 
 
@@ -107,10 +107,11 @@ def test_busy_loops_are_killed_whatever_happens():
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def run_chaos(tmp_path, scenario: str, episodes: int, timeout: float = 300) -> tuple[dict, str]:
+def run_chaos(tmp_path, scenario: str, episodes: int, timeout: float = 300, client="router") -> tuple[dict, str]:
     """One scenario through `python -m chaos.run`, two episodes at once: its JSON record and the table."""
     out = tmp_path / "chaos.json"
     argv = ["--scenarios", scenario, "--episodes", str(episodes), "--concurrency", "2", "--json", str(out)]
+    argv += ["--client", client]
     proc = subprocess.run(
         [sys.executable, "-m", "chaos.run", *argv, "--logs", str(tmp_path / "logs")],
         cwd=ROOT,
@@ -126,7 +127,7 @@ def run_chaos(tmp_path, scenario: str, episodes: int, timeout: float = 300) -> t
 
 def test_baseline_scenario_runs_clean(tmp_path):
     result, table = run_chaos(tmp_path, "baseline", 2)
-    assert "| baseline | none | 2/2 | 0 | 0 |" in table, table
+    assert "| baseline | none | 2/2 | 2 / 2 | 0 | 0 |" in table, table
     assert result["episodes_ok"] == 2 and result["requests"] == 16, result
     assert result["recover_s"] is not None and result["not_running_after"] == [], result
     assert result["leftover_count"] == 0, result["leftovers"]
@@ -153,4 +154,14 @@ def test_docker_restart_fails_lost_runs_with_a_retryable_code(tmp_path):
     assert set(result["request_failures_by_code"]) <= {"CONTAINER_LOST", "BACKEND_UNAVAILABLE"}, result
     assert set(result["failed_by_code"]) <= {f"CONTAINER_LOST ({step})" for step in ("reset", "write", "evaluate")}
     assert result["requests_over_20s"] == 0 and result["recover_s"] is not None, result
+    assert result["leftover_count"] == 0, result["leftovers"]
+
+
+def test_a_redis_partition_costs_no_call(tmp_path):
+    """Redis's port dropped both ways for 10 s while an evaluation runs: the calls in flight
+    wait for it and finish; every episode whole without a single retry, nothing left."""
+    result, _ = run_chaos(tmp_path, "redis-partition", 4, timeout=600, client="seed")
+    assert "evaluation" in result["fault_detail"]["in_flight"], result["fault_detail"]
+    assert result["episodes_whole_without_retries"] == 4, result["failure_examples"]
+    assert result["request_failures_by_code"] == {} and result["step_retries"] == 0, result
     assert result["leftover_count"] == 0, result["leftovers"]

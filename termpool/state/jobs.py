@@ -236,6 +236,13 @@ class JobsState:
     def worker_jobs(self, token: str) -> list[str]:
         return list(self._r.smembers(keys.worker_jobs_key(token)))
 
+    def running_kinds(self) -> list[str]:
+        """The kinds of the jobs worker processes hold now (their lists above), with repeats."""
+        job_ids: set[str] = set()
+        for key in self._r.scan_iter(match=keys.worker_jobs_key("*"), count=200):
+            job_ids.update(self._r.smembers(key))
+        return [job.get("kind", "") for job in self.get_jobs(sorted(job_ids)) if job]
+
     def take_lost_job(self, token: str, job_id: str) -> bool:
         """True for exactly one caller: whoever removes the job from its dead process's set."""
         return bool(self._r.srem(keys.worker_jobs_key(token), job_id))
