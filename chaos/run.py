@@ -52,7 +52,7 @@ class Scenario:
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
 # others from their end (a kill is instant; a SIGSTOP or a partition is timed once lifted).
-BOTH_IN_FLIGHT_PREFERENCE = 10.0  # s an outage waits for a reset and an evaluation at once
+BOTH_IN_FLIGHT_PREFERENCE = 5.0  # s an outage waits for a reset and an evaluation at once
 RECOVER_FROM_START = ("redis-restart", "restart-stack", "sentinel-failover", *grey.RECOVER_FROM_START)
 
 SCENARIOS = {

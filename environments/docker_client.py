@@ -8,10 +8,12 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.models.containers import ExecResult
 
 from termpool import failures
@@ -41,6 +43,20 @@ def docker_client() -> docker.DockerClient:
     # Session; trust_env is its public switch).
     client.api.trust_env = False
     return client
+
+
+def wait_for_engine(seconds: float) -> bool:
+    """Ping the Docker engine until it answers or `seconds` pass; whether it answered. A job that
+    found the engine away (a restart) is tried again once it is back, not on a fixed schedule
+    that may run out while it is still starting."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return bool(docker_client().ping())
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
 
 def says_not_running(exc: BaseException) -> bool:

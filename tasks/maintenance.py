@@ -12,6 +12,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
+from environments.docker_client import docker_client
 from tasks import disk_check, fork_jobs, task_folders
 from tasks.runtime import store
 from termpool import hosts
@@ -207,14 +208,17 @@ def _on_worker_ready(sender=None, **_):
     ).start()
     # Asks Docker (and criu) like disk_usage.learn: off the main thread, so a slow dockerd does
     # not hold back the worker's first job.
-    threading.Thread(target=_learn_fork_processes, args=(host,), daemon=True, name="termpool-fork-facts").start()
+    threading.Thread(target=_learn_engine_facts, args=(host,), daemon=True, name="termpool-engine-facts").start()
 
 
-def _learn_fork_processes(host: str) -> None:
+def _learn_engine_facts(host: str) -> None:
+    """What /status shows of the host's engine: whether forks carry processes, and whether
+    its containers outlive a restart of the engine (dockerd's live-restore)."""
     try:
         store().set_fork_processes(host, *forking.process_carry(settings().fork_processes))
+        store().set_live_restore(host, docker_client().info().get("LiveRestoreEnabled") is True)
     except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
-        log.warning("could not tell whether forks can carry processes", exc_info=True)
+        log.warning("could not learn the Docker engine's facts", exc_info=True)
 
 
 @worker_shutdown.connect

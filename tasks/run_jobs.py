@@ -20,7 +20,7 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from environments import artifacts, harbor_verifier, lifecycle
-from environments.docker_client import KnownContainer, docker_client, says_not_running
+from environments.docker_client import KnownContainer, docker_client, says_not_running, wait_for_engine
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
@@ -135,6 +135,8 @@ def _job(fn=None, *, on_failure=None, retry=False):
                     and transient(exc)
                     and self.request.retries < self.max_retries
                 ):
+                    if code == "BACKEND_UNAVAILABLE":  # the engine is away (restarting): back first
+                        wait_for_engine(settings().docker_outage_seconds)
                     store().job_retrying(job_id, self.name, code, error)
                     raise Transient(error) from exc
                 if on_failure:  # the run's state must follow the job's end: it waits out an outage too

@@ -179,6 +179,7 @@ class Settings:
     redis_db: int
     redis_password: str
     redis_outage_seconds: float  # how long a call waits for an unreachable Redis (connection.py)
+    docker_outage_seconds: float  # how long a retryable job waits for its Docker engine to answer
     host_id: str
     concurrency: dict
     api_token: str
@@ -299,6 +300,7 @@ def load_settings(env=None) -> Settings:
         redis_db=_int(env, "REDIS_DB", 0, minimum=0),
         redis_password=_str(env, "REDIS_PASSWORD"),
         redis_outage_seconds=_float(env, "REDIS_OUTAGE_SECONDS", 30.0),
+        docker_outage_seconds=_float(env, "DOCKER_OUTAGE_SECONDS", 30.0),
         host_id=_str(env, "POOL_HOST_ID", socket.gethostname()),
         concurrency=_concurrency(env, max_tasks, max_runs, max_closes),
         api_token=_str(env, "POOL_API_TOKEN"),

@@ -188,6 +188,8 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
                 "carried": info.get("fork_processes_carried") == "1",
                 "reason": info.get("fork_processes") or "not reported yet",
             },
+            # dockerd's live-restore: runs survive a restart of the engine (None: not reported yet)
+            "live_restore": info["live_restore"] == "1" if "live_restore" in info else None,
         }
     return out
 

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from termpool.config import Settings
 
@@ -57,6 +57,16 @@ class OutageRetry(Retry):
             return False
 
         return super().call_with_retry(do, fail, within_window, with_failure_count)
+
+
+class PrimaryConnection(SentinelManagedConnection):
+    """A connection to the primary the sentinels name now, asked again at every connect. redis-py
+    (8.1) retries a failed command by reconnecting to the address the connection had, so with
+    OutageRetry a call caught by a failover would knock on the dead primary for the whole window."""
+
+    def connect_check_health(self, *args, **kwargs):
+        self.host, self.port = self.connection_pool.get_master_address()
+        return super().connect_check_health(*args, **kwargs)
 
 
 def client_options(timeout: float, outage: float = 0.0) -> dict:
@@ -92,6 +102,7 @@ def client(cfg: Settings, timeout: float = 30, outage: float = 0.0) -> redis.Red
         cfg.redis_sentinel_master,
         db=cfg.redis_db,
         password=cfg.redis_password or None,
+        connection_class=PrimaryConnection,
         **client_options(timeout, outage),
     )
 

@@ -321,6 +321,10 @@ class HostsState:
         nodes = {host: _nodes(raw) for host, raw in zip(names, pipe.execute())}
         return listed, draining, nodes
 
+    def set_live_restore(self, host: str, enabled: bool) -> None:
+        """Whether the host's Docker engine keeps its containers running across its own restart."""
+        self._r.hset(keys.host_info_key(host), "live_restore", int(enabled))
+
     def host_info(self, host: str) -> dict:
         return self._r.hgetall(keys.host_info_key(host))
 
