@@ -416,13 +416,35 @@ def check_partition(service: Service) -> None:
         remove_rules(rules)
 
 
-def partition_redis(service: Service, undo: Undo) -> dict:
-    """Drop every packet to and from the service's Redis for PARTITION_SECONDS, then remove
-    exactly those rules."""
+def freeze_redis(service: Service, undo: Undo, seconds: float) -> dict:
+    """SIGSTOP of the service's redis-server for `seconds`, then SIGCONT: a Redis that accepts
+    connections (the kernel does) and answers nothing, as a hung host does."""
+    pid = service.redis_pid()
+    if pid is None:
+        return {"action": "none", "role": "redis", "error": "nothing listens on the Redis port"}
+    handle = undo.apply(lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT))
+    began = time.monotonic()
+    time.sleep(seconds)
+    undo.undo(handle)
+    ended = time.monotonic()
+    return {
+        "action": "SIGSTOP, SIGCONT later",
+        "role": "redis",
+        "pid": pid,
+        "stopped_s": round(ended - began, 1),
+        "note": f"pid {pid} stopped {ended - began:.1f} s",
+        "mark": "sigcont",
+        "mark_at": ended,
+    }
+
+
+def partition_redis(service: Service, undo: Undo, seconds: float = PARTITION_SECONDS) -> dict:
+    """Drop every packet to and from the service's Redis for `seconds`, then remove exactly
+    those rules."""
     rules = redis_rules(service)
     handle = undo.apply(lambda: add_rules(rules), lambda: remove_rules(rules))
     began = time.monotonic()
-    time.sleep(PARTITION_SECONDS)
+    time.sleep(seconds)
     undo.undo(handle)
     ended = time.monotonic()
     return {

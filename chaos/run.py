@@ -48,6 +48,7 @@ class Scenario:
     concurrency: int | None = None  # episodes at once, instead of --concurrency
     busy_loops: int = 0  # CPU busy loops running for the whole episode run
     env: tuple = ()  # (name, value) settings of the service in this scenario
+    seconds: float = 0.0  # how long a partition or a Redis SIGSTOP lasts (0: its default)
 
 
 # Recovery is timed from the start of these faults (the time down is part of it); of the
@@ -83,6 +84,11 @@ SCENARIOS = {
             "cpu-saturated", "4 CPU busy loops all along, 8 episodes at once", "busy-loops", busy_loops=4, concurrency=8
         ),
         Scenario("redis-partition", f"DROP Redis port both ways {faults.PARTITION_SECONDS:g} s", "partition"),
+        *(
+            Scenario(f"redis-partition-{s}", f"DROP Redis port both ways {s} s", "partition", seconds=s)
+            for s in (5, 30)
+        ),
+        Scenario("redis-sigstop", "SIGSTOP Redis 10 s, then SIGCONT", "redis-sigstop", seconds=10),
         Scenario("sentinel-failover", "kill -9 Redis primary (Sentinel: replica + 3 sentinels)", "sentinel-failover"),
         *(Scenario(name, fault, action) for name, fault, action in grey.SCENARIOS),
         Scenario(
@@ -98,7 +104,7 @@ SCENARIOS = {
 def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None, prefer_both: float = 0.0) -> dict:
     if scenario.action in ("none", "busy-loops"):  # the busy loops run around the episodes
         return {"action": scenario.action}
-    if scenario.action in ("partition", "docker-restart"):  # aimed at resets and evaluations in flight
+    if scenario.action in ("partition", "redis-sigstop", "docker-restart"):  # aimed at resets and evaluations
         aimed = faults.wait_reset_and_eval(service.store(), prefer_both)
         return {**aimed, "hit_at": time.monotonic(), **inject_now(scenario, service, undo, daemon)}
     return inject_now(scenario, service, undo, daemon)
@@ -112,7 +118,9 @@ def inject_now(scenario: Scenario, service: Service, undo: faults.Undo, daemon=N
     if scenario.action == "restart-stack":
         return faults.restart_stack(service)
     if scenario.action == "partition":
-        return faults.partition_redis(service, undo)
+        return faults.partition_redis(service, undo, scenario.seconds or faults.PARTITION_SECONDS)
+    if scenario.action == "redis-sigstop":
+        return faults.freeze_redis(service, undo, scenario.seconds)
     if scenario.action == "sentinel-failover":
         return sentinel.fail_over(service)
     if scenario.action == "disk-hog":
