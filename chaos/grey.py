@@ -22,11 +22,17 @@ from termpool.state import keys
 # (name, fault as the table says it, action)
 SCENARIOS = (
     ("docker-restart", "restart the second Docker daemon under live runs (SIGTERM, same argv)", "docker-restart"),
+    (
+        "docker-restart-live",
+        "the same, the daemon with live-restore (its containers keep running)",
+        "docker-restart-live",
+    ),
     ("kill-all-aof", "kill -9 whole stack + Redis, relaunch; records checked against the AOF", "kill-all-aof"),
     ("redis-maxmemory", "Redis maxmemory below its use (noeviction) 10 s, then lifted", "maxmemory"),
 )
 ACTIONS = {action for _, _, action in SCENARIOS}
-RECOVER_FROM_START = ("docker-restart", "kill-all-aof")  # the time down is part of the recovery
+RECOVER_FROM_START = ("docker-restart", "docker-restart-live", "kill-all-aof")
+DOCKER_RESTARTS = ("docker-restart", "docker-restart-live")  # the time down is part of the recovery
 TEST_IMAGE = "termpool-test-base:bookworm"  # what the fixture task builds FROM
 FSYNC_WINDOW = 1.0  # appendfsync everysec: a write older than this is on disk
 FULL_SECONDS = 10.0
@@ -39,13 +45,14 @@ def backdrop(action: str) -> Iterator[tuple[dict, object]]:
     """What a scenario needs around its service: (extra settings, the second daemon or None).
     docker-restart runs its service on a second Docker daemon (devstack/second_docker.py: its
     own data root and socket, a lock other users of it wait on), never the machine's own,
-    with the test base image loaded; the daemon and everything in it go at the end."""
-    if action != "docker-restart":
+    with the test base image loaded (docker-restart-live: started with --live-restore); the
+    daemon and everything in it go at the end."""
+    if action not in DOCKER_RESTARTS:
         yield {}, None
         return
     from devstack.second_docker import SecondDocker
 
-    daemon = SecondDocker()
+    daemon = SecondDocker(args=["--live-restore"] if action == "docker-restart-live" else [])
     try:
         daemon.start()
         daemon.load_image(TEST_IMAGE)
@@ -55,7 +62,7 @@ def backdrop(action: str) -> Iterator[tuple[dict, object]]:
 
 
 def inject(action: str, service: Service, daemon) -> dict:
-    if action == "docker-restart":
+    if action in DOCKER_RESTARTS:
         return restart_docker(daemon)
     if action == "kill-all-aof":
         return crash_with_aof(service)
@@ -64,8 +71,8 @@ def inject(action: str, service: Service, daemon) -> dict:
 
 # ---- the Docker daemon restarted ------------------------------------------------------------
 def restart_docker(daemon) -> dict:
-    """SIGTERM to the second daemon's pid, then its argv again: its containers die (no
-    live-restore). The fault ends when it answers again."""
+    """SIGTERM to the second daemon's pid, then its argv again: its containers die unless it
+    runs with live-restore. The fault ends when it answers again."""
     if daemon is None:
         return {"action": "none", "error": "docker-restart needs its second daemon"}
     info = daemon.restart()

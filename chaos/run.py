@@ -104,7 +104,7 @@ SCENARIOS = {
 def inject(scenario: Scenario, service: Service, undo: faults.Undo, daemon=None, prefer_both: float = 0.0) -> dict:
     if scenario.action in ("none", "busy-loops"):  # the busy loops run around the episodes
         return {"action": scenario.action}
-    if scenario.action in ("partition", "redis-sigstop", "docker-restart"):  # aimed at resets and evaluations
+    if scenario.action in ("partition", "redis-sigstop", *grey.DOCKER_RESTARTS):  # aimed at resets and evaluations
         aimed = faults.wait_reset_and_eval(service.store(), prefer_both)
         return {**aimed, "hit_at": time.monotonic(), **inject_now(scenario, service, undo, daemon)}
     return inject_now(scenario, service, undo, daemon)

@@ -119,23 +119,31 @@ class SecondDocker:
 
     def restart(self, timeout: float = 90) -> dict:
         """Restart the daemon as an upgrade does: SIGTERM to its pid, then the same argv and
-        data root again. Live-restore is off, so the containers it ran are stopped (their
-        processes die). Returns the pids and the seconds it was down."""
+        data root again. Without --live-restore in `args` the containers it ran are stopped
+        (their processes die). Returns the pids and the seconds it was down."""
         old = self.proc.pid
         down = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        self.halt()
         stopped = time.monotonic()
-        bridge = DefaultBridge.snapshot()
-        self._launch(timeout)
-        if bridge is not None:
-            bridge.restore_if_deleted()
+        self.resume(timeout)
         return {
             "old_pid": old,
             "new_pid": self.proc.pid,
             "stop_s": round(stopped - down, 1),
             "down_s": round(time.monotonic() - down, 1),
         }
+
+    def halt(self) -> None:
+        """The first half of a restart: SIGTERM to the daemon, and wait for it to exit."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+    def resume(self, timeout: float = 90) -> None:
+        """The second half: the same argv and data root again, once it answers."""
+        bridge = DefaultBridge.snapshot()
+        self._launch(timeout)
+        if bridge is not None:
+            bridge.restore_if_deleted()
 
     def client(self) -> docker.DockerClient:
         return docker.DockerClient(base_url=self.host, timeout=120)

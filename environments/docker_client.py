@@ -59,6 +59,24 @@ def wait_for_engine(seconds: float) -> bool:
             time.sleep(0.5)
 
 
+def never_reached_engine(exc: BaseException) -> bool:
+    """Whether the failed request never reached the engine: its socket was missing or refused
+    the connection (the engine stopped or starting). Such a request had no effect, unlike one
+    whose connection broke midway."""
+    seen: set[int] = set()
+    pending: list = [exc]
+    while pending:
+        err = pending.pop()
+        if not isinstance(err, BaseException) or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, (FileNotFoundError, ConnectionRefusedError)):
+            return True
+        # requests wraps urllib3's error, which wraps the socket's, in its args
+        pending.extend([*err.args, err.__cause__])
+    return False
+
+
 def says_not_running(exc: BaseException) -> bool:
     """Docker's own answer that the container does not run (an exec into a stopped one: 409
     "Container ... is not running"). Right after a daemon restart an inspect may still call it

@@ -45,6 +45,8 @@ def reconcile(self, *, host, at_start=False):
     if at_start:
         _lose_runs_without_containers(host)
         _reserve_foreign_subnets(host)
+    else:  # the engine may have been restarted with another live-restore setting since
+        store().set_live_restore(host, docker_client().info().get("LiveRestoreEnabled") is True)
     stale = fork_jobs.close_stale_forks(host, lambda run_id: enqueue_close(self.app, store(), run_id, host))
     if stale:
         log.warning("closing children of forks that never ended: %s", stale)

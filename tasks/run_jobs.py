@@ -20,7 +20,13 @@ import requests.exceptions
 from celery import chain, shared_task
 
 from environments import artifacts, harbor_verifier, lifecycle
-from environments.docker_client import KnownContainer, docker_client, says_not_running, wait_for_engine
+from environments.docker_client import (
+    KnownContainer,
+    docker_client,
+    never_reached_engine,
+    says_not_running,
+    wait_for_engine,
+)
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
@@ -121,7 +127,7 @@ def _job(fn=None, *, on_failure=None, retry=False):
         _deferred.calls = deferred = []
         try:
             try:
-                result = fn(self, host=host, run_id=run_id, job_id=job_id, **kwargs)
+                result = _through_engine_restart(fn, self, retry, host=host, run_id=run_id, job_id=job_id, **kwargs)
             except HandedOver:
                 return None  # another task carries this job on
             except Exception as exc:
@@ -135,8 +141,6 @@ def _job(fn=None, *, on_failure=None, retry=False):
                     and transient(exc)
                     and self.request.retries < self.max_retries
                 ):
-                    if code == "BACKEND_UNAVAILABLE":  # the engine is away (restarting): back first
-                        wait_for_engine(settings().docker_outage_seconds)
                     store().job_retrying(job_id, self.name, code, error)
                     raise Transient(error) from exc
                 if on_failure:  # the run's state must follow the job's end: it waits out an outage too
@@ -156,6 +160,29 @@ def _job(fn=None, *, on_failure=None, retry=False):
             _run_deferred(deferred)
 
     return wrapper
+
+
+def _through_engine_restart(fn, task, retry: bool, **kwargs):
+    """The job's body; when it finds the Docker engine away (a restart), it waits for the
+    engine (DOCKER_OUTAGE_SECONDS) before the job fails or is retried, so the failure says
+    what the engine's return showed (CONTAINER_LOST when the run's container died with it).
+    A job that is never retried (a tool call, a command) runs its body once more when its
+    failed request never reached the engine: nothing of it ran, and on an engine with
+    live-restore the run's container is still there."""
+    try:
+        return fn(task, **kwargs)
+    except Exception as exc:
+        if isinstance(exc, HandedOver) or failures.classify(exc) != "BACKEND_UNAVAILABLE":
+            raise
+        if not wait_for_engine(settings().docker_outage_seconds):
+            raise
+        lost = _container_lost(kwargs["run_id"], exc)
+        if lost is not None:
+            raise lost from exc
+        if retry or not never_reached_engine(exc):
+            raise
+        log.warning("job %s: the Docker engine was away and is back; its call runs again", kwargs["job_id"])
+        return fn(task, **kwargs)
 
 
 def _container_lost(run_id: str, exc: Exception) -> failures.ContainerLost | None:

@@ -38,3 +38,25 @@ def test_known_container_needs_no_docker_call_for_what_a_tool_call_uses():
     # Anything else is the SDK's model, looked up (here: from a daemon that is not there).
     with pytest.raises(requests.exceptions.ConnectionError):
         container.put_archive("/", b"")
+
+
+def test_a_request_to_an_engine_away_never_reached_it(tmp_path):
+    """A missing socket or one nobody listens at (the engine stopped, or starting): the request
+    had no effect, so a tool call or command may run again once the engine is back; a
+    connection that broke midway may have had one."""
+    import socket
+
+    from environments.docker_client import never_reached_engine
+
+    dead = tmp_path / "dead.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(dead))
+    listener.close()  # the file stays, nobody listens
+    for path in (tmp_path / "missing.sock", dead):
+        client = docker.APIClient(base_url=f"unix://{path}", version="1.41")
+        with pytest.raises(requests.exceptions.ConnectionError) as err:
+            client.ping()
+        assert never_reached_engine(err.value), err.value
+    broken = requests.exceptions.ConnectionError(ConnectionResetError(104, "Connection reset by peer"))
+    assert not never_reached_engine(broken)
+    assert not never_reached_engine(docker.errors.APIError("500 Server Error"))
