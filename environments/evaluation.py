@@ -11,6 +11,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from environments import kept_result
 from environments.session_helper import HELPER_PATH
 from termpool.failures import DockerError, TaskInvalid, TestsTimeout, TestsUnparsable
 from termpool.pytest_parser import UnknownParser, get_parser, score
@@ -61,11 +62,12 @@ def run_tests(container, spec: TaskSpec, eval_timeout: float) -> Evaluation:
     """
     parser = _parser(spec)
     budget = spec.test_time_limit(eval_timeout)
-    result = container.exec_run(
+    result = kept_result.run(
+        container,
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", f"{TESTS_DIR}/run-tests.sh"],
         user="root",
         environment={"TEST_DIR": TESTS_DIR},
-        demux=False,
+        limit=budget + kept_result.SLACK_SECONDS,
     )
     output = (result.output or b"").decode("utf-8", errors="replace")
     if result.exit_code == TIMED_OUT:

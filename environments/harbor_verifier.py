@@ -17,6 +17,7 @@ import os
 import tarfile
 from pathlib import Path
 
+from environments import kept_result
 from environments.evaluation import TIMED_OUT, Evaluation
 from environments.harbor_compose import VERIFIER_DIR
 from environments.session_helper import HELPER_PATH
@@ -67,11 +68,12 @@ def run_tests(container, spec: TaskSpec, eval_timeout: float, verifier_dir: Path
         raise TaskInvalid(f"[verifier] {exc}") from None
     # `; exit 0`: test.sh's status is ignored, and only run-timeout's own 124 means a timeout.
     command = f"({TESTS_DIR}/test.sh) > {VERIFIER_DIR}/{STDOUT_NAME} 2>&1; exit 0"
-    result = container.exec_run(
+    result = kept_result.run(
+        container,
         [HELPER_PATH, "run-timeout", f"{budget:g}", "--", "bash", "-c", command],
         user=spec.harbor.verifier_user,  # "" is the container's own user
         environment=env,
-        demux=False,
+        limit=budget + kept_result.SLACK_SECONDS,
     )
     output = _read(verifier_dir / STDOUT_NAME, MAX_OUTPUT_BYTES) or ""
     if result.exit_code == TIMED_OUT:

@@ -165,3 +165,23 @@ def test_a_redis_partition_costs_no_call(tmp_path):
     assert result["episodes_whole_without_retries"] == 4, result["failure_examples"]
     assert result["request_failures_by_code"] == {} and result["step_retries"] == 0, result
     assert result["leftover_count"] == 0, result["leftovers"]
+
+
+def test_a_docker_restart_with_live_restore_costs_no_call(tmp_path):
+    """The second daemon, with live-restore, restarted while a reset and an evaluation run:
+    the runs' containers keep running, the calls in flight finish once it is back (the
+    evaluation reads its tests' result back from the container); every episode whole without
+    a single retry, nothing left."""
+    result, _ = run_chaos(tmp_path, "docker-restart-live", 4, timeout=600, client="seed")
+    assert result["fault_detail"]["in_flight"], result["fault_detail"]
+    assert result["episodes_whole_without_retries"] == 4, result["failure_examples"]
+    assert result["request_failures_by_code"] == {} and result["step_retries"] == 0, result
+    assert result["leftover_count"] == 0, result["leftovers"]
+
+
+def test_a_frozen_redis_costs_no_call(tmp_path):
+    """Redis SIGSTOPped for 10 s while an evaluation runs: the calls wait for it."""
+    result, _ = run_chaos(tmp_path, "redis-sigstop", 4, timeout=600, client="seed")
+    assert result["episodes_whole_without_retries"] == 4, result["failure_examples"]
+    assert result["request_failures_by_code"] == {} and result["step_retries"] == 0, result
+    assert result["leftover_count"] == 0, result["leftovers"]
