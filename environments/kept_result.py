@@ -11,6 +11,7 @@ the command cannot tell whether its stream still had a reader).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 
@@ -18,6 +19,7 @@ import docker.errors
 import requests.exceptions
 from docker.models.containers import ExecResult
 
+from environments.docker_client import never_reached_engine
 from termpool.failures import DockerError
 
 FOLDER_PREFIX = "/tmp/.termpool-result-"
@@ -55,29 +57,37 @@ class ResultLost(DockerError):
 def run(container, argv: list[str], *, user: str, environment: dict | None, limit: float) -> ExecResult:
     """`container.exec_run(argv)` (stdout and stderr merged) whose result survives an engine
     restart; `limit`: how long the command may still run once its stream has ended (its own
-    time limit, the engine's return included)."""
-    token = secrets.token_hex(8)
-    folder = FOLDER_PREFIX + token
-    wrapped = ["bash", "-c", WRAPPER, "termpool-result", folder, token, *argv]
-    try:
-        result = container.exec_run(wrapped, user=user, environment=environment, demux=False)
-    except Exception as exc:
-        if not _engine_away(exc):
-            raise
-        return _read_back(container, folder, limit, exc)
-    output = result.output or b""
-    body, sep, trailer = output.rpartition(b"\n" + token.encode() + b" ")
-    if sep and trailer.strip().lstrip(b"-").isdigit():
-        # Removed from here, not by the command: it cannot tell whether its reader was there.
-        _remove(container, folder)
-        return ExecResult(int(trailer.strip()), body)
-    if result.exit_code is not None:  # it ended as a plain exec (no folder), or never started
-        return result
-    return _read_back(container, folder, limit, None)  # the stream ended while it ran
+    time limit, the engine's return included). A command whose exec never reached the engine
+    (it was away) is started once it is back, once."""
+    for attempt in (1, 2):
+        token = secrets.token_hex(8)
+        folder = FOLDER_PREFIX + token
+        wrapped = ["bash", "-c", WRAPPER, "termpool-result", folder, token, *argv]
+        try:
+            result = container.exec_run(wrapped, user=user, environment=environment, demux=False)
+        except Exception as exc:
+            if not _engine_away(exc):
+                raise
+            unstarted = never_reached_engine(exc) and attempt == 1
+            found = _read_back(container, folder, limit, exc, started=not unstarted)
+            if found is None:
+                continue  # the engine is back and nothing of it ran: start it now
+            return found
+        output = result.output or b""
+        body, sep, trailer = output.rpartition(b"\n" + token.encode() + b" ")
+        if sep and trailer.strip().lstrip(b"-").isdigit():
+            # Removed from here, not by the command: it cannot tell whether its reader was there.
+            _remove(container, folder)
+            return ExecResult(int(trailer.strip()), body)
+        if result.exit_code is not None:  # it ended as a plain exec (no folder), or never started
+            return result
+        return _read_back(container, folder, limit, None)  # the stream ended while it ran
+    raise AssertionError("unreachable")
 
 
-def _read_back(container, folder: str, limit: float, cause: Exception | None) -> ExecResult:
-    """The result from its folder, polling while the engine is away or the command runs."""
+def _read_back(container, folder: str, limit: float, cause: Exception | None, started: bool = True):
+    """The result from its folder, polling while the engine is away or the command runs; None
+    once the engine answers when the command never `started` (its folder is not there)."""
     deadline = time.monotonic() + limit
     wait = POLL_SECONDS
     while True:
@@ -87,6 +97,8 @@ def _read_back(container, folder: str, limit: float, cause: Exception | None) ->
             _remove(container, folder)
             return ExecResult(int(status.strip()), out)
         if found is not None and found.exit_code == GONE:
+            if not started:
+                return None
             raise ResultLost("the command's stream ended early and its result was gone") from cause
         if time.monotonic() >= deadline:
             if cause is not None:
@@ -107,4 +119,7 @@ def _read(container, folder: str, cause: Exception | None) -> ExecResult | None:
 
 
 def _remove(container, folder: str) -> None:
-    container.exec_run(["rm", "-rf", folder], user="root")
+    """Best effort: the result is in hand; a folder left (the engine went away just now) goes
+    with the run's container."""
+    with contextlib.suppress(Exception):
+        container.exec_run(["rm", "-rf", folder], user="root")

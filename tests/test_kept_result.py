@@ -86,3 +86,30 @@ def test_a_result_never_written_fails_at_the_limit(monkeypatch):
     container = Container(ExecResult(None, b"partial"), ExecResult(kept_result.GONE, b""))
     with pytest.raises(kept_result.ResultLost, match="gone"):
         kept_result.run(container, ["t"], user="root", environment=None, limit=60)
+
+
+def test_a_command_that_never_reached_the_engine_starts_once_it_is_back(monkeypatch):
+    monkeypatch.setattr(kept_result, "POLL_SECONDS", 0.01)
+    refused = requests.exceptions.ConnectionError(ConnectionRefusedError(111, "Connection refused"))
+
+    class Back(Container):
+        def exec_run(self, argv, **kw):
+            if argv[:2] == ["bash", "-c"] and argv[2] == kept_result.WRAPPER and len(self.calls) > 2:
+                self.calls.append(argv)
+                return ExecResult(0, b"ran\n\n" + argv[5].encode() + b" 0\n")
+            return super().exec_run(argv, **kw)
+
+    container = Back(refused, refused, ExecResult(kept_result.GONE, b""), ExecResult(0, b""))
+    assert kept_result.run(container, ["t"], user="root", environment=None, limit=5) == ExecResult(0, b"ran\n")
+    wrapped = [argv for argv in container.calls if argv[2:3] == [kept_result.WRAPPER]]
+    assert len(wrapped) == 2  # refused once, started once it was back
+
+
+def test_a_result_in_hand_is_kept_when_its_folder_cannot_be_removed():
+    class Echo(Container):
+        def exec_run(self, argv, **kw):
+            if argv[0] == "rm":
+                raise requests.exceptions.ConnectionError("away again")
+            return ExecResult(0, b"ok\n\n" + argv[5].encode() + b" 0\n")
+
+    assert kept_result.run(Echo(), ["t"], user="root", environment=None, limit=5) == ExecResult(0, b"ok\n")
