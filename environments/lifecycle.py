@@ -318,8 +318,10 @@ def start(
             container = _start_compose(project, override, cfg, max(1.0, deadline - time.monotonic()), starter)
             mode = "compose"
     except BaseException as exc:
-        remove_run_resources(run["run_id"], name)
-        remove_ctl_dir(str(ctl))
+        try:
+            remove_run_resources(run["run_id"], name)
+        finally:  # the engine away (a restart): the socket folder goes still; the reconcile sweeps the rest
+            remove_ctl_dir(str(ctl))
         _raise_if_held(exc, task_dir, task_name)
         raise
     user = ((container.attrs or {}).get("Config") or {}).get("User") or ""

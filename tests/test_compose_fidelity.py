@@ -463,3 +463,24 @@ def test_a_dollar_in_the_clients_command_reaches_it_as_written(tmp_path, docker_
         lifecycle.remove_run_resources(run["run_id"], env.project)
         lifecycle.remove_ctl_dir(env.ctl_dir)
     leaves_nothing(docker_client, run)
+
+
+@pytest.mark.unit
+def test_a_start_that_meets_the_engine_away_leaves_no_socket_folder(tmp_path, monkeypatch):
+    """The engine gone mid-start (a restart): the cleanup's own Docker calls fail too, and the
+    run's socket folder (a file of this host, nothing else would remove it) goes all the same."""
+    import requests
+
+    def away(*_a, **_k):
+        raise requests.exceptions.ConnectionError("('Connection aborted.', FileNotFoundError(2, 'No such file'))")
+
+    cfg = settings(tmp_path)
+    monkeypatch.setattr(lifecycle, "engine_cpus", lambda: 2.0)
+    monkeypatch.setattr(networks, "isolated_network", lambda size: "termpool-isolated-0")
+    monkeypatch.setattr(lifecycle, "_start_direct", away)
+    monkeypatch.setattr(lifecycle, "remove_run_resources", away)
+    run = {"run_id": "run-away", "task_key": "hello-file", "task_meta": {"task_name": "hello-file"}}
+    with pytest.raises(requests.exceptions.ConnectionError):
+        lifecycle.start(run, FIXTURES / "hello-file", tmp_path / "out", cfg, 60)
+    assert not (cfg.socket_dir / "run-away").exists()
+    assert not list(cfg.socket_dir.parent.glob("sock/run-away*"))
