@@ -185,3 +185,13 @@ def test_a_frozen_redis_costs_no_call(tmp_path):
     assert result["episodes_whole_without_retries"] == 4, result["failure_examples"]
     assert result["request_failures_by_code"] == {} and result["step_retries"] == 0, result
     assert result["leftover_count"] == 0, result["leftovers"]
+
+
+def test_a_sentinel_failover_costs_no_episode(tmp_path):
+    """kill -9 of the Redis primary behind Sentinel while an evaluation runs: the calls wait
+    for the promoted replica. A write the replica had not yet received when the primary died
+    may lose a job's record (WORKER_LOST, retryable); nothing else may fail."""
+    result, _ = run_chaos(tmp_path, "sentinel-failover", 4, timeout=600, client="seed")
+    assert result["episodes_whole"] == 4, result["failure_examples"]
+    assert set(result["request_failures_by_code"]) <= {"WORKER_LOST"}, result
+    assert result["leftover_count"] == 0, result["leftovers"]

@@ -119,6 +119,21 @@ def test_claimed_spares_are_never_trimmed(store):
     assert store.warm_trim("h", "t", keep=0, cutoff=time.time()) == []
 
 
+def test_a_push_or_claim_sent_again_changes_nothing(store):
+    """Redis's client sends a command again when a partition lost its reply, which may have
+    run: a spare is pooled once (else two runs would share its container), and a run's second
+    claim gets its first spare."""
+    store.warm_reserve("h", "t", target=2, at_once=2, ttl=60)
+    assert store.warm_push("h", "t", {"warm_id": "warm-a"}) is True
+    assert store.warm_push("h", "t", {"warm_id": "warm-a"}) is False
+    store.warm_push("h", "t", {"warm_id": "warm-b"})
+    assert store.warm_count("h", "t") == 2
+    first = store.warm_claim("h", "t", "run-1")
+    assert store.warm_claim("h", "t", "run-1") == first and store.warm_count("h", "t") == 1
+    assert store.warm_claim("h", "t", "run-2")["warm_id"] != first["warm_id"]
+    assert store.warm_push("h", "t", {"warm_id": first["warm_id"]}) is False  # claimed: never pooled again
+
+
 def test_demand_is_noted_per_reset_and_ages_out(store):
     store.warm_note_reset("h", "t", "run-1", "task-t", claimed=False, window=60)
     store.warm_note_reset("h", "t", "run-1", "task-t", claimed=True, window=60)  # a second reset counts too

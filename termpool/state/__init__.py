@@ -35,6 +35,7 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   warm:<h>:<task path>       list: pre-started warm containers (JSON entries), LPOP claims one
   warmid:<id>                string: a warm container is still wanted ("starting" with a
                              TTL, "pooled", or the run that claimed it)
+  warmclaim:<run>            string: the spare entry a run claimed, so a claim sent again gets it (1 h)
   warm-starting:<h>:<task>   zset: warm ids being started, scored by when their claim lapses
   warm-demand:<h>:<task>     zset: recent resets of the task on h (run ids by time), trimmed
                              to WARM_DEMAND_WINDOW: what sizes the pool
@@ -117,6 +118,7 @@ from termpool.state.keys import (
     sessions_key,
     subnet_owners_key,
     subnets_key,
+    warm_claim_key,
     warm_counts_key,
     warm_demand_key,
     warm_facts_key,
@@ -242,6 +244,7 @@ __all__ = [
     "sessions_key",
     "session_key",
     "warm_key",
+    "warm_claim_key",
     "warm_id_key",
     "warm_starting_key",
     "warm_demand_key",

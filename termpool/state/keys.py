@@ -96,6 +96,11 @@ def warm_id_key(warm_id: str) -> str:
     return f"{PREFIX}warmid:{warm_id}"
 
 
+def warm_claim_key(run_id: str) -> str:
+    """The spare a run claimed (its entry), so a claim sent again gets the same one."""
+    return f"{PREFIX}warmclaim:{run_id}"
+
+
 def warm_starting_key(host: str, task_path: str) -> str:
     return f"{PREFIX}warm-starting:{host}:{task_path}"
 

@@ -45,12 +45,31 @@ return out
 """
 # KEYS: pool list. ARGV: warmid key prefix, the claiming run. One step: a claimer killed between
 # the pop and the owner's write would leave the spare "pooled" in nobody's pool, kept forever.
+# A command whose reply a partition lost may have run, and Redis's client sends it again
+# (state/connection.py): the claim answers a run's second try with its first spare.
+# KEYS: pool list, the run's claim key. ARGV: warmid key prefix, the claiming run, claim ttl.
 _WARM_CLAIM = """
+local prior = redis.call('GET', KEYS[2])
+if prior then return prior end
 local raw = redis.call('LPOP', KEYS[1])
 if not raw then return false end
 redis.call('SET', ARGV[1] .. cjson.decode(raw)['warm_id'], ARGV[2])
+redis.call('SET', KEYS[2], raw, 'EX', ARGV[3])
 return raw
 """
+# A spare goes into the pool once: a push sent again (its reply lost) must not list it twice,
+# which would hand one container to two runs. KEYS: its warmid key, pool list, starting zset,
+# tasks set. ARGV: the entry, its warm id, the pool.
+_WARM_PUSH = """
+local state = redis.call('GET', KEYS[1])
+if state and state ~= 'starting' then return 0 end
+redis.call('SET', KEYS[1], 'pooled')
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('SADD', KEYS[4], ARGV[3])
+return 1
+"""
+CLAIM_KEPT_SECONDS = 3600  # a claim's retry comes within the outage window (seconds), not hours
 # KEYS: tasks set, pool list, starting zset, demand zset. ARGV: task path, now, window start.
 _WARM_FORGET_TASK = """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])
@@ -129,18 +148,25 @@ class WarmState:
         pipe.delete(keys.warm_id_key(warm_id))
         pipe.execute()
 
-    def warm_push(self, host: str, pool: str, entry: dict) -> None:
+    def warm_push(self, host: str, pool: str, entry: dict) -> bool:
+        """Pool a started spare; False when it was pooled (or claimed) already."""
         entry = {"pushed_at": time.time(), **entry}
-        pipe = self._r.pipeline()
-        pipe.set(keys.warm_id_key(entry["warm_id"]), "pooled")
-        pipe.rpush(keys.warm_key(host, pool), json.dumps(entry))
-        pipe.zrem(keys.warm_starting_key(host, pool), entry["warm_id"])
-        pipe.sadd(keys.warm_tasks_key(host), pool)
-        pipe.execute()
+        warm_id = entry["warm_id"]
+        pool_keys = [
+            keys.warm_id_key(warm_id),
+            keys.warm_key(host, pool),
+            keys.warm_starting_key(host, pool),
+            keys.warm_tasks_key(host),
+        ]
+        return bool(self._warm_push(keys=pool_keys, args=[json.dumps(entry), warm_id, pool]))
 
     def warm_claim(self, host: str, pool: str, run_id: str) -> dict | None:
-        """The oldest spare, handed to `run_id` alone (its warmid key names the run)."""
-        raw = self._warm_claim(keys=[keys.warm_key(host, pool)], args=[keys.warm_id_key(""), run_id])
+        """The oldest spare, handed to `run_id` alone (its warmid key names the run); the same
+        one again when the run asks again."""
+        raw = self._warm_claim(
+            keys=[keys.warm_key(host, pool), keys.warm_claim_key(run_id)],
+            args=[keys.warm_id_key(""), run_id, CLAIM_KEPT_SECONDS],
+        )
         return json.loads(raw) if raw else None
 
     def warm_trim(self, host: str, pool: str, keep: int, cutoff: float) -> list[dict]:
@@ -216,6 +242,10 @@ class WarmState:
     @functools.cached_property
     def _warm_claim(self):
         return self._r.register_script(_WARM_CLAIM)
+
+    @functools.cached_property
+    def _warm_push(self):
+        return self._r.register_script(_WARM_PUSH)
 
     @functools.cached_property
     def _warm_trim(self):
