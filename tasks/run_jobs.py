@@ -174,7 +174,9 @@ def _through_engine_restart(fn, task, retry: bool, **kwargs):
     except Exception as exc:
         if isinstance(exc, HandedOver) or failures.classify(exc) != "BACKEND_UNAVAILABLE":
             raise
-        if not wait_for_engine(settings().docker_outage_seconds):
+        # Once per job: a retry that finds the engine still away after that wait is on Celery's
+        # backoff, so an engine that is gone for good costs a reset one wait, not one per try.
+        if task.request.retries or not wait_for_engine(settings().docker_outage_seconds):
             raise
         lost = _container_lost(kwargs["run_id"], exc)
         if lost is not None:

@@ -11,7 +11,13 @@ from tests.conftest import Router, wait_for
 @pytest.fixture(scope="module")
 def lonely_stack(base_image):
     # Workers that talk to a Docker socket that does not exist.
-    s = Stack(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "REDIS_OUTAGE_SECONDS": "3"}).start()
+    s = Stack(
+        env={
+            "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+            "REDIS_OUTAGE_SECONDS": "3",
+            "DOCKER_OUTAGE_SECONDS": "3",
+        }
+    ).start()
     yield s
     s.stop()
 

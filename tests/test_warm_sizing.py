@@ -134,6 +134,20 @@ def test_a_push_or_claim_sent_again_changes_nothing(store):
     assert store.warm_push("h", "t", {"warm_id": first["warm_id"]}) is False  # claimed: never pooled again
 
 
+def test_a_spare_found_dead_is_not_claimed_again(store):
+    """The reset removes a claimed spare that died while pooled (warm_forget) and claims again:
+    it gets the next one, not the dead one (else it would loop on it)."""
+    for warm_id in ("warm-a", "warm-b"):
+        store.warm_push("h", "t", {"warm_id": warm_id})
+    first = store.warm_claim("h", "t", "run-1")
+    store.warm_forget(first["warm_id"])
+    second = store.warm_claim("h", "t", "run-1")
+    assert second is not None and second["warm_id"] != first["warm_id"]
+    assert store.warm_claim("h", "t", "run-1") == second
+    store.warm_forget(second["warm_id"])
+    assert store.warm_claim("h", "t", "run-1") is None
+
+
 def test_demand_is_noted_per_reset_and_ages_out(store):
     store.warm_note_reset("h", "t", "run-1", "task-t", claimed=False, window=60)
     store.warm_note_reset("h", "t", "run-1", "task-t", claimed=True, window=60)  # a second reset counts too

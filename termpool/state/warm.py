@@ -46,11 +46,12 @@ return out
 # KEYS: pool list. ARGV: warmid key prefix, the claiming run. One step: a claimer killed between
 # the pop and the owner's write would leave the spare "pooled" in nobody's pool, kept forever.
 # A command whose reply a partition lost may have run, and Redis's client sends it again
-# (state/connection.py): the claim answers a run's second try with its first spare.
+# (state/connection.py): the claim answers a run's second try with its first spare, while that
+# spare is still the run's (one found dead and removed is not given again).
 # KEYS: pool list, the run's claim key. ARGV: warmid key prefix, the claiming run, claim ttl.
 _WARM_CLAIM = """
 local prior = redis.call('GET', KEYS[2])
-if prior then return prior end
+if prior and redis.call('GET', ARGV[1] .. cjson.decode(prior)['warm_id']) == ARGV[2] then return prior end
 local raw = redis.call('LPOP', KEYS[1])
 if not raw then return false end
 redis.call('SET', ARGV[1] .. cjson.decode(raw)['warm_id'], ARGV[2])
