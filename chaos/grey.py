@@ -31,8 +31,8 @@ SCENARIOS = (
     ("redis-maxmemory", "Redis maxmemory below its use (noeviction) 10 s, then lifted", "maxmemory"),
 )
 ACTIONS = {action for _, _, action in SCENARIOS}
-RECOVER_FROM_START = ("docker-restart", "docker-restart-live", "kill-all-aof")
-DOCKER_RESTARTS = ("docker-restart", "docker-restart-live")  # the time down is part of the recovery
+DOCKER_RESTARTS = ("docker-restart", "docker-restart-live")
+RECOVER_FROM_START = (*DOCKER_RESTARTS, "kill-all-aof")  # the time down is part of the recovery
 TEST_IMAGE = "termpool-test-base:bookworm"  # what the fixture task builds FROM
 FSYNC_WINDOW = 1.0  # appendfsync everysec: a write older than this is on disk
 FULL_SECONDS = 10.0

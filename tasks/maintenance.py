@@ -46,7 +46,7 @@ def reconcile(self, *, host, at_start=False):
         _lose_runs_without_containers(host)
         _reserve_foreign_subnets(host)
     else:  # the engine may have been restarted with another live-restore setting since
-        store().set_live_restore(host, docker_client().info().get("LiveRestoreEnabled") is True)
+        _note_live_restore(host)
     stale = fork_jobs.close_stale_forks(host, lambda run_id: enqueue_close(self.app, store(), run_id, host))
     if stale:
         log.warning("closing children of forks that never ended: %s", stale)
@@ -218,9 +218,14 @@ def _learn_engine_facts(host: str) -> None:
     its containers outlive a restart of the engine (dockerd's live-restore)."""
     try:
         store().set_fork_processes(host, *forking.process_carry(settings().fork_processes))
-        store().set_live_restore(host, docker_client().info().get("LiveRestoreEnabled") is True)
+        _note_live_restore(host)
     except Exception:  # Docker or Redis away: /status shows nothing for it until the next start
         log.warning("could not learn the Docker engine's facts", exc_info=True)
+
+
+def _note_live_restore(host: str) -> None:
+    """Whether the host's containers outlive a restart of its engine, for /status."""
+    store().set_live_restore(host, docker_client().info().get("LiveRestoreEnabled") is True)
 
 
 @worker_shutdown.connect
