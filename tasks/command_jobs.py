@@ -23,18 +23,18 @@ from termpool.config import settings
 from termpool.state import UNAVAILABLE
 
 CANCEL_CHECK_SECONDS = 0.25  # how often the job's record is read for its client's cancel
-TOUCH_SECONDS = 30.0  # a run with a command running is in use: the idle reaper leaves it
 
 log = logging.getLogger(__name__)
 
 
 class _Watch:
     """commands.run's `stop`: whether the job's client cancelled it (read from Redis at most
-    every CANCEL_CHECK_SECONDS), marking its run as used every TOUCH_SECONDS meanwhile."""
+    every CANCEL_CHECK_SECONDS). The run needs no touch meanwhile: a run with a job working is
+    never idle (RunsState.release_if_idle)."""
 
-    def __init__(self, run_id: str, job_id: str):
-        self.run_id, self.job_id = run_id, job_id
-        self.next_check = self.next_touch = 0.0
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        self.next_check = 0.0
         self.cancelled = False
 
     def __call__(self) -> bool:
@@ -44,9 +44,6 @@ class _Watch:
         self.next_check = now + CANCEL_CHECK_SECONDS
         try:
             self.cancelled = store().cancel_requested(self.job_id)
-            if now >= self.next_touch:
-                store().touch(self.run_id)
-                self.next_touch = now + TOUCH_SECONDS
         except UNAVAILABLE as exc:  # Redis away a moment: the command goes on
             log.warning("command job %s: its cancel mark could not be read: %s", self.job_id, exc)
         return self.cancelled
@@ -73,7 +70,7 @@ def run_command(self, *, host, run_id, job_id, command, env=None):
     a command may have had effects."""
     given = env is not None
     env = env or _started_env(_live_run(run_id, call_job=job_id))
-    watch = _Watch(run_id, job_id)
+    watch = _Watch(job_id)
     if watch():  # cancelled while it was being taken off the queue
         raise commands.Cancelled("cancelled by its client before it started")
     cfg = settings()

@@ -150,15 +150,17 @@ def reap(self):
         log.warning("runs marked lost (HOST_LOST), by host: %s", lost)
     reaped = []
     for host in set(store().live_hosts()) | {cfg.host_id}:
-        # An /allocate never followed by a reset holds a slot; heartbeats do not extend it.
-        candidates = [(run_id, "idle", "") for run_id in store().idle_runs(host, cfg.run_idle_ttl)]
-        candidates += [
-            (run_id, "never_reset", "allocated") for run_id in store().never_reset_runs(host, cfg.allocated_ttl)
+        # A run with a job working (a call of any length, an evaluation, a fork) is not idle;
+        # an /allocate never followed by a reset holds a slot, and heartbeats do not extend it.
+        released = [
+            r for r in store().idle_runs(host, cfg.run_idle_ttl) if store().release_if_idle(r, cfg.run_idle_ttl)
         ]
-        for run_id, reason, only_state in candidates:
-            if store().release(run_id, reason=reason, only_state=only_state):
-                enqueue_close(self.app, store(), run_id, host)
-                reaped.append(run_id)
+        for run_id in store().never_reset_runs(host, cfg.allocated_ttl):
+            if store().release(run_id, reason="never_reset", only_state="allocated"):
+                released.append(run_id)
+        for run_id in released:
+            enqueue_close(self.app, store(), run_id, host)
+        reaped += released
         for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
             enqueue_close(self.app, store(), run_id, host)
     return reaped

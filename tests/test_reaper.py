@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from termpool.state import Store
 from tests.conftest import Router, private_stack, wait_for
+from tests.test_runs_api import finished, submit, tool_call
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,79 @@ def test_heartbeat_keeps_a_run_alive(short_ttl_stack):
     assert run["state"] == "allocated", f"a run kept alive by heartbeats was reaped: {run}"
     assert time.time() - float(run["created_at"]) > 3  # well past the idle limit
     assert router.close(kept)["found"] is True
+
+
+LONG = 16  # seconds of work: past the idle limit (3 s) and at least one reaper round (every 10 s)
+HELLO = "Hello, world!"
+
+
+def hold_the_tests(tool) -> None:
+    """Make hello-file's tests take LONG seconds more: its test script runs python3 from PATH,
+    and /usr/local/bin comes before /usr/bin (`tool` makes a tool call on the run)."""
+    wrapper = f"#!/bin/sh\nsleep {LONG}\nexec /usr/bin/python3 \"$@\"\n"
+    tool("shell_write_content_to_file", content=wrapper, file_path="/usr/local/bin/python3")
+    tool("shell_exec", id="main", command="chmod +x /usr/local/bin/python3", block=True, timeout=30)
+    tool("shell_exec", id="main", command=f"echo '{HELLO}' > /app/hello.txt", block=True, timeout=30)
+
+
+def test_a_run_is_not_reaped_under_long_work_on_either_face(short_ttl_stack):
+    """A blocking tool call with no limit, an evaluation, a command: each works LONG seconds on
+    its run, well past the idle limit, and each run is still live after it (the reaper counted
+    a run as used only when a call began, and closed it under the call: RUN_CLOSED)."""
+    stack, router = short_ttl_stack, Router(short_ttl_stack)
+
+    def pool_call() -> str:
+        lease = router.allocate("hello-file")
+        assert router.reset(lease, "hello-file").status_code == 200
+        assert router.sh(lease, f"sleep {LONG}; echo done", timeout=None).strip() == "done"
+        return lease
+
+    def pool_evaluation() -> str:
+        lease = router.allocate("hello-file")
+        assert router.reset(lease, "hello-file").status_code == 200
+        hold_the_tests(lambda name, **args: router.tool(lease, name, **args))
+        reply = router.evaluate(lease)
+        assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
+        return lease
+
+    def runs_api(work) -> str:
+        started = submit(stack, "hello-file")
+        run_id = started["run_id"]
+        assert finished(stack, started["job_id"])["state"] == "succeeded"
+        job = finished(stack, work(run_id))
+        assert job["state"] == "succeeded", job
+        return run_id
+
+    def runs_call(run_id: str) -> str:
+        return tool_call(stack, run_id, "shell_exec", id="main", command=f"sleep {LONG}; echo done", timeout=None)
+
+    def runs_command(run_id: str) -> str:
+        reply = stack.post(f"/v1/runs/{run_id}/commands", {"command": f"sleep {LONG}; echo done"})
+        assert reply.status_code == 202, reply.text
+        return reply.json()["job_id"]
+
+    def runs_evaluation(run_id: str) -> str:
+        hold_the_tests(lambda name, **args: finished(stack, tool_call(stack, run_id, name, **args)))
+        reply = stack.post(f"/v1/runs/{run_id}/evaluation", {})
+        assert reply.status_code == 202, reply.text
+        return reply.json()["job_id"]
+
+    work = {
+        "pool tool call": pool_call,
+        "pool evaluation": pool_evaluation,
+        "runs tool call": lambda: runs_api(runs_call),
+        "runs command": lambda: runs_api(runs_command),
+        "runs evaluation": lambda: runs_api(runs_evaluation),
+    }
+    with ThreadPoolExecutor(len(work)) as threads:
+        runs = {name: future.result() for name, future in [(n, threads.submit(f)) for n, f in work.items()]}
+    store = Store(stack.redis)
+    for name, run_id in runs.items():
+        run = store.get_run(run_id)
+        assert run["state"] in ("ready", "evaluated"), f"{name}: its run was closed under it: {run}"
+    # Their idle clocks started when the work ended: they are reaped now, idle.
+    assert wait_for(lambda: all(store.get_run(r)["state"] == "closed" for r in runs.values()), 40)
+    assert {store.get_run(r)["closing_reason"] for r in runs.values()} == {"idle"}
 
 
 def test_worker_start_reconciles_orphans(short_ttl_stack, docker_client, base_image):

@@ -6,6 +6,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
 
   run:<id>                   hash: the run record (JSON for structured fields)
   run:<id>:jobs              list: job ids of the run, oldest first
+  run:<id>:working           set: the run's jobs not yet ended (the idle reaper leaves a run
+                             with one running); a job leaves it when it ends
   runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
   req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
   host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
@@ -113,6 +115,7 @@ from termpool.state.keys import (
     node_key,
     request_key,
     run_jobs_key,
+    run_working_key,
     run_key,
     session_key,
     sessions_key,
@@ -229,6 +232,7 @@ __all__ = [
     "LOCK_PATTERNS",
     "run_key",
     "run_jobs_key",
+    "run_working_key",
     "request_key",
     "host_tasks_key",
     "host_live_key",

@@ -31,25 +31,36 @@ return state
 # A job's end, in one script (no pipeline: one command less per call than MULTI/EXEC, and no
 # SCRIPT EXISTS check). KEYS: job, its done list, the process's job list (lost_jobs), the failure
 # counts. ARGV: the end's state, the record TTL, the job id, the failure code to count ('' for
-# none), then field, value pairs. The end is written unless the job ended already: a job the
-# facade failed (its worker silent past the limit, WORKERS_DOWN / HOST_LOST) keeps the outcome
-# its caller was given, and a late end from a worker that resumes is kept beside it as
-# late_state. A tool call's run needs no write: it reads as busy only while the call's job has
-# not ended (Store.shown_run).
+# none), the key prefix, the time now, then field, value pairs. The end is written unless the
+# job ended already: a job the facade failed (its worker silent past the limit, WORKERS_DOWN /
+# HOST_LOST) keeps the outcome its caller was given, and a late end from a worker that resumes
+# is kept beside it as late_state. The job leaves its run's working set, and a live run counts
+# as used now: its idle clock starts when its last job ends (the reaper never closes a run
+# under a job: RunsState.release's idle check). A tool call's run needs no other write: it
+# reads as busy only while the call's job has not ended (Store.shown_run).
 _FINISH_JOB = """
 local job, done, worker_jobs, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local end_state, ttl, job_id, code = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local state = redis.call('HGET', job, 'state')
+local end_state, ttl, job_id, code, prefix, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local state, run_id = unpack(redis.call('HMGET', job, 'state', 'run_id'))
 if state == 'succeeded' or state == 'failed' then
   redis.call('HSET', job, 'late_state', end_state)
 else
-  redis.call('HSET', job, unpack(ARGV, 5))
+  redis.call('HSET', job, unpack(ARGV, 7))
   if code ~= '' then redis.call('HINCRBY', counts, code, 1) end
 end
 redis.call('RPUSH', done, end_state)
 redis.call('EXPIRE', job, ttl)
 redis.call('EXPIRE', done, ttl)
 if worker_jobs ~= '' then redis.call('SREM', worker_jobs, job_id) end
+if run_id then
+  local run_key = prefix .. 'run:' .. run_id
+  if redis.call('SREM', run_key .. ':working', job_id) == 1 then
+    local run_state = redis.call('HGET', run_key, 'state')
+    if run_state and run_state ~= 'closing' and run_state ~= 'closed' then
+      redis.call('HSET', run_key, 'last_used_at', now)
+    end
+  end
+end
 return 1
 """
 
@@ -79,6 +90,7 @@ class JobsState:
         pipe = self._r.pipeline(transaction=False)
         pipe.hset(keys.job_key(job_id), mapping=_encode(self.job_fields(job_id, run_id, kind, **extra)))
         pipe.rpush(keys.run_jobs_key(run_id), job_id)
+        pipe.sadd(keys.run_working_key(run_id), job_id)
         pipe.execute()
 
     def discard_job(self, job_id: str, run_id: str) -> None:
@@ -87,6 +99,7 @@ class JobsState:
         pipe = self._r.pipeline(transaction=False)
         pipe.delete(keys.job_key(job_id))
         pipe.lrem(keys.run_jobs_key(run_id), 0, job_id)
+        pipe.srem(keys.run_working_key(run_id), job_id)
         pipe.execute()
 
     def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
@@ -135,7 +148,7 @@ class JobsState:
                 keys.worker_jobs_key(worker) if worker else "",
                 keys.FAILURE_COUNTS,
             ],
-            args=[state, self.record_ttl, job_id, code if error and counted else "", *pairs],
+            args=[state, self.record_ttl, job_id, code if error and counted else "", keys.PREFIX, time.time(), *pairs],
         )
 
     def request_cancel(self, job_id: str) -> str | None:

@@ -32,6 +32,10 @@ def run_jobs_key(run_id: str) -> str:
     return f"{PREFIX}run:{run_id}:jobs"
 
 
+def run_working_key(run_id: str) -> str:
+    return f"{PREFIX}run:{run_id}:working"  # the Lua scripts build this one too
+
+
 def request_key(task_key: str, request_id: str) -> str:
     return f"{PREFIX}req:{task_key}:{request_id}"
 

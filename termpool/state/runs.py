@@ -22,12 +22,31 @@ class UnknownRun(KeyError):
 
 
 # The scripts build run:<id> and host:<h>:{keys,live,closing} from the prefix they are given.
+# ARGV: prefix, run, reason, now, the only state to release from ('' for any), and, for the
+# idle reaper, the idle cutoff ('' for none): then the run is released only if it was last used
+# before it and none of its jobs is working: running, or queued since the cutoff (a job queued
+# longer, never taken, holds nothing: its message may be gone). Jobs that ended without leaving
+# the working set (expired records) are dropped from it. One script: a call starting between
+# the reaper's look and its release cannot be closed under.
 _RELEASE = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
 if not state or state == 'closing' or state == 'closed' then return false end
 if ARGV[5] ~= '' and state ~= ARGV[5] then return false end
+if ARGV[6] ~= '' then
+  local cutoff = tonumber(ARGV[6])
+  if tonumber(redis.call('HGET', run_key, 'last_used_at') or '0') > cutoff then return false end
+  local working = run_key .. ':working'
+  local jobs = redis.call('SMEMBERS', working)
+  local fork_job = redis.call('HGET', run_key, 'fork_job')  -- a fork's child: made by its source's job
+  if fork_job then table.insert(jobs, fork_job) end
+  for _, job_id in ipairs(jobs) do
+    local job = redis.call('HMGET', prefix .. 'job:' .. job_id, 'state', 'queued_at')
+    if job[1] == 'running' or (job[1] == 'queued' and tonumber(job[2] or '0') > cutoff) then return false end
+    if job[1] ~= 'queued' then redis.call('SREM', working, job_id) end
+  end
+end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
 if state == 'lost' then  -- it left its host's capacity when the host was lost
   redis.call('SREM', prefix .. 'host:' .. host .. ':lost', run_id)
@@ -66,7 +85,8 @@ return 1
 # A live run's record, marked as used (last_used_at), and, for a tool call, with the call's job
 # as the run's call_job (a run whose call_job has not ended shows as busy: Store.shown_run) and
 # the job's record written and listed under the run (KEYS[2], KEYS[3]; after ARGV[3]'s count
-# of field names to return, ARGV[4..]: the record's fields) in the same round trip. The record
+# of field names to return, ARGV[4..]: the record's fields) in the same round trip, and the
+# job joins the run's working set (KEYS[4]), which it leaves when it ends (jobs.py _FINISH_JOB). The record
 # is returned as it was: one read and one write, on every operation's hot path. The host's live zset keeps the score of the run's allocation: the
 # reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
 # ZADD for it.
@@ -87,6 +107,7 @@ end
 if not state or state == 'closing' or state == 'closed' then return false end
 if call_job ~= '' then
   redis.call('HSET', run_key, 'last_used_at', now, 'call_job', call_job)
+  redis.call('SADD', KEYS[4], call_job)
   if #ARGV > 3 + n then
     redis.call('HSET', KEYS[2], unpack(ARGV, 4 + n))
     redis.call('RPUSH', KEYS[3], call_job)
@@ -173,7 +194,12 @@ class RunsState:
         names = list(dict.fromkeys(("state", *fields))) if fields else []
         pairs = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
         raw = self._use_run(
-            keys=[keys.run_key(run_id), keys.job_key(call_job), keys.run_jobs_key(run_id)],
+            keys=[
+                keys.run_key(run_id),
+                keys.job_key(call_job),
+                keys.run_jobs_key(run_id),
+                keys.run_working_key(run_id),
+            ],
             args=[time.time(), call_job, len(names), *names, *pairs],
         )
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
@@ -193,11 +219,18 @@ class RunsState:
         with only_state, when the run is no longer in that state)."""
         return self.release_on_host(run_id, reason, only_state) is not None
 
+    def release_if_idle(self, run_id: str, idle_ttl: float) -> bool:
+        """Release a run (reason "idle") only if it is idle at this moment: last used (a call
+        begun, or its last job ended) idle_ttl seconds ago or more, and no job of it (nor the
+        fork making it) working. One atomic check and release."""
+        args = [keys.PREFIX, run_id, "idle", time.time(), "", time.time() - idle_ttl]
+        return self._release(args=args) is not None
+
     def release_on_host(self, run_id: str, reason: str = "closed", only_state: str = "") -> str | None:
         """release() in one round trip, returning the run's host (None when nothing was
         released). A lost run, already out of its host's capacity, becomes closing too: its
         teardown waits in its host's queue."""
-        return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state]) or None
+        return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state, ""]) or None
 
     def mark_run_lost(self, run_id: str, error: str, states: tuple, code: str = "HOST_LOST") -> bool:
         """The run died with its host's previous incarnation (HOST_LOST), or its container under
@@ -231,6 +264,7 @@ class RunsState:
             pipe.srem(keys.host_closing_key(host), run_id)
         pipe.expire(keys.run_key(run_id), self.record_ttl)
         pipe.expire(keys.run_jobs_key(run_id), self.record_ttl)
+        pipe.delete(keys.run_working_key(run_id))
         pipe.execute()
         self.drop_sessions(run_id)
 
