@@ -18,6 +18,7 @@ from flask import Blueprint
 
 from app import command_models, error_codes, models
 from app.http import engine, fail_on, ok, operation
+from app.idempotency import job_once
 from app.runs_api import answer_run_errors
 
 bp = Blueprint("commands", __name__, url_prefix="/v1")
@@ -37,7 +38,8 @@ fail = fail_on(error_codes.runs_status)
     tag="runs",
 )
 def create_command(run_id: str, body: command_models.CommandRequest):
-    return ok(models.JobAccepted(job_id=engine().command(run_id, body.model_dump())), 202)
+    job_id = job_once(run_id, lambda job: engine().command(run_id, body.model_dump(), job_id=job))
+    return ok(models.JobAccepted(job_id=job_id), 202)
 
 
 @bp.delete("/jobs/<job_id>")

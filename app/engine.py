@@ -231,22 +231,22 @@ class Engine:
         )
         return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
 
-    def tool_call(self, run_id: str, call: dict, runs_api: bool = False) -> str:
+    def tool_call(self, run_id: str, call: dict, runs_api: bool = False, job_id: str = "") -> str:
         """Queue a tool call on a run; its job id (see _queue_call)."""
         record = dispatch.recorded_call(call)
         send = functools.partial(dispatch.send_tool_call, self.celery, tool_call=call)
-        return self._queue_call(run_id, "tool_call", record, send, runs_api)
+        return self._queue_call(run_id, "tool_call", record, send, runs_api, job_id)
 
-    def command(self, run_id: str, command: dict) -> str:
+    def command(self, run_id: str, command: dict, job_id: str = "") -> str:
         """Queue a command (app/commands_api.py) on a run, as a tool call of the runs API."""
         send = functools.partial(dispatch.send_command, self.celery, command=command)
-        return self._queue_call(run_id, "command", dispatch.recorded_command(command), send, runs_api=True)
+        return self._queue_call(run_id, "command", dispatch.recorded_command(command), send, True, job_id)
 
-    def _queue_call(self, run_id: str, kind: str, record: dict, send, runs_api: bool) -> str:
+    def _queue_call(self, run_id: str, kind: str, record: dict, send, runs_api: bool, job_id: str = "") -> str:
         """The run's use and the job's record are one round trip (Store.use_run), taken back if
         the call is then refused; the worker gets the run's environment with the call (`send`),
-        so it reads nothing of the run."""
-        job_id = dispatch.new_job_id()
+        so it reads nothing of the run. `job_id`: the job's id, when the caller chose it."""
+        job_id = job_id or dispatch.new_job_id()
         job = self.store.job_fields(job_id, run_id, kind, call=record)
         try:
             if runs_api:
@@ -276,10 +276,10 @@ class Engine:
             self.store.job_finished(job_id, error="cancelled by its client before it started", code="JOB_CANCELLED")
         return state, job
 
-    def evaluation(self, run: dict) -> str:
+    def evaluation(self, run: dict, job_id: str = "") -> str:
         self._require_started(run)
         self.require_serving(run, "evaluation")
-        return dispatch.enqueue_evaluation(self.celery, self.store, run["run_id"], run["host"])
+        return dispatch.enqueue_evaluation(self.celery, self.store, run["run_id"], run["host"], job_id)
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
@@ -291,7 +291,7 @@ class Engine:
         if run["state"] == "allocated" or not run.get("env") and run["state"] != "starting":
             raise NotReady(f"run {run['run_id']} has not been reset")
 
-    def fork(self, run_id: str, count: int) -> tuple[str, list[str]]:
+    def fork(self, run_id: str, count: int, job_id: str = "") -> tuple[str, list[str]]:
         """K children of a started run on its host, made by one fork job: (job id, child ids).
         The slots are reserved in one script (Store.place_fork) or not at all: CapacityError
         when the host has fewer than `count` free, ForkRefused (FORK_TOO_DEEP) past the depth."""
@@ -299,7 +299,7 @@ class Engine:
         self.require_serving(run, "fork")
         reasons = self.one_per_host(run["task_meta"]["task_path"])
         children = [new_run_id() for _ in range(count)]
-        job_id = str(uuid.uuid4())
+        job_id = job_id or dispatch.new_job_id()
         try:
             host = self.store.place_fork(
                 run_id, children, job_id, self.cfg.fork_max_depth, self.cfg.max_runs_per_task, 1 if reasons else 0

@@ -12,6 +12,7 @@ from flask import Blueprint
 from app import error_codes, models
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
+from app.idempotency import job_once
 from termpool import failures
 from termpool.state import CapacityError
 
@@ -122,7 +123,7 @@ def reset(body: models.ResetRequest):
 )
 def exec_tool(body: models.ExecToolRequest):
     call = body.tool_call.model_dump()
-    job_id = engine().tool_call(body.lease_id, call)
+    job_id = job_once(body.lease_id, lambda job: engine().tool_call(body.lease_id, call, job_id=job))
     job = engine().wait(job_id, engine().tool_wait_limit(call))
     return _job_reply(job, models.ExecToolReply, observation=job.get("result"))
 

@@ -50,6 +50,7 @@ from pydantic import TypeAdapter, ValidationError
 from app import error_codes, models
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
+from app.idempotency import job_once
 from termpool.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
@@ -137,7 +138,8 @@ def get_run(run_id: str):
     tag="runs",
 )
 def create_tool_call(run_id: str, body: models.ToolCall):
-    return ok(models.JobAccepted(job_id=engine().tool_call(run_id, body.model_dump(), runs_api=True)), 202)
+    job_id = job_once(run_id, lambda job: engine().tool_call(run_id, body.model_dump(), runs_api=True, job_id=job))
+    return ok(models.JobAccepted(job_id=job_id), 202)
 
 
 @bp.post("/runs/<run_id>/evaluation")
@@ -147,8 +149,8 @@ def create_tool_call(run_id: str, body: models.ToolCall):
     tag="runs",
 )
 def create_evaluation(run_id: str):
-    run = engine().live_run(run_id)
-    return ok(models.JobAccepted(job_id=engine().evaluation(run)), 202)
+    job_id = job_once(run_id, lambda job: engine().evaluation(engine().live_run(run_id), job_id=job))
+    return ok(models.JobAccepted(job_id=job_id), 202)
 
 
 @bp.post("/runs/<run_id>/fork")
@@ -165,7 +167,14 @@ def create_evaluation(run_id: str):
     tag="runs",
 )
 def fork_run(run_id: str, body: models.ForkRequest):
-    job_id, children = engine().fork(run_id, body.count)
+    forked = {}
+
+    def fork(job: str) -> str:
+        job_id, forked["children"] = engine().fork(run_id, body.count, job_id=job)
+        return job_id
+
+    job_id = job_once(run_id, fork)
+    children = forked.get("children") or (engine().store.get_job(job_id) or {}).get("children") or []
     return ok(models.ForkAccepted(job_id=job_id, run_ids=children), 202)
 
 

@@ -90,9 +90,8 @@ def _child_lost_retried(sender=None, request=None, reason=None, **_):
     job_id = ((request and request.kwargs) or {}).get("job_id")
     if isinstance(exc, WorkerLostError) and job_id:
         store().job_left(job_id, TOKEN)
-        store().job_lost_retry(
-            job_id, getattr(sender, "name", "") or "", f"a process of worker {request.hostname} died: {exc}"
-        )
+        error = f"a process of worker {request.hostname} died: {exc}"
+        store().job_lost_retry(job_id, getattr(sender, "name", "") or "", error, attempt=request.retries + 2)
 
 
 @task_failure.connect
@@ -140,8 +139,9 @@ def _recover(app, job_id: str, node: str) -> None:
         _fail(job, error, "WORKER_LOST")
         _settle_episode(app, job)
         return
-    attempts = store().job_lost_retry(job_id, retry_with.get("task") or "", error)
     retries = int(retry_with.get("options", {}).get("retries") or 0) + 1
+    attempts = retries + 1
+    store().job_lost_retry(job_id, retry_with.get("task") or "", error, attempt=attempts)
     app.signature(retry_with).apply_async(retries=retries)
     log.warning(
         "job %s (%s) was lost with worker %s; sent again (attempt %s)", job_id, retry_with.get("task"), node, attempts

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -117,10 +118,20 @@ def _job(fn=None, *, on_failure=None, retry=False):
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
         # Running now if it was queued, and listed under this process until it ends here
         # (lost_jobs: a process that dies with it listed gets its job recovered).
+        # At most once per message: a copy of it (a publish retried, a redelivery) is dropped.
         begin = functools.partial(
-            store().begin_job, job_id, self.request.hostname or "", lost_jobs.TOKEN, lost_jobs.resendable(self)
+            store().begin_job,
+            job_id,
+            self.request.hostname or "",
+            lost_jobs.TOKEN,
+            lost_jobs.resendable(self),
+            delivery=f"{self.request.id}:{self.request.retries}",
+            taker=secrets.token_hex(8),
         )
         state = through_outage(begin, f"job {job_id}'s start")
+        if state == "duplicate":
+            log.warning("job %s: a copy of its message %s was dropped", job_id, self.request.id)
+            return None
         if state in ("succeeded", "failed"):
             return None  # settled already (failed as lost, or its run closed): a late copy of its message
         ended, settle = False, {"worker": lost_jobs.TOKEN}
@@ -141,7 +152,7 @@ def _job(fn=None, *, on_failure=None, retry=False):
                     and transient(exc)
                     and self.request.retries < self.max_retries
                 ):
-                    store().job_retrying(job_id, self.name, code, error)
+                    store().job_retrying(job_id, self.name, code, error, attempt=self.request.retries + 2)
                     raise Transient(error) from exc
                 if on_failure:  # the run's state must follow the job's end: it waits out an outage too
                     through_outage(lambda: on_failure(run_id, error, code), f"run {run_id} after job {job_id}")

@@ -136,8 +136,8 @@ def send_command(
     )
 
 
-def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str) -> str:
-    return enqueue(celery, store, "evaluation", "pool.evaluate", run_id, host)
+def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str, job_id: str = "") -> str:
+    return send_job(celery, store, job_id or new_job_id(), "evaluation", "pool.evaluate", run_id, host)
 
 
 def enqueue_fork(celery: Celery, store: Store, run_id: str, host: str, job_id: str, children: list) -> str:

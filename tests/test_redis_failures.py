@@ -74,6 +74,7 @@ def test_a_redis_timeout_inside_a_job_is_redis_s(redis_server, monkeypatch, kind
     partitioned = PartitionedStore(redis_server)
     for mod in {run_jobs, module}:
         monkeypatch.setattr(mod, "store", lambda: partitioned)
+    redis_server.flushdb()  # a job is recorded once: each kind's job-1 is a new one
     real.create_job("job-1", "run-1", kind)
     with pytest.raises(redis.exceptions.TimeoutError):
         task.run(host="h1", run_id="run-1", job_id="job-1", **extra)
@@ -90,6 +91,7 @@ def test_a_teardown_waits_out_a_redis_timeout(redis_server, monkeypatch):
 
     real, partitioned = Store(redis_server), PartitionedStore(redis_server)
     monkeypatch.setattr(run_jobs, "store", lambda: partitioned)
+    redis_server.flushdb()
     real.create_job("job-1", "run-1", "close_run")
     run_jobs.close_run.run(host="h1", run_id="run-1", job_id="job-1")
     assert partitioned.healed and real.get_job("job-1")["state"] == "succeeded"

@@ -199,23 +199,80 @@ def test_use_run_marks_a_live_run_used_and_returns_its_record(store, redis_serve
 
 def test_begin_job_starts_a_queued_job_once(store):
     store.create_job("j1", "run-1", "tool_call")
-    assert store.begin_job("j1", "exec-a@h1", "tok-a", {"task": "pool.exec_tool"}) == "queued"
+    assert store.begin_job("j1", "exec-a@h1", "tok-a", {"task": "pool.exec_tool"}, "m1:0", "a") == "queued"
     job = store.get_job("j1")
     assert (job["state"], job["node"], job["attempts"], job["worker"]) == ("running", "exec-a@h1", 1, "tok-a")
     assert job["started_at"] > 0 and json.loads(job["retry_with"]) == {"task": "pool.exec_tool"}
     assert store.worker_jobs("tok-a") == ["j1"]
-    # a retry on another process: moved there, still its first start
+    # a retry (its message's next delivery) on another process: moved there, still its first start
     started = job["started_at"]
-    assert store.begin_job("j1", "exec-b@h1", "tok-b") == "running"
+    assert store.begin_job("j1", "exec-b@h1", "tok-b", delivery="m1:1", taker="b") == "running"
     job = store.get_job("j1")
     assert (job["node"], job["worker"], job["started_at"], job["attempts"]) == ("exec-b@h1", "tok-b", started, 1)
     store.job_left("j1", "tok-a")
     store.job_finished("j1", result="hi", worker="tok-b")
     assert store.worker_jobs("tok-a") == store.worker_jobs("tok-b") == []
-    assert store.begin_job("j1", "exec-c@h1", "tok-c") == "succeeded"
+    assert store.begin_job("j1", "exec-c@h1", "tok-c", delivery="m1:2", taker="c") == "succeeded"
     assert store.get_job("j1")["state"] == "succeeded" and store.worker_jobs("tok-c") == []  # settled: not listed
     assert store.begin_job("j-unknown", "exec-a@h1", "tok-a") is None
     assert store.get_job("j-unknown") is None  # nothing written for a job that has no record
+
+
+def test_a_copy_of_a_job_s_message_never_runs_it_again(store):
+    """A delivery (the message's id and retry count) is taken once: a copy of the message (a
+    publish retried, a redelivery) gets "duplicate" and changes nothing, whether the job is
+    queued, running or ended; the same taker's script sent again (Redis's client resending)
+    goes on."""
+    store.create_job("j1", "run-1", "tool_call")
+    assert store.begin_job("j1", "exec-a@h1", "tok-a", delivery="m1:0", taker="a") == "queued"
+    assert store.begin_job("j1", "exec-a@h1", "tok-a", delivery="m1:0", taker="a") == "running"  # resent
+    assert store.begin_job("j1", "exec-b@h1", "tok-b", delivery="m1:0", taker="b") == "duplicate"
+    job = store.get_job("j1")
+    assert (job["node"], job["worker"], job["attempts"]) == ("exec-a@h1", "tok-a", 1)
+    assert store.worker_jobs("tok-b") == []
+    # a copy taken first, before the original: the original is then the copy
+    store.create_job("j2", "run-1", "tool_call")
+    assert store.begin_job("j2", "exec-b@h1", "tok-b", delivery="m2:0", taker="b") == "queued"
+    assert store.begin_job("j2", "exec-a@h1", "tok-a", delivery="m2:0", taker="a") == "duplicate"
+
+
+def test_counts_and_lists_are_written_once_when_a_command_is_sent_again(store, redis_server):
+    """What Redis's client may send twice (its reply lost to a partition) changes nothing the
+    second time: a job's record and its place in its run's list, its retry attempt and count,
+    its end's count and wake-up, an episode's job list."""
+    for _ in range(2):
+        store.create_job("j1", "run-1", "tool_call")
+    assert store.run_jobs("run-1") == ["j1"]
+    for _ in range(2):
+        store.job_retrying("j1", "pool.exec_tool", "DOCKER_ERROR", "boom", attempt=2)
+    assert store.get_job("j1")["attempts"] == 2
+    assert redis_server.hget(state.RETRY_COUNTS, "pool.exec_tool|DOCKER_ERROR") == "1"
+    for _ in range(2):
+        store.job_lost_retry("j1", "pool.exec_tool", "lost", attempt=3)
+    assert store.get_job("j1")["attempts"] == 3
+    assert redis_server.hget(state.RETRY_COUNTS, "pool.exec_tool|WORKER_LOST") == "1"
+    for _ in range(2):
+        store.job_finished("j1", error="boom", code="DOCKER_ERROR")
+    assert redis_server.hget(state.FAILURE_COUNTS, "DOCKER_ERROR") == "1"
+    assert redis_server.llen(state.job_done_key("j1")) == 1
+    for _ in range(2):
+        store.set_episode_jobs("start-1", ["start-1", "j1"])
+    assert store.episode_jobs("start-1") == ["start-1", "j1"]
+
+
+def test_a_placement_or_a_warm_count_sent_again_changes_nothing(store, redis_server, monkeypatch):
+    """The same script with the same arguments (what Redis's client resends): one run, one
+    slot; a warm pool event counted once."""
+    from termpool.state import hosts
+
+    monkeypatch.setattr(hosts, "new_run_id", lambda: "run-0000000000000001")
+    first = allocate(store, "k", "", max_tasks=2, max_runs=2)
+    again = allocate(store, "k", "", max_tasks=2, max_runs=2)
+    assert first == again and redis_server.hget(state.host_tasks_key("h1"), "k") == "1"
+    monkeypatch.setattr(state.warm.secrets, "token_hex", lambda n: "event-1")
+    for _ in range(2):
+        store.warm_count_event("h1", started=1, start_s=0.5)
+    assert store.warm_counters("h1") == {"started": 1.0, "start_s": 0.5}
 
 
 def test_use_run_for_a_tool_call_names_its_job(store):

@@ -54,7 +54,7 @@ class _CommandOps:
         COMMAND_MAX_TIMEOUT. Raises UnknownUser for a user the container lacks, BadRequest
         for bad input; abandoning the call cancels the command (module docstring)."""
         body = {"command": command, "cwd": cwd, "env": env, "user": user, "timeout_sec": timeout_sec}
-        reply = yield from self._call("POST", f"/v1/runs/{self.id}/commands", body=body)
+        reply = yield from ops._request(self._pool, ops._queuing("POST", f"/v1/runs/{self.id}/commands", body))
         cancel = ops._Call("DELETE", f"/v1/jobs/{reply['job_id']}", idempotent=True)
         yield ops._OnCancel(cancel)
         try:

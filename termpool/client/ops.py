@@ -5,6 +5,7 @@ itself (pool_ops.py has the pool's own operations and its retry policy)."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,13 @@ class _Call:
     content: bytes | None = None  # a raw body in place of `body`'s JSON (a tar archive)
     content_type: str = "application/x-tar"
     raw_reply: bool = False  # a successful reply is its bytes (a tar archive), not JSON
+    key: str | None = None  # an Idempotency-Key: the request queues its job once, however often sent
+
+
+def _queuing(method: str, path: str, body: dict | None = None) -> _Call:
+    """A request that queues a job, made safe to send again by its own Idempotency-Key: a retry
+    after a lost reply (pool._retry_delay) answers the first request's job."""
+    return _Call(method, path, body=body, key=uuid.uuid4().hex)
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,7 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
         self.tool_schemas: list | None = start.get("tool_schemas")  # the four tools' schemas
 
     def _submit(self, call: dict) -> Op:
-        reply = yield from self._call("POST", f"/v1/runs/{self.id}/tool_calls", body=call)
+        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/tool_calls", call))
         return self._pool._job_class(self._pool, reply["job_id"])
 
     def submit(self, name: str, **arguments) -> Op:
@@ -204,7 +212,7 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
 
     def evaluate(self) -> Op:
         """Run the task's tests: an Evaluation (score, per-test results)."""
-        reply = yield from self._call("POST", f"/v1/runs/{self.id}/evaluation")
+        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/evaluation"))
         result = (yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout))["result"] or {}
         return Evaluation(
             score=float(result.get("score") or 0.0),
@@ -222,7 +230,7 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
         """`count` new runs on this run's host whose services start from its files as they are
         now (POST /v1/runs/<id>/fork); this run goes on unchanged. Returns the children (Runs to
         close like any other), ready unless wait=False (then wait_ready() each)."""
-        reply = yield from self._call("POST", f"/v1/runs/{self.id}/fork", body={"count": count})
+        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/fork", {"count": count}))
         if wait:
             yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout)
         start = {"user_msg": self.user_msg, "tool_schemas": self.tool_schemas}
@@ -253,9 +261,10 @@ class _LeaseOps(_SessionOps):
         self.user_msg: str | None = None  # the task's prompt, once reset
         self.tool_schemas: list | None = None
 
-    def _post(self, path: str, fields: dict | None = None, idempotent: bool = False) -> Op:
+    def _post(self, path: str, fields: dict | None = None, idempotent: bool = False, key: str | None = None) -> Op:
         body = {"lease_id": self.id, **(fields or {})}
-        return (yield from self._call("POST", path, body=body, idempotent=idempotent, long_poll=self._pool.job_timeout))
+        options = dict(idempotent=idempotent, long_poll=self._pool.job_timeout, key=key)
+        return (yield from self._call("POST", path, body=body, **options))
 
     def reset(
         self,
@@ -274,7 +283,8 @@ class _LeaseOps(_SessionOps):
         return self
 
     def _tool(self, call: dict) -> Op:
-        return (yield from self._post("/exec_tool", {"tool_call": call}))["observation"]
+        # Its own Idempotency-Key: sent again after a lost reply, it waits for the same call.
+        return (yield from self._post("/exec_tool", {"tool_call": call}, key=uuid.uuid4().hex))["observation"]
 
     def evaluate(self) -> Op:
         """Run the task's tests (POST /evaluate): an Evaluation (tests: {} when the reply has none)."""

@@ -93,6 +93,8 @@ class _PoolOps(_Ops):
             if call.content is None
             else {"content": call.content, "headers": {"Content-Type": call.content_type}}
         )
+        if call.key:
+            body["headers"] = {**body.get("headers", {}), "Idempotency-Key": call.key}
         return {
             "method": call.method,
             "url": call.path,
@@ -106,7 +108,10 @@ class _PoolOps(_Ops):
     def _retry_delay(self, call: _Call, error: TermpoolError, attempt: int) -> float | None:
         """Seconds to wait before sending `call` again, or None to give up."""
         refused = error.status == 429 or isinstance(error.__cause__, httpx.ConnectError)
-        if attempt >= self.retries or not error.retryable or not (call.idempotent or refused):
+        # A request with an Idempotency-Key does its work once however often it is sent: one
+        # whose reply was lost, or that met Redis away, is sent again too.
+        keyed = call.key and (isinstance(error.__cause__, httpx.TransportError) or error.code == "REDIS_UNAVAILABLE")
+        if attempt >= self.retries or not error.retryable or not (call.idempotent or refused or keyed):
             return None
         return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 

@@ -6,6 +6,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
 
   run:<id>                   hash: the run record (JSON for structured fields)
   run:<id>:jobs              list: job ids of the run, oldest first
+  run:<id>:request:<key>     string, IDEMPOTENCY_TTL: the job a request with that Idempotency-Key
+                             queued on the run (sent again, it answers that job)
   run:<id>:working           set: the run's jobs not yet ended (the idle reaper leaves a run
                              with one running); a job leaves it when it ends
   runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
@@ -43,6 +45,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
                              to WARM_DEMAND_WINDOW: what sizes the pool
   warm-facts:<h>:<task>      hash: task name, measured spare start seconds and idle bytes
   warm-tasks:<h>             set: task paths with a pool, starts or recent demand on h
+  warm-counted:<event>       string, 1 h: a warm pool counter event was counted (counted once
+                             when its write is sent again)
   warm-counts:<h>            hash: warm pool counters (claimed, missed, started, start and CPU
                              seconds, trimmed, expired, drained) for the benchmark
   build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
@@ -115,13 +119,15 @@ from termpool.state.keys import (
     node_key,
     request_key,
     run_jobs_key,
-    run_working_key,
     run_key,
+    run_request_key,
+    run_working_key,
     session_key,
     sessions_key,
     subnet_owners_key,
     subnets_key,
     warm_claim_key,
+    warm_counted_key,
     warm_counts_key,
     warm_demand_key,
     warm_facts_key,
@@ -232,6 +238,7 @@ __all__ = [
     "LOCK_PATTERNS",
     "run_key",
     "run_jobs_key",
+    "run_request_key",
     "run_working_key",
     "request_key",
     "host_tasks_key",
@@ -254,6 +261,7 @@ __all__ = [
     "warm_demand_key",
     "warm_facts_key",
     "warm_tasks_key",
+    "warm_counted_key",
     "warm_counts_key",
     "build_lock_key",
     "host_nodes_key",

@@ -24,6 +24,9 @@ local def_runs, cap, started = tonumber(ARGV[5]), tonumber(ARGV[6]), cjson.decod
 local run_key = p .. 'run:' .. src
 local state = redis.call('HGET', run_key, 'state')
 if not state then return {'UNKNOWN_RUN'} end
+-- placed already: this script was sent again (Redis's client resends a command whose reply was lost)
+local placed = redis.call('HGET', p .. 'run:' .. ARGV[11], 'fork_job')
+if placed == ARGV[10] then return {'OK', redis.call('HGET', run_key, 'host')} end
 if state == 'closing' or state == 'closed' then return {'RUN_CLOSED', state} end
 if state == 'lost' then return {'HOST_LOST', state} end
 local ok = false

@@ -68,6 +68,9 @@ _PLACE = """
 local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local preferred, affinity, def_tasks, def_runs = cjson.decode(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local slack, excluded, fallback, cap = tonumber(ARGV[11]), cjson.decode(ARGV[12]), ARGV[13], tonumber(ARGV[17])
+-- placed already: this script was sent again (Redis's client resends a command whose reply was lost)
+local placed = redis.call('HGET', p .. 'run:' .. run_id, 'host')
+if placed then return {'new', run_id, placed} end
 if req_key ~= '' then
   local existing = redis.call('GET', req_key)
   if existing then

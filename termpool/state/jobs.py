@@ -3,7 +3,9 @@ process is running (worker:<token>:jobs), which tasks/lost_jobs.py recovers when
 
 from __future__ import annotations
 
+import functools
 import json
+import secrets
 import time
 
 import redis
@@ -14,11 +16,19 @@ from termpool.state.codec import _decode, _encode
 
 # A worker process takes a job's message: a queued job starts (its first attempt); unless the
 # job is settled already, it is listed under the process (lost_jobs) with its node and, when
-# it may be sent again after the process dies, how (retry_with).
+# it may be sent again after the process dies, how (retry_with). Each message runs a job at most
+# once: its delivery (ARGV[6]: the message's task id and retry count, the same in every copy of
+# it) is marked with the taker's nonce (ARGV[7]), and another taker of the same delivery (a copy
+# that a publish retry or a redelivery made) gets 'duplicate'. The same taker sending this
+# script again (Redis's client resends a command whose reply was lost) goes on: a retry of the
+# job (Celery's, or lost_jobs' after its process died) is a new delivery.
 _BEGIN_JOB = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'succeeded' or state == 'failed' then return state end
-local fields = {'node', ARGV[2], 'worker', ARGV[3]}
+local mark = 'taken:' .. ARGV[6]
+local taker = redis.call('HGET', KEYS[1], mark)
+if taker and taker ~= ARGV[7] then return 'duplicate' end
+local fields = {mark, ARGV[7], 'node', ARGV[2], 'worker', ARGV[3]}
 if state == 'queued' then
   for _, v in ipairs({'state', 'running', 'started_at', ARGV[1], 'attempts', 1}) do table.insert(fields, v) end
 end
@@ -26,6 +36,26 @@ if ARGV[4] ~= '' then table.insert(fields, 'retry_with') table.insert(fields, AR
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('SADD', KEYS[2], ARGV[5])
 return state
+"""
+
+# A job recorded and listed under its run, once: sent again (a resend of a command whose reply
+# was lost), it changes nothing. KEYS: job, the run's job list, its working set; ARGV: fields.
+_CREATE_JOB = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+
+# One more attempt of a job, counted once: the attempt's number is given (a retry's message's
+# retries + 1), so the same write sent again counts nothing. KEYS: job, the retry counts;
+# ARGV: attempt, the count's field, then the job's field, value pairs.
+_JOB_ATTEMPT = """
+if tonumber(redis.call('HGET', KEYS[1], 'attempts') or '1') >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'attempts', ARGV[1], unpack(ARGV, 3))
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+return 1
 """
 
 # A job's end, in one script (no pipeline: one command less per call than MULTI/EXEC, and no
@@ -48,7 +78,7 @@ else
   redis.call('HSET', job, unpack(ARGV, 7))
   if code ~= '' then redis.call('HINCRBY', counts, code, 1) end
 end
-redis.call('RPUSH', done, end_state)
+if redis.call('LLEN', done) == 0 then redis.call('RPUSH', done, end_state) end  -- a wake-up, once
 redis.call('EXPIRE', job, ttl)
 redis.call('EXPIRE', done, ttl)
 if worker_jobs ~= '' then redis.call('SREM', worker_jobs, job_id) end
@@ -79,19 +109,24 @@ class JobsState:
     _r: redis.Redis  # Store.__init__ sets it
     record_ttl: int  # and this (RECORD_TTL)
 
+    @functools.cached_property
+    def _create_job(self):
+        return self._r.register_script(_CREATE_JOB)
+
+    @functools.cached_property
+    def _job_attempt(self):
+        return self._r.register_script(_JOB_ATTEMPT)
+
     @staticmethod
     def job_fields(job_id: str, run_id: str, kind: str, **extra) -> dict:
         """A new (queued) job's record."""
         return {"job_id": job_id, "run_id": run_id, "kind": kind, "state": "queued", "queued_at": time.time(), **extra}
 
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
-        # One round trip, not a transaction: a job recorded but not yet listed under its run
-        # is harmless, and MULTI/EXEC would be two more commands on every tool call.
-        pipe = self._r.pipeline(transaction=False)
-        pipe.hset(keys.job_key(job_id), mapping=_encode(self.job_fields(job_id, run_id, kind, **extra)))
-        pipe.rpush(keys.run_jobs_key(run_id), job_id)
-        pipe.sadd(keys.run_working_key(run_id), job_id)
-        pipe.execute()
+        """Record a queued job under its run (once: _CREATE_JOB)."""
+        pairs = [item for pair in _encode(self.job_fields(job_id, run_id, kind, **extra)).items() for item in pair]
+        keys_ = [keys.job_key(job_id), keys.run_jobs_key(run_id), keys.run_working_key(run_id)]
+        self._create_job(keys=keys_, args=[job_id, *pairs])
 
     def discard_job(self, job_id: str, run_id: str) -> None:
         """Take back a job recorded with its run's use (use_run) whose call was then refused:
@@ -102,24 +137,37 @@ class JobsState:
         pipe.srem(keys.run_working_key(run_id), job_id)
         pipe.execute()
 
-    def begin_job(self, job_id: str, node: str, token: str = "", retry_with: dict | None = None) -> str | None:
-        """A job's message is being run by worker process `token` on `node`: returns the job's
-        state before. A queued job is now running, its first attempt; a retry only moves it to
-        its new node. Unless it was settled already, the job is listed under the process
-        (lost_jobs) until job_left or job_finished(..., worker=token). One round trip."""
+    def begin_job(
+        self,
+        job_id: str,
+        node: str,
+        token: str = "",
+        retry_with: dict | None = None,
+        delivery: str = "",
+        taker: str = "",
+    ) -> str | None:
+        """A job's message (`delivery`: its task id and retry count) is being run by worker
+        process `token` on `node` (`taker`: a nonce of this one run of the message): returns
+        the job's state before, or "duplicate" when another taker holds this delivery (a copy
+        of the message: it must not run). A queued job is now running, its first attempt; a
+        retry only moves it to its new node. Unless it was settled already, the job is listed
+        under the process (lost_jobs) until job_left or job_finished(..., worker=token). One
+        round trip."""
         encoded = json.dumps(retry_with) if retry_with is not None else ""
+        taker = taker or secrets.token_hex(8)
         return self._begin_job(
-            keys=[keys.job_key(job_id), keys.worker_jobs_key(token)], args=[time.time(), node, token, encoded, job_id]
+            keys=[keys.job_key(job_id), keys.worker_jobs_key(token)],
+            args=[time.time(), node, token, encoded, job_id, delivery or job_id, taker],
         )
 
-    def job_retrying(self, job_id: str, task: str, code: str, error: str) -> None:
-        """A transient failure will be retried: the job stays running, one attempt more."""
-        key = keys.job_key(job_id)
-        pipe = self._r.pipeline()
-        pipe.hincrby(key, "attempts", 1)
-        pipe.hset(key, mapping={"retry_code": code, "retry_error": failures.cap(error)})
-        pipe.hincrby(keys.RETRY_COUNTS, f"{task}|{code}", 1)
-        pipe.execute()
+    def job_retrying(self, job_id: str, task: str, code: str, error: str, attempt: int) -> None:
+        """A transient failure will be retried as attempt `attempt`: the job stays running."""
+        fields = {"retry_code": code, "retry_error": failures.cap(error)}
+        self._count_attempt(job_id, attempt, f"{task}|{code}", fields)
+
+    def _count_attempt(self, job_id: str, attempt: int, counted: str, fields: dict) -> bool:
+        pairs = [item for pair in fields.items() for item in pair]
+        return bool(self._job_attempt(keys=[keys.job_key(job_id), keys.RETRY_COUNTS], args=[attempt, counted, *pairs]))
 
     def job_finished(
         self,
@@ -193,7 +241,8 @@ class JobsState:
     def set_episode_jobs(self, start_job: str, job_ids: list[str]) -> None:
         """An episode's job ids in chain order, for its error callback."""
         key = keys.episode_key(start_job)
-        pipe = self._r.pipeline()
+        pipe = self._r.pipeline()  # a transaction: sent again, the list is the same
+        pipe.delete(key)
         pipe.rpush(key, *job_ids)
         pipe.expire(key, self.record_ttl)
         pipe.execute()
@@ -260,16 +309,11 @@ class JobsState:
         """True for exactly one caller: whoever removes the job from its dead process's set."""
         return bool(self._r.srem(keys.worker_jobs_key(token), job_id))
 
-    def job_lost_retry(self, job_id: str, task: str, error: str) -> int:
-        """A lost step is sent again: one attempt more (the first counts as 1), counted for
-        /metrics as a retry of `task` for WORKER_LOST; returns the attempt."""
-        key = keys.job_key(job_id)
-        pipe = self._r.pipeline()
-        pipe.hsetnx(key, "attempts", 1)
-        pipe.hincrby(key, "attempts", 1)
-        pipe.hset(key, mapping={"retry_code": "WORKER_LOST", "retry_error": error})
-        pipe.hincrby(keys.RETRY_COUNTS, f"{task}|WORKER_LOST", 1)
-        return pipe.execute()[1]
+    def job_lost_retry(self, job_id: str, task: str, error: str, attempt: int) -> None:
+        """A lost step is sent again as attempt `attempt` (its message's retries + 1), counted
+        for /metrics as a retry of `task` for WORKER_LOST, once however often this is sent."""
+        fields = {"retry_code": "WORKER_LOST", "retry_error": error}
+        self._count_attempt(job_id, attempt, f"{task}|WORKER_LOST", fields)
 
     def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:
         """End a job whose process died, unless it ended meanwhile; True when this call ended it."""

@@ -32,6 +32,10 @@ def run_jobs_key(run_id: str) -> str:
     return f"{PREFIX}run:{run_id}:jobs"
 
 
+def run_request_key(run_id: str, key: str) -> str:
+    return f"{PREFIX}run:{run_id}:request:{key}"
+
+
 def run_working_key(run_id: str) -> str:
     return f"{PREFIX}run:{run_id}:working"  # the Lua scripts build this one too
 
@@ -119,6 +123,10 @@ def warm_facts_key(host: str, task_path: str) -> str:
 
 def warm_tasks_key(host: str) -> str:
     return f"{PREFIX}warm-tasks:{host}"
+
+
+def warm_counted_key(event: str) -> str:
+    return f"{PREFIX}warm-counted:{event}"
 
 
 def warm_counts_key(host: str) -> str:

@@ -108,7 +108,7 @@ if not state or state == 'closing' or state == 'closed' then return false end
 if call_job ~= '' then
   redis.call('HSET', run_key, 'last_used_at', now, 'call_job', call_job)
   redis.call('SADD', KEYS[4], call_job)
-  if #ARGV > 3 + n then
+  if #ARGV > 3 + n and redis.call('EXISTS', KEYS[2]) == 0 then  -- recorded once, if sent again
     redis.call('HSET', KEYS[2], unpack(ARGV, 4 + n))
     redis.call('RPUSH', KEYS[3], call_job)
   end
@@ -203,6 +203,19 @@ class RunsState:
             args=[time.time(), call_job, len(names), *names, *pairs],
         )
         return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
+
+    def claim_request(self, run_id: str, key: str, job_id: str) -> str:
+        """The job that a request with this idempotency key queues on the run: job_id when the
+        key is new (now held for IDEMPOTENCY_TTL), else the job of the first such request. One
+        SET NX GET: sent again by Redis's client, it finds job_id, its own."""
+        held = self._r.set(keys.run_request_key(run_id, key), job_id, nx=True, get=True, ex=keys.IDEMPOTENCY_TTL)
+        return held or job_id
+
+    def drop_request(self, run_id: str, key: str, job_id: str) -> None:
+        """Let the key go when its request was refused (nothing was queued): held by job_id only."""
+        key_name = keys.run_request_key(run_id, key)
+        if self._r.get(key_name) == job_id:
+            self._r.delete(key_name)
 
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
         """Change a run's state unless it has been released meanwhile (close wins): one

@@ -72,6 +72,13 @@ return 1
 """
 CLAIM_KEPT_SECONDS = 3600  # a claim's retry comes within the outage window (seconds), not hours
 # KEYS: tasks set, pool list, starting zset, demand zset. ARGV: task path, now, window start.
+# Counters added once per event (KEYS[1], a mark kept an hour); ARGV: name, amount pairs.
+_WARM_COUNT = """
+if not redis.call('SET', KEYS[1], 1, 'NX', 'EX', 3600) then return 0 end
+for i = 1, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
 _WARM_FORGET_TASK = """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[3])
@@ -101,8 +108,8 @@ class WarmState:
         pipe.expire(demand, max(1, math.ceil(window)))
         pipe.sadd(keys.warm_tasks_key(host), pool)
         pipe.hset(keys.warm_facts_key(host, pool), "task_name", task_name)
-        pipe.hincrby(keys.warm_counts_key(host), "claimed" if claimed else "missed", 1)
         pipe.execute()
+        self.warm_count_event(host, claimed=int(claimed), missed=int(not claimed))
 
     def warm_resets(self, host: str, pool: str, window: float) -> list[float]:
         """Times of the task's resets on this host within the last `window` seconds."""
@@ -216,11 +223,12 @@ class WarmState:
         self._r.hset(keys.warm_facts_key(host, pool), mapping={k: str(v) for k, v in facts.items()})
 
     def warm_count_event(self, host: str, **amounts: float) -> None:
-        """Add to the host's warm pool counters (floats allowed: seconds)."""
-        pipe = self._r.pipeline(transaction=False)
-        for name, amount in amounts.items():
-            pipe.hincrbyfloat(keys.warm_counts_key(host), name, amount)
-        pipe.execute()
+        """Add to the host's warm pool counters (floats allowed: seconds), once: the event's
+        mark (a random id, the same if Redis's client sends the script again) is set first."""
+        event = keys.warm_counted_key(secrets.token_hex(8))
+        pairs = [item for name, amount in amounts.items() if amount for item in (name, amount)]
+        if pairs:
+            self._warm_count(keys=[event, keys.warm_counts_key(host)], args=pairs)
 
     def warm_counters(self, host: str) -> dict[str, float]:
         return {name: float(value) for name, value in self._r.hgetall(keys.warm_counts_key(host)).items()}
@@ -251,6 +259,10 @@ class WarmState:
     @functools.cached_property
     def _warm_trim(self):
         return self._r.register_script(_WARM_TRIM)
+
+    @functools.cached_property
+    def _warm_count(self):
+        return self._r.register_script(_WARM_COUNT)
 
     @functools.cached_property
     def _warm_forget_task(self):
