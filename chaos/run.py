@@ -211,7 +211,7 @@ def _run_scenario(
     except Exception as exc:  # the harness's own failure: reported, and the next scenario still runs
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        _finish(service, result, logs, started)
+        finish(service, result, logs, started)
     return result
 
 
@@ -332,7 +332,7 @@ def summarize(log: Log, marks=()) -> dict:
     }
 
 
-def _finish(service: Service, result: dict, logs: Path, started: float) -> None:
+def finish(service: Service, result: dict, logs: Path, started: float) -> None:
     left = result.setdefault("leftovers", {})
     left["processes"] = service.stop()
     service.stop_redis()
