@@ -121,6 +121,7 @@ def _operation(path: str, op: Operation, arguments: list[str], refs: dict) -> di
     out: dict = {"summary": op.summary, "tags": [op.tag]}
     params = [_parameter(name, "path", *PATH_PARAMETERS[name]) for name in arguments]
     params += [_parameter(name, "query", *spec) for name, spec in op.query.items()]
+    params += [_parameter(name, "header", *spec) for name, spec in op.headers.items()]
     if params:
         out["parameters"] = params
     responses = {str(status): _reply(reply, refs) for status, reply in op.replies.items()}

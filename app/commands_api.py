@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app import command_models, error_codes, models
+from app import command_models, error_codes, idempotency, models
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
 from app.runs_api import answer_run_errors
@@ -36,6 +36,7 @@ fail = fail_on(error_codes.runs_status)
     },
     command_models.CommandRequest,
     tag="runs",
+    headers=idempotency.DOCUMENTED,
 )
 def create_command(run_id: str, body: command_models.CommandRequest):
     job_id = job_once(run_id, lambda job: engine().command(run_id, body.model_dump(), job_id=job))

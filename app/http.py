@@ -64,6 +64,7 @@ class Operation:
     root: str = ""  # the body's name in error texts ("tool_call.name ...")
     tag: str = "pool"
     query: dict = field(default_factory=dict)  # name -> (description, type)
+    headers: dict = field(default_factory=dict)  # request headers it reads: name -> (description, type)
     raw_body: str = ""  # a body that is not JSON (an archive): what it is; the view reads it itself
 
 

@@ -8,8 +8,10 @@ its own, as before."""
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 from flask import request
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from app.http import BadRequest, engine
 from app.models import MAX_ID_LENGTH
@@ -17,6 +19,16 @@ from termpool import dispatch
 
 HEADER = "Idempotency-Key"
 FIRST_REQUEST_WAIT = 5.0  # seconds a retry waits for the first request to record its job
+# Printable ASCII, no space at either end (HTTP strips those from a header's value).
+KEY = TypeAdapter(Annotated[str, StringConstraints(max_length=MAX_ID_LENGTH, pattern=r"^[!-~]([ -~]*[!-~])?$")])
+# What /openapi.json says of the header (app/http.py Operation.headers).
+DOCUMENTED = {
+    HEADER: (
+        "Optional. Sent again with the same key on the same run within 300 s, the request queues nothing "
+        "and answers the first request's job.",
+        KEY,
+    )
+}
 
 
 def job_once(run_id: str, queue) -> str:
@@ -46,6 +58,7 @@ def request_key() -> str | None:
     key = request.headers.get(HEADER)
     if key is None:
         return None
-    if not key or len(key) > MAX_ID_LENGTH or not key.isascii() or not key.isprintable():
-        raise BadRequest(f"{HEADER} must be 1 to {MAX_ID_LENGTH} printable ASCII characters")
-    return key
+    try:
+        return KEY.validate_python(key)
+    except ValidationError:
+        raise BadRequest(f"{HEADER} must be 1 to {MAX_ID_LENGTH} printable ASCII characters") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app import error_codes, models
+from app import error_codes, idempotency, models
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -120,6 +120,7 @@ def reset(body: models.ResetRequest):
         503: UNAVAILABLE,
     },
     models.ExecToolRequest,
+    headers=idempotency.DOCUMENTED,
 )
 def exec_tool(body: models.ExecToolRequest):
     call = body.tool_call.model_dump()

@@ -47,7 +47,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from pydantic import TypeAdapter, ValidationError
 
-from app import error_codes, models
+from app import error_codes, idempotency, models
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -136,6 +136,7 @@ def get_run(run_id: str):
     models.ToolCall,
     root="tool_call",
     tag="runs",
+    headers=idempotency.DOCUMENTED,
 )
 def create_tool_call(run_id: str, body: models.ToolCall):
     job_id = job_once(run_id, lambda job: engine().tool_call(run_id, body.model_dump(), runs_api=True, job_id=job))
@@ -145,8 +146,9 @@ def create_tool_call(run_id: str, body: models.ToolCall):
 @bp.post("/runs/<run_id>/evaluation")
 @operation(
     "Queue the task's tests (a body, if any, is ignored).",
-    {202: ACCEPTED, 404: UNKNOWN_RUN, 409: WRONG_STATE},
+    {202: ACCEPTED, 400: "A malformed Idempotency-Key (code BAD_REQUEST)", 404: UNKNOWN_RUN, 409: WRONG_STATE},
     tag="runs",
+    headers=idempotency.DOCUMENTED,
 )
 def create_evaluation(run_id: str):
     job_id = job_once(run_id, lambda job: engine().evaluation(engine().live_run(run_id), job_id=job))
@@ -165,6 +167,7 @@ def create_evaluation(run_id: str):
     },
     models.ForkRequest,
     tag="runs",
+    headers=idempotency.DOCUMENTED,
 )
 def fork_run(run_id: str, body: models.ForkRequest):
     forked = {}
