@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
 from environments.docker_client import docker_client
-from tasks import disk_check, fork_jobs, task_folders
+from tasks import close_recovery, disk_check, fork_jobs, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -161,8 +161,10 @@ def reap(self):
         for run_id in released:
             enqueue_close(self.app, store(), run_id, host)
         reaped += released
-        for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
-            enqueue_close(self.app, store(), run_id, host)
+        # Released twice the close limit ago and still closing: sent again only if no close
+        # job of it is still queued or running (tasks/close_recovery.py).
+        stale = cfg.timeouts.close_session * 2
+        close_recovery.resend(self.app, host, store().stale_closing_runs(host, stale), stale)
     return reaped
 
 

@@ -321,6 +321,24 @@ class RunsState:
         cutoff = time.time() - older_than
         return [run_id for run_id, at in zip(runs, pipe.execute()) if at is None or float(at) < cutoff]
 
+    def unended_closes(self, run_ids: list[str]) -> dict[str, list[dict]]:
+        """Each run's close jobs not yet ended ({"state", "queued_at"}), read from its working
+        set (a job leaves it when it ends): two round trips for any number of runs."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.smembers(keys.run_working_key(run_id))
+        working = dict(zip(run_ids, pipe.execute()))
+        for job_ids in working.values():
+            for job_id in job_ids:
+                pipe.hmget(keys.job_key(job_id), "kind", "state", "queued_at")
+        records = iter(pipe.execute())
+        closes: dict[str, list[dict]] = {run_id: [] for run_id in run_ids}
+        for run_id, job_ids in working.items():
+            for kind, state, queued_at in (next(records) for _ in job_ids):
+                if kind == "close" and state in ("queued", "running"):
+                    closes[run_id].append({"state": state, "queued_at": float(queued_at or 0)})
+        return closes
+
     def host_status(self, host: str) -> dict:
         task_runs = self._r.hgetall(keys.host_tasks_key(host))  # not `keys`: that names the keys module
         return {
