@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 def _run_is_live(run_id: str) -> bool:
     if run_id.startswith("warm-"):
         return store().warm_known(run_id)
-    run = store().get_run(run_id) if run_id else None
-    return bool(run) and run.get("state") not in ("closed", "lost")
+    state = store().run_state(run_id)  # its state alone: the reconcile asks for each resource
+    return state is not None and state not in ("closed", "lost")
 
 
 LOST_SHOWN_SECONDS = 30.0  # a lost run answers HOST_LOST at least this long before its host closes it
@@ -74,7 +74,7 @@ def reconcile(self, *, host, at_start=False):
 
 def _live_task_paths(host: str) -> set[str]:
     """The task paths the host's live runs name (their folders stay)."""
-    runs = (store().get_run(run_id) or {} for run_id in store().live_runs(host))
+    runs = store().runs_fields(store().live_runs(host), ("task_meta",)).values()
     return {(run.get("task_meta") or {}).get("task_path") or "" for run in runs}
 
 

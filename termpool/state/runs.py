@@ -157,6 +157,21 @@ class RunsState:
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
         return _decode(raw) if raw else None
 
+    def run_state(self, run_id: str) -> str | None:
+        """A run's state alone (None for no such run): what a sweep over every resource asks."""
+        return self._r.hget(keys.run_key(run_id), "state") if run_id else None
+
+    def runs_fields(self, run_ids: list[str], fields: tuple) -> dict[str, dict]:
+        """These fields of each run's record (those it has, decoded as get_run decodes them),
+        by run id, in one round trip: a sweep over every live run of a host reads no more."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(keys.run_key(run_id), *fields)
+        return {
+            run_id: _decode({field: value for field, value in zip(fields, values) if value is not None})
+            for run_id, values in zip(run_ids, pipe.execute())
+        }
+
     def shown_run(self, run_id: str) -> dict | None:
         """A run's record as users see it (the runs API, the viewer): a ready (or evaluated)
         run whose latest tool call (call_job) is queued or running reads as busy. Derived when
