@@ -4,21 +4,18 @@ failures, injected by a proxy in front of the real dockerd (tests/docker_fault_p
 from __future__ import annotations
 
 import re
-import tempfile
 import time
-from pathlib import Path
 
 import docker.errors
 import pytest
 import requests
 
 from app import error_codes
-from devstack import ROOT, Stack
+from devstack import ROOT
 from environments.tools.texts import NO_OUTPUT
 from termpool import failures
 from termpool.state import PREFIX
-from tests.conftest import Router, leftovers, wait_for
-from tests.docker_fault_proxy import FaultProxy
+from tests.conftest import Router, proxied_stack, wait_for
 from tests.test_metrics import scrape, value
 from tests.test_runs_api import finished, get_run, solution_script, submit, tool_call
 
@@ -194,17 +191,9 @@ def test_client_errors_carry_codes(stack, router):
 @pytest.fixture(scope="module")
 def proxied(base_image, docker_client):
     """A stack whose workers reach dockerd only through the fault proxy."""
-    proxy = FaultProxy(Path(tempfile.mkdtemp(prefix="tp-proxy-")) / "docker.sock").start()
     # The warm pool off: the tests count the Docker calls of one run (no spares beside it).
-    env = {"DOCKER_HOST": proxy.docker_host, "WARM_POOL_SIZE": "0", "ARCHIVE_READ_TIMEOUT": str(ARCHIVE_DEADLINE)}
-    stack = Stack(env=env).start()
-    yield stack, proxy
-    stack.stop()
-    left = leftovers(docker_client, stack.host_id)
-    for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={stack.host_id}"}):
-        container.remove(force=True)
-    proxy.stop()
-    assert not left, f"containers leaked: {left}"
+    env = {"WARM_POOL_SIZE": "0", "ARCHIVE_READ_TIMEOUT": str(ARCHIVE_DEADLINE)}
+    yield from proxied_stack(docker_client, env)
 
 
 CONTAINER = r"/containers/[^/]+"

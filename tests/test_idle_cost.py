@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-from devstack import ROOT, Stack
-from tests.conftest import leftovers, wait_for
-from tests.docker_fault_proxy import FaultProxy
+from devstack import ROOT
+from tests.conftest import proxied_stack, wait_for
 from tests.test_runs_api import finished, submit
 
 RUNS = 4
@@ -29,16 +26,8 @@ LISTING = r"/containers/json"
 @pytest.fixture(scope="module")
 def counted(base_image, docker_client):
     """A stack with beat whose workers' Docker requests the proxy counts."""
-    proxy = FaultProxy(Path(tempfile.mkdtemp(prefix="tp-proxy-")) / "docker.sock").start()
-    env = {"DOCKER_HOST": proxy.docker_host, "WARM_POOL_SIZE": "0", "DISK_CHECK_SECONDS": str(CHECK_SECONDS)}
-    stack = Stack(env=env, beat=True).start()
-    yield stack, proxy
-    stack.stop()
-    left = leftovers(docker_client, stack.host_id)
-    for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={stack.host_id}"}):
-        container.remove(force=True)
-    proxy.stop()
-    assert not left, f"containers leaked: {left}"
+    env = {"WARM_POOL_SIZE": "0", "DISK_CHECK_SECONDS": str(CHECK_SECONDS)}
+    yield from proxied_stack(docker_client, env, beat=True)
 
 
 def test_idle_sweeps_inspect_no_container_again(counted):
