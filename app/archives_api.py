@@ -103,7 +103,7 @@ def put_archive(run_id: str):
 )
 def export_archive(run_id: str, body: ExportRequest):
     cfg = engine().cfg
-    limits = {"max_bytes": cfg.archive_max_bytes, "ttl": cfg.archive_ttl}
+    limits = {"max_bytes": cfg.archive_max_bytes, "ttl": cfg.archive_ttl, "timeout": cfg.archive_read_timeout}
     job_id = _queue(run_id, "get_archive", "pool.get_archive", path=body.path, **limits)
     return ok(ArchiveAccepted(job_id=job_id), 202)
 

@@ -88,7 +88,7 @@ class Fleet:
     def reset(self, lease: str, rec: Recorder) -> bool:
         began = time.perf_counter()
         try:
-            self.client().lease(lease).reset(TASK, instruction="density benchmark")
+            self.client().lease(lease).reset(self.task_key, instruction="density benchmark")
         except Exception as exc:
             self.failed(rec, "reset", exc)
             self.close_one(lease, rec)

@@ -16,12 +16,14 @@ import io
 import json
 import posixpath
 import tarfile
+import threading
 import time
 from urllib.parse import quote
 
 import docker.errors
+import requests.exceptions
 
-from termpool.failures import DockerError, Failure
+from termpool.failures import DockerError, Failure, OperationTimeout
 
 DIR_BIT = 1 << 31  # Go's os.ModeDir, in the path stat the Engine answers with
 LINK_BIT = 1 << 27  # Go's os.ModeSymlink
@@ -42,14 +44,18 @@ class ArchiveTooLarge(Failure):
     code = "ARCHIVE_TOO_LARGE"
 
 
+def _archive_url(api, container_id: str) -> str:
+    """The archive API's URL, made from the client's public base_url and api_version as the
+    SDK makes its own (docker-py has no call for its HEAD request, and its get_archive hides
+    the response a deadline must be able to cut)."""
+    return f"{api.base_url}/v{api.api_version}/containers/{quote(container_id, safe='')}/archive"
+
+
 def path_stat(container, path: str) -> dict | None:
     """The Engine's stat of a path in the container ({name, size, mode, mtime, linkTarget};
     mode in Go's bits), with no process started; None when it is missing or a parent is not a
-    directory. docker-py has no call for the archive API's HEAD request, so its URL is made
-    from the client's public base_url and api_version, as the SDK makes its own."""
-    api = container.client.api
-    url = f"{api.base_url}/v{api.api_version}/containers/{quote(container.id, safe='')}/archive"
-    res = api.head(url, params={"path": path})
+    directory."""
+    res = container.client.api.head(_archive_url(container.client.api, container.id), params={"path": path})
     if res.status_code != 200:
         return None
     return json.loads(base64.b64decode(res.headers.get(STAT_HEADER) or "e30="))
@@ -107,20 +113,66 @@ def extract(container, path: str, data: bytes) -> None:
     _put(container, path, data)
 
 
-def read(container, path: str, max_bytes: int) -> tuple[bytes, str]:
+def _open_archive(container, path: str, timeout: float):
+    """The Engine's streamed answer to GET .../archive (what the SDK's get_archive sends), its
+    errors raised as the SDK raises them; PathNotFound when there is no such path."""
+    api = container.client.api
+    try:
+        res = api.get(
+            _archive_url(api, container.id),
+            params={"path": path},
+            headers={"Accept-Encoding": "identity"},  # a plain tar, as the SDK asks (else dockerd gzips it)
+            stream=True,
+            timeout=timeout,
+        )
+    except requests.exceptions.Timeout:
+        raise OperationTimeout(
+            f"the Engine did not answer for {path} within ARCHIVE_READ_TIMEOUT ({timeout:g} s)"
+        ) from None
+    try:
+        res.raise_for_status()
+    except requests.exceptions.HTTPError as exc:
+        res.close()
+        if res.status_code == 404:
+            raise PathNotFound(f"{path} does not exist in the container") from None
+        raise docker.errors.create_api_error_from_http_exception(exc) from None
+    return res
+
+
+def read(container, path: str, max_bytes: int, timeout: float) -> tuple[bytes, str]:
     """The tar archive of a file or directory and what it is ("file" or "directory");
     ArchiveTooLarge as soon as more than max_bytes have come (the rest is never read),
-    PathNotFound when there is no such path."""
-    try:
-        stream, stat = container.client.api.get_archive(container.id, path, chunk_size=CHUNK)
-    except docker.errors.NotFound:
-        raise PathNotFound(f"{path} does not exist in the container") from None
+    PathNotFound when there is no such path, OperationTimeout (TIMEOUT) when the whole stream
+    has not come within `timeout` seconds: at the deadline the connection is shut from a timer,
+    which ends a read blocked on an Engine whose stream stalled (a socket timeout would not:
+    a stream that drips a byte now and then never trips it)."""
+    deadline = time.monotonic() + timeout
+    res = _open_archive(container, path, timeout)
+    cut = threading.Event()
+
+    def shut():
+        cut.set()
+        try:
+            res.raw.shutdown()  # urllib3's own way to end a read blocked in another thread
+        except (ValueError, RuntimeError, OSError):  # closed meanwhile: nothing left to end
+            pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), shut)
+    timer.daemon = True
+    timer.start()
     data = bytearray()
     try:
-        for chunk in stream:
+        for chunk in res.raw.stream(CHUNK, decode_content=False):
             data += chunk
             if len(data) > max_bytes:
                 raise ArchiveTooLarge(f"the archive of {path} is larger than ARCHIVE_MAX_BYTES ({max_bytes} bytes)")
+    except Exception:
+        if not cut.is_set():
+            raise
     finally:
-        stream.close()  # stops reading: the rest of a too large archive stays in the Engine
-    return bytes(data), "directory" if is_dir(stat) else "file"
+        timer.cancel()
+        res.close()  # stops reading: the rest of the archive stays in the Engine
+    if cut.is_set():  # a shut stream may end as if it were whole: what came is not the archive
+        raise OperationTimeout(f"the archive of {path} did not come within ARCHIVE_READ_TIMEOUT ({timeout:g} s)")
+    stat = res.headers.get(STAT_HEADER)
+    return bytes(data), "directory" if is_dir(json.loads(base64.b64decode(stat)) if stat else None) else "file"

@@ -54,21 +54,36 @@ def folder_bytes(path: str | os.PathLike, follow_top_links: bool = False) -> int
     return total
 
 
-def _upper_dir(container) -> str:
-    data = ((container.attrs or {}).get("GraphDriver") or {}).get("Data") or {}
-    return data.get("UpperDir") or ""
+# A container's writable layer stays where it is for the container's life: learnt once (an
+# inspect) per container, not at every check (the SDK's containers.list inspects each one).
+_upper_dirs: dict[str, str] = {}
+
+
+def _upper_dir(container_id: str) -> str:
+    if container_id not in _upper_dirs:
+        try:
+            attrs = docker_client().api.inspect_container(container_id)
+        except docker.errors.NotFound:  # removed since the listing
+            return ""
+        _upper_dirs[container_id] = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir") or ""
+    return _upper_dirs[container_id]
 
 
 def host_usage(host: str) -> dict[str, int]:
     """Bytes held by each run (by the run or warm id its resources are labelled with) on this
     host: container writable layers and named volumes. A layer or volume this process cannot
-    see (a worker in a container without Docker's data root) counts 0."""
+    see (a worker in a container without Docker's data root) counts 0. One listing of
+    containers (its own fields: id, labels) and one of volumes; an inspect only for a
+    container not seen before."""
     client = docker_client()
     mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
     usage: dict[str, int] = {}
-    for container in client.containers.list(all=True, filters=mine, ignore_removed=True):
-        owner = container.labels.get(RUN_LABEL, "")
-        usage[owner] = usage.get(owner, 0) + folder_bytes(_upper_dir(container))
+    listed = client.api.containers(all=True, filters=mine)
+    for container in listed:
+        owner = (container.get("Labels") or {}).get(RUN_LABEL, "")
+        usage[owner] = usage.get(owner, 0) + folder_bytes(_upper_dir(container["Id"]))
+    for gone in set(list(_upper_dirs)) - {container["Id"] for container in listed}:
+        _upper_dirs.pop(gone, None)  # (a check in another thread may have dropped it)
     for volume in client.volumes.list(filters=mine):
         owner = (volume.attrs.get("Labels") or {}).get(RUN_LABEL, "")
         usage[owner] = usage.get(owner, 0) + folder_bytes(volume.attrs.get("Mountpoint") or "")

@@ -572,9 +572,8 @@ def reconcile(host: str, is_live, socket_dir: Path | None = None) -> list[str]:
     client = docker_client()
     orphans = set()
     mine = {"label": [f"{HOST_LABEL}={host}", MANAGED_LABEL]}
-    for container in client.containers.list(all=True, filters=mine, ignore_removed=True):
-        # ignore_removed: one may vanish between list and inspect
-        run_id = container.labels.get(RUN_LABEL, "")
+    for container in client.api.containers(all=True, filters=mine):  # the listing's labels: no inspect each
+        run_id = (container.get("Labels") or {}).get(RUN_LABEL, "")
         if not is_live(run_id):
             orphans.add(run_id)
     for item in [*client.networks.list(filters=mine), *client.volumes.list(filters=mine)]:

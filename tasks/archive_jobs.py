@@ -14,6 +14,7 @@ from environments import archives
 from tasks.run_jobs import _client_container, _job, _live_run, _started_env
 from tasks.runtime import store
 from termpool import failures
+from termpool.config import settings
 
 
 def _container(run_id: str):
@@ -40,8 +41,11 @@ def put_archive(self, *, host, run_id, job_id, path, ttl):
 
 @shared_task(name="pool.get_archive", bind=True)
 @_job
-def get_archive(self, *, host, run_id, job_id, path, max_bytes, ttl):
-    """Read `path` as a tar (at most max_bytes) and keep it `ttl` seconds for its reader."""
-    data, path_type = archives.read(_container(run_id), path, max_bytes)
+def get_archive(self, *, host, run_id, job_id, path, max_bytes, ttl, timeout=None):
+    """Read `path` as a tar (at most max_bytes, within `timeout` seconds: a message from a
+    facade that sent none gets this host's ARCHIVE_READ_TIMEOUT) and keep it `ttl` seconds
+    for its reader."""
+    timeout = settings().archive_read_timeout if timeout is None else timeout
+    data, path_type = archives.read(_container(run_id), path, max_bytes, timeout)
     store().put_blob(job_id, data, ttl)
     return {"size": len(data), "path_type": path_type}

@@ -37,12 +37,12 @@ def check_disks(self, *, host):
 
     layers = disk_usage.host_usage(host)
     ended = []
-    for run_id in store().live_runs(host):
-        run = store().get_run(run_id) or {}
+    runs = store().runs_fields(store().live_runs(host), ("state", "disk_limit", "env"))
+    for run_id, run in runs.items():
         limit = run.get("disk_limit") or 0
         if run.get("state") not in STARTED_STATES or not limit:
             continue
-        used = run_bytes(run, layers)
+        used = run_bytes({**run, "run_id": run_id}, layers)
         if not disk.over_limit(used, limit):
             continue
         if store().end_run(run_id, "RUN_DISK_LIMIT", disk.limit_message(run_id, used, limit)) is not None:

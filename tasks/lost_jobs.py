@@ -28,8 +28,9 @@ message's `retries`; a step lost on its retry fails.
 A worker takes a message off its queue before its job is listed (acks on receipt, no unacked
 copy kept), so a process killed between the two loses the message with nothing listed. For a
 close that would leave its run closing, with its containers, until the reaper sends it again
-(twice the close timeout later). Closes are idempotent, so a teardown worker that starts sends
-again at once the close of every closing run of its host that no process runs.
+(twice the close timeout later, tasks/close_recovery.py). Closes are idempotent, so a teardown
+worker that starts sends again at once the close of every closing run of its host whose close
+no process runs and whose message cannot be waiting in the queue.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ from celery.signals import task_failure, task_retry, worker_ready, worker_shutdo
 
 from environments import commands
 from environments.docker_client import docker_client
+from tasks import close_recovery
 from tasks.runtime import store
 from termpool import failures, processes
 from termpool.config import settings
-from termpool.dispatch import EPISODE_FAILED_TASK, enqueue_close
+from termpool.dispatch import EPISODE_FAILED_TASK
 from termpool.queues import consumed_kinds
 from termpool.state import NODE_TTL
 
@@ -206,17 +208,11 @@ def _settle_episode(app, job: dict) -> None:
 
 # ---- a close whose message died with a process before it began ----------------------------
 def resend_unbegun_closes(app, host: str) -> list[str]:
-    """Send again the close of each closing run of the host with no close job running (one
-    that runs is listed under its process, and the scan recovers it if that process died). A
-    close whose message still waits runs twice: the second finds nothing left to remove."""
-    sent = []
-    for run_id in store().closing_runs(host):
-        jobs = store().get_jobs(store().run_jobs(run_id))
-        if any(job.get("kind") == "close" and job.get("state") == "running" for job in jobs):
-            continue
-        enqueue_close(app, store(), run_id, host)
-        sent.append(run_id)
-    return sent
+    """At a teardown worker's start: send again the close of each closing run of the host whose
+    close job no process runs and whose message cannot be waiting (tasks/close_recovery.py; no
+    grace: the process that took it is gone). One waiting in a queue that still holds messages
+    is left to it, and to the reaper once the queue has drained."""
+    return close_recovery.resend(app, host, store().closing_runs(host), grace=0.0)
 
 
 def _consumes_teardown(worker, host: str) -> bool:

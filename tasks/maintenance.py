@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
 from environments.docker_client import docker_client
-from tasks import disk_check, fork_jobs, task_folders
+from tasks import close_recovery, disk_check, fork_jobs, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 def _run_is_live(run_id: str) -> bool:
     if run_id.startswith("warm-"):
         return store().warm_known(run_id)
-    run = store().get_run(run_id) if run_id else None
-    return bool(run) and run.get("state") not in ("closed", "lost")
+    state = store().run_state(run_id)  # its state alone: the reconcile asks for each resource
+    return state is not None and state not in ("closed", "lost")
 
 
 LOST_SHOWN_SECONDS = 30.0  # a lost run answers HOST_LOST at least this long before its host closes it
@@ -74,7 +74,7 @@ def reconcile(self, *, host, at_start=False):
 
 def _live_task_paths(host: str) -> set[str]:
     """The task paths the host's live runs name (their folders stay)."""
-    runs = (store().get_run(run_id) or {} for run_id in store().live_runs(host))
+    runs = store().runs_fields(store().live_runs(host), ("task_meta",)).values()
     return {(run.get("task_meta") or {}).get("task_path") or "" for run in runs}
 
 
@@ -161,8 +161,10 @@ def reap(self):
         for run_id in released:
             enqueue_close(self.app, store(), run_id, host)
         reaped += released
-        for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
-            enqueue_close(self.app, store(), run_id, host)
+        # Released twice the close limit ago and still closing: sent again only if no close
+        # job of it is still queued or running (tasks/close_recovery.py).
+        stale = cfg.timeouts.close_session * 2
+        close_recovery.resend(self.app, host, store().stale_closing_runs(host, stale), stale)
     return reaped
 
 

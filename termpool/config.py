@@ -234,6 +234,7 @@ class Settings:
     uploaded_tasks_dir: Path = Path("terminal-rl/uploaded_tasks").resolve()
     archive_max_bytes: int = 64 << 20  # ARCHIVE_MAX_BYTES: largest tar uploaded into or read out of a run
     archive_ttl: int = 600  # ARCHIVE_TTL: seconds an archive waits in Redis for its worker or its reader
+    archive_read_timeout: float = 300.0  # ARCHIVE_READ_TIMEOUT: seconds an export's whole tar stream may take
 
     @property
     def default_log_dir(self) -> Path:
@@ -347,6 +348,7 @@ def load_settings(env=None) -> Settings:
         command_max_timeout=_positive(env, "COMMAND_MAX_TIMEOUT", 86400.0),
         archive_max_bytes=_bytes(env, "ARCHIVE_MAX_BYTES", "64m"),
         archive_ttl=_int(env, "ARCHIVE_TTL", 600, minimum=10),
+        archive_read_timeout=max(_float(env, "ARCHIVE_READ_TIMEOUT", 300.0), 1.0),
     )
 
 

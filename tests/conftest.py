@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import docker
@@ -14,6 +15,7 @@ import pytest
 from devstack import ROOT, Stack, free_port
 from termpool.client import task_meta
 from termpool.state import Store
+from tests.docker_fault_proxy import FaultProxy
 
 BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")
 
@@ -198,3 +200,18 @@ def private_stack(docker_client, env: dict, beat: bool = False):
     s = Stack(env=env, beat=beat).start()
     yield s
     stop_checking_leaks(s, docker_client)
+
+
+def proxied_stack(docker_client, env: dict, beat: bool = False):
+    """A stack of its own whose workers reach dockerd only through a new fault proxy
+    (tests/docker_fault_proxy.py), for a module fixture (`yield from`: yields (stack, proxy));
+    fails if the stack left containers behind."""
+    proxy = FaultProxy(Path(tempfile.mkdtemp(prefix="tp-proxy-")) / "docker.sock").start()
+    stack = Stack(env={"DOCKER_HOST": proxy.docker_host, **env}, beat=beat).start()
+    yield stack, proxy
+    stack.stop()
+    left = leftovers(docker_client, stack.host_id)
+    for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={stack.host_id}"}):
+        container.remove(force=True)
+    proxy.stop()
+    assert not left, f"containers leaked: {left}"

@@ -2,7 +2,10 @@
 
 Workers started with DOCKER_HOST=unix://<proxy.sock> (the docker SDK and the compose CLI
 alike) talk to the real engine through it. `fail(method, path_pattern, times)` makes the
-next `times` matching requests answer 500 without reaching dockerd; everything else is
+next `times` matching requests answer 500 without reaching dockerd; `stall(method,
+path_pattern, after_bytes)` forwards the next matching request but passes only the first
+`after_bytes` bytes of dockerd's answer, then holds the rest (the connection stays open, as an
+engine whose stream stopped midway leaves it) until the client goes away; everything else is
 forwarded byte for byte. The proxy follows HTTP/1.1 request framing (Content-Length or
 chunked bodies, no pipelining: Docker clients wait for each answer) so it can pick requests
 out of kept-alive connections; after a request asking for a protocol upgrade (exec/attach
@@ -28,7 +31,7 @@ class FaultProxy:
         self.path = Path(path)
         self.upstream = upstream
         self._lock = threading.Lock()
-        self._faults: list[list] = []  # [method, compiled pattern, remaining]
+        self._faults: list[list] = []  # [method, compiled pattern, remaining, bytes passed (None: fail)]
         self.requests: list[tuple[str, str]] = []  # (method, path without version or query), in order
         self.injected: list[tuple[str, str]] = []
         self._server: socketserver.ThreadingUnixStreamServer | None = None
@@ -41,7 +44,13 @@ class FaultProxy:
     def fail(self, method: str, pattern: str, times: int = 1) -> None:
         """Answer 500 to the next `times` requests of `method` whose path fully matches `pattern`."""
         with self._lock:
-            self._faults.append([method.upper(), re.compile(pattern), times])
+            self._faults.append([method.upper(), re.compile(pattern), times, None])
+
+    def stall(self, method: str, pattern: str, after_bytes: int, times: int = 1) -> None:
+        """Stall dockerd's answer to the next `times` requests of `method` whose path fully
+        matches `pattern` after its first `after_bytes` bytes (head included)."""
+        with self._lock:
+            self._faults.append([method.upper(), re.compile(pattern), times, after_bytes])
 
     def count(self, method: str, pattern: str) -> int:
         """Requests seen (failed or forwarded) of `method` whose path fully matches `pattern`."""
@@ -49,15 +58,16 @@ class FaultProxy:
         with self._lock:
             return sum(1 for m, p in self.requests if m == method.upper() and rx.fullmatch(p))
 
-    def _take_fault(self, method: str, path: str) -> bool:
+    def _take_fault(self, method: str, path: str) -> tuple[bool, int | None]:
+        """(whether a fault applies, the bytes to pass before a stall: None to answer 500)."""
         with self._lock:
             self.requests.append((method, path))
             for fault in self._faults:
                 if fault[2] > 0 and fault[0] == method and fault[1].fullmatch(path):
                     fault[2] -= 1
                     self.injected.append((method, path))
-                    return True
-        return False
+                    return True, fault[3]
+        return False, None
 
     def start(self) -> FaultProxy:
         proxy = self
@@ -83,7 +93,8 @@ class FaultProxy:
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         upstream.connect(self.upstream)
-        pump = threading.Thread(target=_relay_socket, args=(upstream, client), daemon=True)
+        gate = _Gate()
+        pump = threading.Thread(target=_relay_socket, args=(upstream, client, gate), daemon=True)
         pump.start()
         reader = client.makefile("rb")
         try:
@@ -93,7 +104,11 @@ class FaultProxy:
                     break
                 method, target, headers = _parse_head(head)
                 path = VERSION_PREFIX.sub("", target.split("?", 1)[0])
-                if self._take_fault(method, path):
+                faulty, stall_after = self._take_fault(method, path)
+                if faulty and stall_after is not None:
+                    gate.arm(stall_after)  # the answers before it were all relayed: clients wait for each
+                    faulty = False
+                if faulty:
                     _forward_body(reader, headers, None)
                     body = json.dumps({"message": f"fault injected by the test proxy: {method} {path}"}).encode()
                     client.sendall(
@@ -109,6 +124,7 @@ class FaultProxy:
         except OSError:
             pass
         finally:
+            gate.release()
             _shutdown(upstream)
             pump.join(timeout=30)
             reader.close()
@@ -179,13 +195,49 @@ def _relay_reader(reader, sink: socket.socket) -> None:
         sink.sendall(data)
 
 
-def _relay_socket(source: socket.socket, sink: socket.socket) -> None:
+class _Gate:
+    """How much more of dockerd's answers one connection relays: everything, until armed to
+    pass a number of bytes and then hold the rest until released (the client went away)."""
+
+    def __init__(self):
+        self._left: int | None = None
+        self._released = threading.Event()
+
+    def arm(self, after_bytes: int) -> None:
+        self._left = after_bytes
+
+    def release(self) -> None:
+        self._released.set()
+
+    def passing(self, data: bytes) -> bytes:
+        """What of `data` goes on (all of it until armed, then what the budget leaves)."""
+        if self._left is None:
+            return data
+        passed = data[: self._left]
+        self._left -= len(passed)
+        return passed
+
+    @property
+    def holding(self) -> bool:
+        return self._left == 0
+
+    def hold(self) -> None:
+        self._released.wait()
+
+
+def _relay_socket(source: socket.socket, sink: socket.socket, gate: _Gate | None = None) -> None:
     try:
         while True:
             data = source.recv(CHUNK)
             if not data:
                 break
-            sink.sendall(data)
+            if gate is not None:
+                data = gate.passing(data)
+            if data:
+                sink.sendall(data)
+            if gate is not None and gate.holding:
+                gate.hold()  # the stall: dockerd's answer stops here, the connection stays open
+                break
     except OSError:
         pass
     _shutdown(sink)

@@ -4,21 +4,20 @@ failures, injected by a proxy in front of the real dockerd (tests/docker_fault_p
 from __future__ import annotations
 
 import re
-import tempfile
-from pathlib import Path
+import time
 
 import docker.errors
 import pytest
 import requests
 
 from app import error_codes
-from devstack import ROOT, Stack
+from devstack import ROOT
 from environments.tools.texts import NO_OUTPUT
 from termpool import failures
-from tests.conftest import Router, leftovers, wait_for
-from tests.docker_fault_proxy import FaultProxy
+from termpool.state import PREFIX
+from tests.conftest import Router, proxied_stack, wait_for
 from tests.test_metrics import scrape, value
-from tests.test_runs_api import finished, get_run, solution_script, submit
+from tests.test_runs_api import finished, get_run, solution_script, submit, tool_call
 
 
 # ---- the table and its statuses (no Docker) ---------------------------------------------------
@@ -192,19 +191,13 @@ def test_client_errors_carry_codes(stack, router):
 @pytest.fixture(scope="module")
 def proxied(base_image, docker_client):
     """A stack whose workers reach dockerd only through the fault proxy."""
-    proxy = FaultProxy(Path(tempfile.mkdtemp(prefix="tp-proxy-")) / "docker.sock").start()
     # The warm pool off: the tests count the Docker calls of one run (no spares beside it).
-    stack = Stack(env={"DOCKER_HOST": proxy.docker_host, "WARM_POOL_SIZE": "0"}).start()
-    yield stack, proxy
-    stack.stop()
-    left = leftovers(docker_client, stack.host_id)
-    for container in docker_client.containers.list(all=True, filters={"label": f"termpool.host={stack.host_id}"}):
-        container.remove(force=True)
-    proxy.stop()
-    assert not left, f"containers leaked: {left}"
+    env = {"WARM_POOL_SIZE": "0", "ARCHIVE_READ_TIMEOUT": str(ARCHIVE_DEADLINE)}
+    yield from proxied_stack(docker_client, env)
 
 
 CONTAINER = r"/containers/[^/]+"
+ARCHIVE_DEADLINE = 5  # ARCHIVE_READ_TIMEOUT of the proxied stack
 
 
 def retries(stack, task: str) -> float:
@@ -293,3 +286,33 @@ def test_compose_tasks_go_through_the_proxy(proxied):
     assert close["state"] == "succeeded", close
     assert get_run(stack, sub["run_id"])["score"] == 1.0
     assert any(path.startswith("/containers/create") for _, path in proxy.requests)
+
+
+def test_a_stalled_archive_stream_fails_at_its_deadline(proxied):
+    """dockerd's tar stream of an export stops midway (the proxy holds the rest, the connection
+    open): the job fails TIMEOUT at ARCHIVE_READ_TIMEOUT instead of holding an exec thread
+    until the SDK's 600 s socket timeout (a stream that drips never trips that), keeps no
+    archive, and the next export of the same file comes whole."""
+    stack, proxy = proxied
+    sub = submit(stack, "hello-file")
+    run_id = sub["run_id"]
+    assert finished(stack, sub["job_id"])["state"] == "succeeded"
+    make = tool_call(stack, run_id, "shell_exec", id="m", command="head -c 3000000 /dev/urandom > /tmp/big.bin")
+    assert finished(stack, make)["state"] == "succeeded"
+
+    proxy.stall("GET", CONTAINER + "/archive", after_bytes=65536)
+    began = time.monotonic()
+    job_id = stack.post(f"/v1/runs/{run_id}/archive/export", {"path": "/tmp/big.bin"}).json()["job_id"]
+    job = finished(stack, job_id, limit=120)
+    took = time.monotonic() - began
+    assert (job["state"], job["code"], job["retryable"]) == ("failed", "TIMEOUT", True), job
+    assert "ARCHIVE_READ_TIMEOUT" in job["error"]
+    assert ARCHIVE_DEADLINE <= took < ARCHIVE_DEADLINE + 30, took
+    assert proxy.injected[-1][0] == "GET" and proxy.injected[-1][1].endswith("/archive")
+    assert stack.redis.exists(f"{PREFIX}blob:{job_id}") == 0  # nothing of the archive kept
+
+    again = stack.post(f"/v1/runs/{run_id}/archive/export", {"path": "/tmp/big.bin"}).json()["job_id"]
+    job = finished(stack, again)
+    assert job["state"] == "succeeded" and job["result"]["size"] > 3000000, job
+    assert len(stack.get(f"/v1/jobs/{again}/archive").content) == job["result"]["size"]
+    assert requests.delete(f"{stack.url}/v1/runs/{run_id}", timeout=30).status_code == 202

@@ -157,6 +157,21 @@ class RunsState:
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
         return _decode(raw) if raw else None
 
+    def run_state(self, run_id: str) -> str | None:
+        """A run's state alone (None for no such run): what a sweep over every resource asks."""
+        return self._r.hget(keys.run_key(run_id), "state") if run_id else None
+
+    def runs_fields(self, run_ids: list[str], fields: tuple) -> dict[str, dict]:
+        """These fields of each run's record (those it has, decoded as get_run decodes them),
+        by run id, in one round trip: a sweep over every live run of a host reads no more."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(keys.run_key(run_id), *fields)
+        return {
+            run_id: _decode({field: value for field, value in zip(fields, values) if value is not None})
+            for run_id, values in zip(run_ids, pipe.execute())
+        }
+
     def shown_run(self, run_id: str) -> dict | None:
         """A run's record as users see it (the runs API, the viewer): a ready (or evaluated)
         run whose latest tool call (call_job) is queued or running reads as busy. Derived when
@@ -333,6 +348,24 @@ class RunsState:
             pipe.hget(keys.run_key(run_id), "last_used_at")
         cutoff = time.time() - older_than
         return [run_id for run_id, at in zip(runs, pipe.execute()) if at is None or float(at) < cutoff]
+
+    def unended_closes(self, run_ids: list[str]) -> dict[str, list[dict]]:
+        """Each run's close jobs not yet ended ({"state", "queued_at"}), read from its working
+        set (a job leaves it when it ends): two round trips for any number of runs."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.smembers(keys.run_working_key(run_id))
+        working = dict(zip(run_ids, pipe.execute()))
+        for job_ids in working.values():
+            for job_id in job_ids:
+                pipe.hmget(keys.job_key(job_id), "kind", "state", "queued_at")
+        records = iter(pipe.execute())
+        closes: dict[str, list[dict]] = {run_id: [] for run_id in run_ids}
+        for run_id, job_ids in working.items():
+            for kind, state, queued_at in (next(records) for _ in job_ids):
+                if kind == "close" and state in ("queued", "running"):
+                    closes[run_id].append({"state": state, "queued_at": float(queued_at or 0)})
+        return closes
 
     def host_status(self, host: str) -> dict:
         task_runs = self._r.hgetall(keys.host_tasks_key(host))  # not `keys`: that names the keys module
