@@ -59,7 +59,7 @@ HELLO = "Hello, world!"
 def hold_the_tests(tool) -> None:
     """Make hello-file's tests take LONG seconds more: its test script runs python3 from PATH,
     and /usr/local/bin comes before /usr/bin (`tool` makes a tool call on the run)."""
-    wrapper = f"#!/bin/sh\nsleep {LONG}\nexec /usr/bin/python3 \"$@\"\n"
+    wrapper = f'#!/bin/sh\nsleep {LONG}\nexec /usr/bin/python3 "$@"\n'
     tool("shell_write_content_to_file", content=wrapper, file_path="/usr/local/bin/python3")
     tool("shell_exec", id="main", command="chmod +x /usr/local/bin/python3", block=True, timeout=30)
     tool("shell_exec", id="main", command=f"echo '{HELLO}' > /app/hello.txt", block=True, timeout=30)
