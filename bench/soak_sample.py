@@ -23,7 +23,7 @@ from termpool.state import PREFIX
 MB = 1024 * 1024
 # The words after an id that name a per-id key family (termpool/state/__init__.py).
 SUFFIXES = {"jobs", "working", "done", "keys", "live", "closing", "workers", "nodes", "info", "lost"}
-SUFFIXES |= {"subnets", "subnet-owners"}
+SUFFIXES |= {"subnets", "subnet-owners", "run-folders"}
 # Fixed keys: their whole name is their family.
 FIXED = {"runs:recent", "hosts", "hosts:draining", "hosts:lost", "beat-lock", "count:failures"}
 FIXED |= {"count:retries", "monitor"}

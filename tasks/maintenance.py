@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
 from environments.docker_client import docker_client
-from tasks import disk_check, fork_jobs, task_folders
+from tasks import disk_check, fork_jobs, run_folders, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -69,6 +69,9 @@ def reconcile(self, *, host, at_start=False):
     folders = task_folders.remove_expired(_live_task_paths(host))
     if folders:
         log.info("reconcile removed uploaded task folders whose upload expired: %s", folders)
+    pruned = run_folders.prune(host)
+    if pruned:
+        log.info("reconcile removed %d run folders older than RUN_FOLDER_TTL", len(pruned))
     return removed
 
 
