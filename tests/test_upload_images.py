@@ -17,6 +17,7 @@ from tasks import task_folders
 from termpool import uploaded_tasks
 from termpool.config import load_settings
 from termpool.state import Store
+from tests.test_task_images import exists as present
 
 HOST = "up" + uuid.uuid4().hex[:8]
 
@@ -34,14 +35,6 @@ def build(docker_client, base_image, path: str, service: str = "client") -> str:
         fileobj=io.BytesIO(dockerfile), tag=name, labels=task_images.build_labels(HOST, image), rm=True
     )
     return name
-
-
-def present(docker_client, name: str) -> bool:
-    try:
-        docker_client.images.get(name)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
 
 
 @pytest.fixture
