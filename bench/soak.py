@@ -22,13 +22,15 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors as docker_errors
+
 from bench.density_host import left_behind, remove_left
 from bench.output import emit
 from bench.soak_episodes import MIX, Episodes, kind_of, scratch_folder
 from bench.soak_report import analyse, markdown
 from bench.soak_sample import Sampler
 from devstack import ROOT, Stack
-from environments.docker_client import docker_client
+from environments.docker_client import TASK_IMAGE_LABEL, docker_client
 from termpool.state import IDEMPOTENCY_TTL
 
 # Lifetimes shortened so the idle pool's end state is seen within minutes (seconds, x ttl-scale).
@@ -39,7 +41,9 @@ SHORT_TTLS = {
     "RECORD_TTL": 120,
     "UPLOADED_TASK_TTL": 120,
     "ARCHIVE_TTL": 60,
+    "RUN_FOLDER_TTL": 60,
 }
+UPLOAD_IMAGES = "tb__sha256-"  # an uploaded task's images: tb__<folder name of its digest>__<service>
 SETTLE = 60  # a reap period (10 s), a reconcile period (30 s) and a teardown after the TTLs
 MESSAGES_KEPT = 20
 
@@ -146,6 +150,18 @@ class Soak:
             self.sample(self.total, "idle")
 
 
+def remove_upload_images(docker, host_id: str) -> None:
+    """The images of the uploaded tasks the stack built (the daemon is shared; the figures are
+    taken). Never a dataset task's: its name is shared with other stacks on this daemon."""
+    for image in docker.api.images(filters={"label": f"{TASK_IMAGE_LABEL}={host_id}"}):
+        for name in image.get("RepoTags") or []:
+            if name.startswith(UPLOAD_IMAGES):
+                try:
+                    docker.images.remove(name)
+                except docker_errors.APIError:
+                    pass  # still used: left to the host's reconcile, as any
+
+
 def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=2000)
@@ -182,6 +198,7 @@ def main(argv=None) -> int:
         stack.stop()
     left = left_behind(docker, stack.host_id)
     remove_left(docker, left)
+    remove_upload_images(docker, stack.host_id)
     result = {
         "episodes": args.episodes,
         "concurrency": args.concurrency,
