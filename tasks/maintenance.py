@@ -169,6 +169,7 @@ def reap(self):
             enqueue_close(self.app, store(), run_id, host)
         reaped += released
         for run_id in store().stale_closing_runs(host, cfg.timeouts.close_session * 2):
+            store().note_close_resent(run_id)
             enqueue_close(self.app, store(), run_id, host)
     return reaped
 

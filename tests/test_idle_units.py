@@ -105,3 +105,20 @@ def test_a_call_beginning_after_the_reaper_looked_wins(store, redis_server):
     assert store.idle_runs("h1", TTL) == [run_id]
     store.touch(run_id)
     assert not store.release_if_idle(run_id, TTL)
+
+
+def test_a_stale_close_is_sent_again_once_per_period_not_every_reap(store, redis_server):
+    """A teardown backlog older than the reaper's patience (a host whose teardowns lag its
+    episodes) gets one more close per run and period, not one per reap: the soak's backlog of
+    200 closing runs had grown its teardown queue to 2,000 messages in 5 minutes."""
+    run_id = old_run(store, redis_server)
+    assert store.release(run_id, reason="closed")
+    store.update_run(run_id, last_used_at=time.time() - LONG_AGO)  # released long ago
+    assert store.stale_closing_runs("h1", TTL) == [run_id]
+    store.note_close_resent(run_id)
+    assert store.stale_closing_runs("h1", TTL) == []  # sent again just now
+    assert store.stale_closing_runs("h1", 0.0) == [run_id]  # and again once the period passed
+    sent = store.get_run(run_id)["close_resent_at"]
+    store.mark_closed(run_id)
+    store.note_close_resent(run_id)  # a run closed meanwhile is not written to
+    assert store.get_run(run_id)["close_resent_at"] == sent

@@ -311,15 +311,22 @@ class RunsState:
         return list(self._r.smembers(keys.host_closing_key(host)))
 
     def stale_closing_runs(self, host: str, older_than: float) -> list[str]:
-        """Runs released more than older_than seconds ago whose teardown has not ended."""
+        """Runs whose teardown has not ended, released more than older_than seconds ago and
+        whose close was not sent again within older_than (note_close_resent)."""
         runs = self.closing_runs(host)
         if not runs:
             return []
         pipe = self._r.pipeline()
         for run_id in runs:
-            pipe.hget(keys.run_key(run_id), "last_used_at")
+            pipe.hmget(keys.run_key(run_id), "last_used_at", "close_resent_at")
         cutoff = time.time() - older_than
-        return [run_id for run_id, at in zip(runs, pipe.execute()) if at is None or float(at) < cutoff]
+        return [run_id for run_id, at in zip(runs, pipe.execute()) if max(float(t or 0) for t in at) < cutoff]
+
+    def note_close_resent(self, run_id: str) -> None:
+        """The reaper sent a closing run's close again: not again before another older_than.
+        A teardown backlog older than that would otherwise gain a duplicate close per run
+        every reap (10 s), each one more teardown for the backlogged queue to run."""
+        self._if_state(keys=[keys.run_key(run_id)], args=[1, "closing", "close_resent_at", repr(time.time())])
 
     def host_status(self, host: str) -> dict:
         task_runs = self._r.hgetall(keys.host_tasks_key(host))  # not `keys`: that names the keys module
