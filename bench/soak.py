@@ -56,6 +56,7 @@ def stack_env(scale: float, socket_dir: Path) -> dict:
     env = {name: str(max(60 if name == "RECORD_TTL" else 10, round(s * scale))) for name, s in SHORT_TTLS.items()}
     env.update(
         {
+            "TEARDOWN_CONCURRENCY": "10",  # termpool's default (WORKER_MAX_CONCURRENT_CLOSES), not devstack's 4
             "WORKER_MAX_RUNS_PER_TASK": "16",  # a thread's runs, its forks and its reaped runs on one key
             "FORK_PROCESSES": "off",  # a fork commits files only: cheap on 2 cores
             "POOL_SOCKET_DIR": str(socket_dir),  # the stack's own, to measure it alone
@@ -121,6 +122,7 @@ class Soak:
         rss = round(sum(sample["rss_mb"].values()))
         log(
             f"{phase} @ {episodes}: redis {sample['redis']['used_memory_mb']} MB / {sample['redis']['keys']} keys, "
+            f"closing {sample['redis']['pending_closes']}, teardown queue {sample['redis']['queued']['teardown']}, "
             f"containers {sample['docker']['containers']}, rss {rss} MB, output {sample['disk']['output']['mb']} MB"
         )
 

@@ -20,6 +20,8 @@ MIN_SHARE = 0.05
 def flatten(sample: dict) -> dict[str, float]:
     """One sample as {series name: value}."""
     out = {"redis used_memory_mb": sample["redis"]["used_memory_mb"], "redis keys": sample["redis"]["keys"]}
+    out["pending closes"] = sample["redis"].get("pending_closes", 0)
+    out.update({f"queued {kind}": n for kind, n in sample["redis"].get("queued", {}).items()})
     out.update({f"redis keys {fam}": n for fam, n in sample["redis"]["keys_by_family"].items()})
     out.update({f"rss_mb {kind}": mb for kind, mb in sample["rss_mb"].items()})
     out.update({f"fds {kind}": n for kind, n in sample["fds"].items()})
@@ -107,7 +109,8 @@ def markdown(verdicts: list[dict], samples: list[dict]) -> str:
 
 def trajectory(samples: list[dict]) -> str:
     """The headline series at every sample."""
-    heads = ["redis used_memory_mb", "redis keys", "docker containers", "docker networks", "docker task_images"]
+    heads = ["redis used_memory_mb", "redis keys", "pending closes", "queued teardown", "docker containers"]
+    heads += ["docker networks", "docker task_images"]
     heads += ["disk output mb", "disk output entries", "disk logs mb", "disk sockets entries"]
     lines = ["| phase | episodes | " + " | ".join(heads) + " | RSS sum MB | fds sum |"]
     lines.append("|" + "---|" * (len(heads) + 4))

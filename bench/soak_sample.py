@@ -18,7 +18,9 @@ from pathlib import Path
 
 from bench.monitor import Monitor
 from environments.docker_client import HOST_LABEL, TASK_IMAGE_LABEL
-from termpool.state import PREFIX
+from termpool.config import QUEUE_KINDS
+from termpool.queues import queue_name
+from termpool.state import PREFIX, Store
 
 MB = 1024 * 1024
 # The words after an id that name a per-id key family (termpool/state/__init__.py).
@@ -49,10 +51,15 @@ def redis_figures(redis_client, host_id: str) -> dict:
         family = key_family(key, host_id)
         families[family] = families.get(family, 0) + 1
     info = redis_client.info("memory")
+    store = Store(redis_client)
+    depths = store.queue_depths([queue_name(host_id, kind) for kind in QUEUE_KINDS])
     return {
         "used_memory_mb": round(info["used_memory"] / MB, 3),
         "keys": sum(families.values()),
         "keys_by_family": dict(sorted(families.items())),
+        # Work waiting: a queue that only grows is a backlog the host does not keep up with.
+        "queued": {kind: depths[queue_name(host_id, kind)] for kind in QUEUE_KINDS},
+        "pending_closes": len(store.closing_runs(host_id)),
     }
 
 
