@@ -204,7 +204,8 @@ class Monitor:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # a Monitor used for its readings only has no thread
+            self._thread.join(timeout=10)
         self._client.close()
 
     def set_phase(self, phase: str) -> None:
@@ -236,23 +237,32 @@ class Monitor:
         return proc
 
     def rss_by_kind(self) -> dict[str, float]:
+        """MB resident, each stack process with all its descendants, by kind."""
+        return self._per_kind(lambda proc: proc.memory_info().rss / MB)
+
+    def fds_by_kind(self) -> dict[str, float]:
+        """Open file descriptors (files, sockets, pipes), each stack process with all its
+        descendants, by kind: what a leak of connections or files would show."""
+        return self._per_kind(lambda proc: float(proc.num_fds()))
+
+    def _per_kind(self, measure) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, popen in list(self.procs.items()):
             root = self._process(popen.pid)
             if root is None:
                 continue
-            total = 0
+            total = 0.0
             try:
                 members = [root, *root.children(recursive=True)]
             except psutil.Error:
                 members = [root]
             for proc in members:
                 try:
-                    total += proc.memory_info().rss
+                    total += measure(proc)
                 except psutil.Error:
                     pass
             kind = kind_of(name)
-            out[kind] = out.get(kind, 0.0) + total / MB
+            out[kind] = out.get(kind, 0.0) + total
         return out
 
     def live_runs(self) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -75,3 +76,24 @@ def write_results(path: Path, results: dict) -> None:
     tmp = path / (RESULTS + ".tmp")
     tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
     tmp.replace(path / RESULTS)
+
+
+def remove_run_folder(path: Path, root: Path) -> None:
+    """Remove a closed run's folder, the spare's folder its mounts link to (a run started on a
+    warm spare) and its task folder once empty; only what lies inside `root`, the output root."""
+    root = root.resolve()
+    for sub in MOUNTED:
+        link = path / sub
+        if link.is_symlink():  # <spare folder>/<sub>: the spare's folder goes with the run
+            _remove_inside(Path(os.readlink(link)).parent, root)
+    _remove_inside(path, root)
+    try:
+        path.parent.rmdir()  # <log_dir>/<task>: kept while another run of the task has its folder
+    except OSError:
+        pass
+
+
+def _remove_inside(path: Path, root: Path) -> None:
+    resolved = path.resolve()
+    if resolved != root and resolved.is_relative_to(root):
+        shutil.rmtree(resolved, ignore_errors=True)

@@ -59,6 +59,39 @@ def remove_unused(host: str, build_lock: Callable[[str], OwnedLock]) -> list[str
     return removed
 
 
+def remove_built(host: str, image: str, build_lock: Callable[[str], OwnedLock]) -> bool:
+    """Remove every image a build of `image` made on this host (the agent's and its sidecars'),
+    under its build lock: the reconcile's removal of an expired upload's images. True when none
+    is left; one that a container or a committed image still uses is refused (409) and kept,
+    for the next sweep. A fork's committed image is the fork code's to remove."""
+    lock = build_lock(image)
+    if not lock.acquire():
+        return False  # a build of it runs now: a run of the task came back
+    left = 0
+    with lock:
+        mine = {"label": [f"{TASK_IMAGE_LABEL}={host}", f"{TASK_IMAGE_LOCK_LABEL}={image}"]}
+        for found in docker_client().api.images(filters=mine):
+            if FORK_LABEL not in (found.get("Labels") or {}):
+                left += not _remove_names(found)
+    return left == 0
+
+
+def _remove_names(image: dict) -> bool:
+    """Untag each of an image's names (its last one removes it); by id when it has none."""
+    names = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"] or [image["Id"]]
+    for name in names:
+        try:
+            docker_client().images.remove(name)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+            log.info("task image %s is still in use: %s", name, exc.explanation or exc)
+            return False
+    return True
+
+
 def _remove_if_untagged(image_id: str) -> bool:
     client = docker_client()
     try:

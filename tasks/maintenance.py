@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
 from environments.docker_client import docker_client
-from tasks import close_recovery, disk_check, fork_jobs, task_folders
+from tasks import close_recovery, disk_check, fork_jobs, run_folders, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -66,9 +66,16 @@ def reconcile(self, *, host, at_start=False):
     checkpoints = fork_jobs.remove_stale_checkpoints(host)
     if checkpoints:
         log.warning("reconcile removed checkpoints of forks that never ended: %s", checkpoints)
-    folders = task_folders.remove_expired(_live_task_paths(host))
+    live_tasks = _live_task_paths(host)
+    folders = task_folders.remove_expired(live_tasks)
     if folders:
         log.info("reconcile removed uploaded task folders whose upload expired: %s", folders)
+    uploads = task_folders.remove_expired_images(host, live_tasks)
+    if uploads:
+        log.info("reconcile removed the images of uploaded tasks whose upload expired: %s", uploads)
+    pruned = run_folders.prune(host)
+    if pruned:
+        log.info("reconcile removed %d run folders older than RUN_FOLDER_TTL", len(pruned))
     return removed
 
 

@@ -31,7 +31,7 @@ from environments.docker_client import (
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from tasks import lost_jobs, task_folders, warm_pool
+from tasks import lost_jobs, run_folders, task_folders, warm_pool
 from tasks.runtime import remove_env, store, subnet_taker, through_outage
 from termpool import disk, failures
 from termpool.config import settings
@@ -500,6 +500,7 @@ def close_run(self, *, host, run_id, job_id):
     run = through_outage(lambda: store().get_run(run_id) or {}, f"run {run_id}'s record")
     removed = remove_env(run_id, run.get("env") or {})
     through_outage(lambda: store().mark_closed(run_id), f"run {run_id} closed")
+    run_folders.note(host, (run.get("env") or {}).get("run_dir", ""))
     message = f"run {run_id} was closed before this job ran"
     through_outage(lambda: store().fail_queued_jobs(run_id, message), f"run {run_id}'s queued jobs failed")
     return {"containers_removed": removed}

@@ -5,9 +5,12 @@ built and run as a dataset task is."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
+from environments import task_images
+from environments.compose_config import client_image
 from tasks.runtime import store
 from termpool import failures, uploaded_tasks
 from termpool.config import Settings, settings
@@ -44,6 +47,25 @@ def remove_expired(live_task_paths: set[str]) -> list[str]:
         if store().blob_size(uploaded_tasks.blob_id(task_path)) is None:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder.name)
+    return removed
+
+
+def remove_expired_images(host: str, live_task_paths: set[str]) -> list[str]:
+    """Remove this host's images of uploaded tasks whose archive has expired and that no live
+    run names (the reconcile), and forget they were built; their task paths. Each upload of new
+    content is a new image, so without this a host running generated tasks grows by an image
+    per task. A run of one uploaded again finds its image gone and builds it again."""
+    cfg = settings()
+    removed = []
+    for task_path in sorted(store().ready_images(host)):
+        if not uploaded_tasks.is_uploaded(task_path) or task_path in live_task_paths:
+            continue
+        if not _well_formed(task_path) or store().blob_size(uploaded_tasks.blob_id(task_path)) is not None:
+            continue
+        image = client_image(uploaded_tasks.folder_name(task_path), cfg)
+        if task_images.remove_built(host, image, functools.partial(store().build_lock, host)):
+            store().mark_image_ready(host, task_path, False)
+            removed.append(task_path)
     return removed
 
 

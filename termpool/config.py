@@ -215,6 +215,7 @@ class Settings:
     disk_check_seconds: float = 10.0  # how often each host measures its live runs' disk use; 0: never
     host_disk_min_free: DiskFloor = DiskFloor(percent=5.0)
     record_ttl: int = 24 * 3600  # seconds closed runs and ended jobs stay readable in Redis
+    run_folder_ttl: float = 3 * 24 * 3600.0  # RUN_FOLDER_TTL: a closed run's folder is removed this long after; 0: kept
     fork_max_depth: int = 4  # FORK_MAX_DEPTH: forks of forks at most this deep
     fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
     # RUN_SUBNETS / RUN_SUBNET_PREFIX: the blocks a host gives its runs' networks (termpool/subnets.py)
@@ -336,6 +337,7 @@ def load_settings(env=None) -> Settings:
         disk_check_seconds=_float(env, "DISK_CHECK_SECONDS", 10.0),
         host_disk_min_free=_disk_floor(env, "HOST_DISK_MIN_FREE", "5%"),
         record_ttl=_int(env, "RECORD_TTL", 24 * 3600, minimum=60),
+        run_folder_ttl=_float(env, "RUN_FOLDER_TTL", 3 * 24 * 3600.0),
         fork_max_depth=_int(env, "FORK_MAX_DEPTH", 4, minimum=1),
         fork_processes=_fork_processes(env),
         run_subnets=parse(_str(env, "RUN_SUBNETS", "10.240.0.0/16"), _int(env, "RUN_SUBNET_PREFIX", 26)),

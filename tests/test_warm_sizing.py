@@ -155,12 +155,15 @@ def test_demand_is_noted_per_reset_and_ages_out(store):
     assert store.warm_resets("h", "t", 0.0) == []
     assert store.warm_tasks("h") == {"t"} and store.warm_facts("h", "t")["task_name"] == "task-t"
     assert store.warm_counters("h") == {"claimed": 1.0, "missed": 1.0}
+    store.warm_set_facts("h", "t", start_s=0.5)
     assert not store.warm_forget_task("h", "t", 60)  # demand still recent
     store.warm_push("h", "t", {"warm_id": "warm-x"})
     assert not store.warm_forget_task("h", "t", 0.0)  # the window passed, but a spare is pooled
+    assert store.warm_facts("h", "t")["start_s"] == 0.5  # kept while the task is looked after
     store.warm_trim("h", "t", 0, 0)
     assert store.warm_forget_task("h", "t", 0.0) and store.warm_tasks("h") == set()
     assert not store._r.exists(state.warm_demand_key("h", "t"))
+    assert store.warm_facts("h", "t") == {}  # a forgotten task keeps no hash (one per upload would pile up)
 
 
 def test_pools_list_every_task_of_the_host(store):

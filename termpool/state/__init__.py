@@ -21,6 +21,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   host:<h>:lost              set: runs of h marked lost (HOST_LOST) until h's reconcile closes them
   host:<h>:subnets           hash: block index of h's run-network range -> the run holding it
   host:<h>:subnet-owners     hash: run -> its blocks (subnets.py: taken and given back atomically)
+  host:<h>:run-folders       zset: folders of h's runs torn down, scored by the teardown's time;
+                             the reconcile removes each RUN_FOLDER_TTL later (folders.py)
   hosts                      zset: worker hosts, scored by their last heartbeat
   hosts:draining             set: hosts that take no new runs
   hosts:lost                 hash: host -> its last beat its judge saw when a process judged it
@@ -85,6 +87,7 @@ from termpool.state import connection
 from termpool.state.blobs import BlobsState
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
+from termpool.state.folders import FoldersState
 from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
 from termpool.state.jobs import _BEGIN_JOB, _CANCEL_JOB, _FINISH_JOB, JobsState
@@ -118,6 +121,7 @@ from termpool.state.keys import (
     job_key,
     node_key,
     request_key,
+    run_folders_key,
     run_jobs_key,
     run_key,
     run_request_key,
@@ -184,6 +188,7 @@ class Store(
     ForksState,
     SubnetsState,
     BlobsState,
+    FoldersState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -269,6 +274,7 @@ __all__ = [
     "host_lost_key",
     "subnets_key",
     "subnet_owners_key",
+    "run_folders_key",
     "blob_key",
     # codec.py
     "JSON_FIELDS",

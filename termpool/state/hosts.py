@@ -224,6 +224,10 @@ class HostsState:
     def image_ready(self, host: str, task_path: str) -> bool:
         return bool(self._r.sismember(keys.images_key(host), task_path))
 
+    def ready_images(self, host: str) -> set[str]:
+        """The task paths whose images host has built (and not removed since)."""
+        return self._r.smembers(keys.images_key(host))
+
     # ---- worker processes (tasks/lost_jobs.py; the jobs they run: JobsState) --------------
     # A worker process is known by a random token, new for every process, so a restarted
     # worker that gets its predecessor's node name is still told apart from it.

@@ -153,6 +153,10 @@ def subnet_owners_key(host: str) -> str:
     return f"{PREFIX}host:{host}:subnet-owners"
 
 
+def run_folders_key(host: str) -> str:
+    return f"{PREFIX}host:{host}:run-folders"
+
+
 def host_lost_key(host: str) -> str:
     return f"{PREFIX}host:{host}:lost"  # and in the host-lost script
 

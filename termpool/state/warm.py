@@ -71,7 +71,6 @@ redis.call('SADD', KEYS[4], ARGV[3])
 return 1
 """
 CLAIM_KEPT_SECONDS = 3600  # a claim's retry comes within the outage window (seconds), not hours
-# KEYS: tasks set, pool list, starting zset, demand zset. ARGV: task path, now, window start.
 # Counters added once per event (KEYS[1], a mark kept an hour); ARGV: name, amount pairs.
 _WARM_COUNT = """
 if not redis.call('SET', KEYS[1], 1, 'NX', 'EX', 3600) then return 0 end
@@ -79,12 +78,15 @@ for i = 1, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1])
 return 1
 """
 
+# Its facts go too: every task a host ever pooled (each uploaded task is one) would keep a hash.
+# KEYS: tasks set, pool list, starting zset, demand zset, facts hash. ARGV: task path, now, window start.
 _WARM_FORGET_TASK = """
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[3])
 if redis.call('LLEN', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + redis.call('EXISTS', KEYS[4]) > 0 then
   return 0
 end
+redis.call('DEL', KEYS[5])
 return redis.call('SREM', KEYS[1], ARGV[1])
 """
 
@@ -201,12 +203,14 @@ class WarmState:
         return {pool: [json.loads(e) for e in raw] for pool, raw in zip(pools, pipe.execute())}
 
     def warm_forget_task(self, host: str, pool: str, window: float) -> bool:
-        """Stop looking after a task with no spares, no starts and no reset in `window` seconds."""
+        """Stop looking after a task with no spares, no starts and no reset in `window` seconds
+        (its measured facts forgotten: a task pooled again measures them again)."""
         pool_keys = [
             keys.warm_tasks_key(host),
             keys.warm_key(host, pool),
             keys.warm_starting_key(host, pool),
             keys.warm_demand_key(host, pool),
+            keys.warm_facts_key(host, pool),
         ]
         now = time.time()
         return bool(self._warm_forget_task(keys=pool_keys, args=[pool, now, now - window]))
