@@ -53,6 +53,10 @@ def worker_argv(kind: str) -> list[str]:
     ]
     if kind == "build":
         argv += ["--time-limit", str(int(cfg.timeouts.ensure_image) + 60)]
+        # A build process grows (Docker connections, memory) with the builds it has run (the
+        # soak: docs/soak.md): Celery replaces it with a fresh one after this many, never mid-build.
+        if cfg.build_child_max_tasks:
+            argv += ["--max-tasks-per-child", str(cfg.build_child_max_tasks)]
     return argv
 
 
