@@ -236,7 +236,7 @@ class Settings:
     archive_max_bytes: int = 64 << 20  # ARCHIVE_MAX_BYTES: largest tar uploaded into or read out of a run
     archive_ttl: int = 600  # ARCHIVE_TTL: seconds an archive waits in Redis for its worker or its reader
     archive_read_timeout: float = 300.0  # ARCHIVE_READ_TIMEOUT: seconds an export's whole tar stream may take
-    build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds a build process runs before a fresh one; 0: no limit
+    build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds per build process; 0: no limit
 
     @property
     def default_log_dir(self) -> Path:
