@@ -116,18 +116,12 @@ def _job(fn=None, *, on_failure=None, retry=False):
 
     @functools.wraps(fn)
     def wrapper(self, *, host, run_id, job_id, final=True, **kwargs):
-        # Running now if it was queued, and listed under this process until it ends here
-        # (lost_jobs: a process that dies with it listed gets its job recovered).
-        # At most once per message: a copy of it (a publish retried, a redelivery) is dropped.
-        begin = functools.partial(
-            store().begin_job,
-            job_id,
-            self.request.hostname or "",
-            lost_jobs.TOKEN,
-            lost_jobs.resendable(self),
-            delivery=f"{self.request.id}:{self.request.retries}",
-            taker=secrets.token_hex(8),
-        )
+        # Running now if queued, listed under this process until it ends here (lost_jobs), once
+        # per message: a copy (a publish retried, a redelivery) is dropped; one taker (nonce) for
+        # every try of the begin (through_outage), so the begin's own retry goes on.
+        delivery, taker = f"{self.request.id}:{self.request.retries}", secrets.token_hex(8)
+        node, resend = self.request.hostname or "", lost_jobs.resendable(self)
+        begin = functools.partial(store().begin_job, job_id, node, lost_jobs.TOKEN, resend, delivery, taker)
         state = through_outage(begin, f"job {job_id}'s start")
         if state == "duplicate":
             log.warning("job %s: a copy of its message %s was dropped", job_id, self.request.id)
