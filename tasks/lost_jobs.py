@@ -93,7 +93,7 @@ def _child_lost_retried(sender=None, request=None, reason=None, **_):
     if isinstance(exc, WorkerLostError) and job_id:
         store().job_left(job_id, TOKEN)
         error = f"a process of worker {request.hostname} died: {exc}"
-        store().job_lost_retry(job_id, getattr(sender, "name", "") or "", error, attempt=request.retries + 2)
+        store().job_lost_retry(job_id, getattr(sender, "name", "") or "", error, retries=request.retries + 1)
 
 
 @task_failure.connect
@@ -142,8 +142,7 @@ def _recover(app, job_id: str, node: str) -> None:
         _settle_episode(app, job)
         return
     retries = int(retry_with.get("options", {}).get("retries") or 0) + 1
-    attempts = retries + 1
-    store().job_lost_retry(job_id, retry_with.get("task") or "", error, attempt=attempts)
+    attempts = store().job_lost_retry(job_id, retry_with.get("task") or "", error, retries=retries)
     app.signature(retry_with).apply_async(retries=retries)
     log.warning(
         "job %s (%s) was lost with worker %s; sent again (attempt %s)", job_id, retry_with.get("task"), node, attempts

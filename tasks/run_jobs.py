@@ -146,7 +146,7 @@ def _job(fn=None, *, on_failure=None, retry=False):
                     and transient(exc)
                     and self.request.retries < self.max_retries
                 ):
-                    store().job_retrying(job_id, self.name, code, error, attempt=self.request.retries + 2)
+                    store().job_retrying(job_id, self.name, code, error, retries=self.request.retries + 1)
                     raise Transient(error) from exc
                 if on_failure:  # the run's state must follow the job's end: it waits out an outage too
                     through_outage(lambda: on_failure(run_id, error, code), f"run {run_id} after job {job_id}")

@@ -244,12 +244,15 @@ def test_counts_and_lists_are_written_once_when_a_command_is_sent_again(store, r
         store.create_job("j1", "run-1", "tool_call")
     assert store.run_jobs("run-1") == ["j1"]
     for _ in range(2):
-        store.job_retrying("j1", "pool.exec_tool", "DOCKER_ERROR", "boom", attempt=2)
+        store.job_retrying("j1", "pool.exec_tool", "DOCKER_ERROR", "boom", retries=1)
     assert store.get_job("j1")["attempts"] == 2
     assert redis_server.hget(state.RETRY_COUNTS, "pool.exec_tool|DOCKER_ERROR") == "1"
-    for _ in range(2):
-        store.job_lost_retry("j1", "pool.exec_tool", "lost", attempt=3)
+    # another step of the same job (a start's image build, then the start) retries on its own
+    store.job_retrying("j1", "pool.start_run", "DOCKER_ERROR", "boom", retries=1)
     assert store.get_job("j1")["attempts"] == 3
+    for _ in range(2):
+        store.job_lost_retry("j1", "pool.exec_tool", "lost", retries=2)
+    assert store.get_job("j1")["attempts"] == 4
     assert redis_server.hget(state.RETRY_COUNTS, "pool.exec_tool|WORKER_LOST") == "1"
     for _ in range(2):
         store.job_finished("j1", error="boom", code="DOCKER_ERROR")

@@ -48,14 +48,17 @@ redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
-# One more attempt of a job, counted once: the attempt's number is given (a retry's message's
-# retries + 1), so the same write sent again counts nothing. KEYS: job, the retry counts;
-# ARGV: attempt, the count's field, then the job's field, value pairs.
+# One more attempt of a job, counted once per retry: the retry is named (ARGV[1]: its step and
+# the retries of the message it sends; a job's steps, an image build then a start, retry each
+# on its own), so the same write sent again counts nothing. KEYS: job, the retry counts; ARGV:
+# the retry, the count's field, then the job's field, value pairs. Returns the attempt (0: counted).
 _JOB_ATTEMPT = """
-if tonumber(redis.call('HGET', KEYS[1], 'attempts') or '1') >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'attempts', ARGV[1], unpack(ARGV, 3))
+if redis.call('HSETNX', KEYS[1], 'retry:' .. ARGV[1], 1) == 0 then return 0 end
+redis.call('HSETNX', KEYS[1], 'attempts', 1)
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-return 1
+return attempt
 """
 
 # A job's end, in one script (no pipeline: one command less per call than MULTI/EXEC, and no
@@ -160,14 +163,15 @@ class JobsState:
             args=[time.time(), node, token, encoded, job_id, delivery or job_id, taker],
         )
 
-    def job_retrying(self, job_id: str, task: str, code: str, error: str, attempt: int) -> None:
-        """A transient failure will be retried as attempt `attempt`: the job stays running."""
+    def job_retrying(self, job_id: str, task: str, code: str, error: str, retries: int) -> None:
+        """A transient failure of step `task` will be retried by a message with `retries`: the
+        job stays running, one attempt more (once, however often this is sent)."""
         fields = {"retry_code": code, "retry_error": failures.cap(error)}
-        self._count_attempt(job_id, attempt, f"{task}|{code}", fields)
+        self._count_attempt(job_id, f"{task}:{retries}", f"{task}|{code}", fields)
 
-    def _count_attempt(self, job_id: str, attempt: int, counted: str, fields: dict) -> bool:
+    def _count_attempt(self, job_id: str, retry: str, counted: str, fields: dict) -> int:
         pairs = [item for pair in fields.items() for item in pair]
-        return bool(self._job_attempt(keys=[keys.job_key(job_id), keys.RETRY_COUNTS], args=[attempt, counted, *pairs]))
+        return self._job_attempt(keys=[keys.job_key(job_id), keys.RETRY_COUNTS], args=[retry, counted, *pairs])
 
     def job_finished(
         self,
@@ -309,11 +313,12 @@ class JobsState:
         """True for exactly one caller: whoever removes the job from its dead process's set."""
         return bool(self._r.srem(keys.worker_jobs_key(token), job_id))
 
-    def job_lost_retry(self, job_id: str, task: str, error: str, attempt: int) -> None:
-        """A lost step is sent again as attempt `attempt` (its message's retries + 1), counted
-        for /metrics as a retry of `task` for WORKER_LOST, once however often this is sent."""
+    def job_lost_retry(self, job_id: str, task: str, error: str, retries: int) -> int:
+        """A lost step is sent again by a message with `retries`: one attempt more, counted for
+        /metrics as a retry of `task` for WORKER_LOST, once however often this is sent; returns
+        the attempt (0 when it was counted already)."""
         fields = {"retry_code": "WORKER_LOST", "retry_error": error}
-        self._count_attempt(job_id, attempt, f"{task}|WORKER_LOST", fields)
+        return self._count_attempt(job_id, f"lost:{task}:{retries}", f"{task}|WORKER_LOST", fields)
 
     def fail_lost_job(self, job_id: str, error: str, code: str = "WORKER_LOST") -> bool:
         """End a job whose process died, unless it ended meanwhile; True when this call ended it."""
