@@ -29,6 +29,16 @@ def http_code(status: int) -> str:
     return HTTP_STATUS_CODES.get(status) or ("INTERNAL" if status >= 500 else "BAD_REQUEST")
 
 
+def refused_for_memory(exc: BaseException | None) -> bool:
+    """Whether Redis's OOM refusal is behind `exc` (raised itself, or the cause of a wrapper)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(BadRequest)
     def bad_request(exc):
@@ -46,6 +56,8 @@ def register(app: Flask) -> None:
         return fail("PAYLOAD_TOO_LARGE", f"the request body is larger than {limit} bytes", 413)
 
     def backend_down(exc):
+        if refused_for_memory(exc):  # kombu wraps a refused publish in its OperationalError
+            return backend_full(exc)
         log.warning("backend unreachable: %s", exc)
         return fail("REDIS_UNAVAILABLE", f"Redis is unreachable: {exc}", 503)
 

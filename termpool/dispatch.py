@@ -100,7 +100,11 @@ def send_job(
 ) -> str:
     """Record and send a job whose id the caller chose (an archive job keys its blob by it)."""
     store.create_job(job_id, run_id, kind, **(job_fields or {}))
-    _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
+    try:
+        _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
+    except BaseException:
+        store.discard_job(job_id, run_id)  # never sent: no job left queued for nothing
+        raise
     return job_id
 
 

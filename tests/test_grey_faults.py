@@ -100,3 +100,22 @@ def test_a_job_failed_by_redis_has_a_retryable_code():
         assert failures.describe(exc, "REDIS_UNAVAILABLE").startswith("Redis is unreachable: ConnectionError")
     assert failures.classify(redis.exceptions.OutOfMemoryError("OOM command not allowed")) == "BACKEND_FULL"
     assert failures.retryable("BACKEND_FULL") and failures.retryable("CONTAINER_LOST")
+
+
+@pytest.mark.unit
+def test_a_publish_refused_for_memory_is_backend_full_not_unreachable():
+    """kombu wraps Redis's OOM refusal of a publish in its OperationalError (a connection-error
+    type): the facade names it BACKEND_FULL (CI's chaos run saw one REDIS_UNAVAILABLE)."""
+    import kombu.exceptions
+
+    from app.errors import refused_for_memory
+
+    try:
+        try:
+            raise redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'")
+        except redis.exceptions.OutOfMemoryError as inner:
+            raise kombu.exceptions.OperationalError(str(inner)) from inner
+    except kombu.exceptions.OperationalError as exc:
+        assert refused_for_memory(exc)
+    assert not refused_for_memory(kombu.exceptions.OperationalError("Error 111 connecting"))
+    assert not refused_for_memory(redis.exceptions.ConnectionError("refused"))
