@@ -1,6 +1,6 @@
 """`dataset prebuild`: build every task's images ahead of the first episode.
 
-Calls environments.lifecycle.ensure_image directly, the same code a build worker runs, with the
+Calls environments.task_builds.ensure_image directly, the same code a build worker runs, with the
 same per-host Redis lock, so a prebuild and a worker never build one image twice at once.
 """
 
@@ -45,7 +45,7 @@ def lock_store(cfg: Settings) -> Store:
 
 
 def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: Store) -> BuildResult:
-    from environments.lifecycle import ensure_image  # imports the docker SDK: only when building
+    from environments.task_builds import ensure_image  # imports the docker SDK: only when building
 
     started = time.monotonic()
     try:

@@ -17,19 +17,15 @@ import os
 import posixpath
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import docker.errors
-import requests
-import urllib3
 import yaml
 
-from environments import container_spec, disk_usage, networks, task_images
+from environments import container_spec, disk_usage, networks
 from environments.compose_cache import resolve_once, resolve_run
 from environments.compose_config import (
     BUILD_CLIENT_NAME,
@@ -63,13 +59,10 @@ from environments.session_helper import (
 )
 from termpool import failures
 from termpool.config import Settings
-from termpool.failures import TaskBuildFailed, TaskStartFailed
+from termpool.failures import TaskStartFailed
 from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_folder
 from termpool.task_spec import name_prefix, one_per_host_reasons
 from termpool.uploaded_tasks import docker_task_name
-
-if TYPE_CHECKING:
-    from termpool.state import OwnedLock
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)
@@ -127,117 +120,6 @@ def build_context(task_dir: Path) -> Path:
 def engine_cpus() -> float:
     """CPUs of the Docker host: docker refuses a cpus limit above it."""
     return float(docker_client().info().get("NCPU") or os.cpu_count() or 1)
-
-
-# ---- images ---------------------------------------------------------------------------------
-def ensure_image(
-    task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
-) -> str:
-    """Build (or pull) the task's images once per host; concurrent callers wait for that one:
-    build_lock(image) is the host's lock on building that image (Store.build_lock)."""
-    compose = load_compose(task_name, task_dir, cfg, timeout)
-    client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
-    image = client_image(task_name, cfg, task_dir)
-    if cfg.image_source == "pull":
-        _pull_if_absent(image, timeout)
-        return image
-    needed = [image] if is_template(compose, cfg, task_dir, task_name) else built_images(task_name, compose, cfg)
-    if all(_image_exists(i) for i in needed):
-        return image
-    lock = build_lock(image)  # expires within seconds of its holder's death
-    if not lock.acquire(wait=timeout):
-        raise TimeoutError(f"waited {timeout:g} s for another build of {image} (held by {lock.owner()})")
-    with lock:
-        if all(_image_exists(i) for i in needed):  # built by whoever held the lock
-            return image
-        if is_template(compose, cfg, task_dir, task_name):
-            _build_with_sdk(task_dir, compose, image, cfg, timeout)
-        else:
-            _build_with_compose(task_name, task_dir, compose, image, cfg, timeout)
-    return image
-
-
-def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
-    """Every image a compose build produces (client first), as compose resolved their names."""
-    generated = service_images(task_name, compose)
-    images = [client_image(task_name, cfg)]  # build mode: task_dir changes nothing
-    images += [
-        generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
-    ]
-    return list(dict.fromkeys(i for i in images if i))
-
-
-def _image_exists(image: str) -> bool:
-    try:
-        docker_client().images.get(image)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-def _pull_if_absent(image: str, timeout: float) -> None:
-    if _image_exists(image):
-        return
-    try:
-        docker_client().images.pull(image)
-    except docker.errors.APIError as exc:
-        raise TaskBuildFailed(
-            f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
-        ) from None
-
-
-def _build_with_sdk(task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float) -> None:
-    [service] = compose["services"].values()  # the fast path's one service
-    build = service.get("build") or {}
-    dockerfile = build.get("dockerfile", "Dockerfile")
-    deadline = time.monotonic() + timeout
-    log = []
-    stream = docker_client().api.build(
-        path=str(build_context(task_dir)),
-        dockerfile=dockerfile,
-        tag=image,
-        rm=True,
-        forcerm=True,
-        buildargs=dict(cfg.proxy_env),
-        labels=task_images.build_labels(cfg.host_id, image),
-        decode=True,
-        timeout=timeout,
-    )
-    try:
-        for chunk in stream:
-            log.append(chunk.get("stream") or chunk.get("status") or "")
-            if "error" in chunk:
-                tail = "".join(log)[-MAX_OUTPUT:]
-                where = build_context(task_dir) / dockerfile
-                raise TaskBuildFailed(
-                    f"building {image} from {where} failed: {chunk['error'].strip()}\n{tail}", output=tail
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"building {image} did not finish within {timeout:g} s")
-    except (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout):
-        # A build step silent for the whole limit (the stream's read timeout is the limit).
-        raise TimeoutError(f"building {image} did not finish within {timeout:g} s") from None
-    finally:
-        # Closing the stream drops the connection, which is what stops the daemon's build; left to
-        # the garbage collector (a traceback keeps it alive) the build would run on past its limit.
-        stream.close()
-
-
-def _build_with_compose(
-    task_name: str, task_dir: Path, compose: dict, image: str, cfg: Settings, timeout: float
-) -> None:
-    with tempfile.TemporaryDirectory(prefix="termpool-build-") as tmp:
-        labels = task_images.build_labels(cfg.host_id, image)
-        override = container_spec.run_override(compose, task_name, labels, "", [], cfg, 0)
-        files = _compose_files(task_dir, cfg, override, Path(tmp))
-        try:
-            run_compose(
-                ["-p", name_prefix(task_name).lower(), *files, "build"], build_env(task_name, cfg), timeout, task_dir
-            )
-        except ComposeError as exc:
-            raise TaskBuildFailed(
-                f"building the images of {files[1]} failed: {exc.stderr_tail}", output=exc.stderr_tail
-            ) from None
 
 
 # ---- start ----------------------------------------------------------------------------------
@@ -411,7 +293,7 @@ def _start_direct(image: str, options: dict, labels: dict, name: str, starter=No
     return container
 
 
-def _compose_files(task_dir: Path, cfg: Settings, override: dict, run_dir: Path) -> list[str]:
+def compose_files(task_dir: Path, cfg: Settings, override: dict, run_dir: Path) -> list[str]:
     path = run_dir / "termpool-compose.override.yaml"
     path.write_text(yaml.safe_dump(override))
     return task_files(task_dir, cfg) + ["-f", str(path)]
@@ -431,7 +313,7 @@ class Project:
 
 def _start_compose(project: Project, override: dict, cfg: Settings, timeout: float, starter=None):
     name, task_dir = project.name, project.task_dir
-    files = _compose_files(task_dir, cfg, override, project.run_dir)
+    files = compose_files(task_dir, cfg, override, project.run_dir)
     deadline = time.monotonic() + timeout
 
     def up(*how: str) -> None:

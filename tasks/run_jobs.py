@@ -20,7 +20,7 @@ import docker.errors
 import requests.exceptions
 from celery import chain, shared_task
 
-from environments import artifacts, harbor_verifier, lifecycle
+from environments import artifacts, harbor_verifier, lifecycle, task_builds
 from environments.docker_client import (
     KnownContainer,
     docker_client,
@@ -296,7 +296,7 @@ def ensure_image(self, *, host, run_id, job_id):
         limit = min(limit, harbor.build_timeout_sec)
     cfg = settings()
     try:
-        image = lifecycle.ensure_image(
+        image = task_builds.ensure_image(
             docker_task_name(run["task_meta"]),
             task_dir,
             cfg,
@@ -322,8 +322,12 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     meta = run["task_meta"]
     task_dir = _task_dir(run)
     spec = _spec(task_dir)
+    limit = _timeouts(run).ensure_image
+    if first_try and not task_builds.images_current(docker_task_name(meta), task_dir, settings(), limit):
+        warm_pool.discard(host, meta["task_path"])  # the task changed since its image was built
+        _build_then_start(self.app, host, run_id, meta["task_path"], job_id)
     pooled = settings().warm_pool_size > 0  # off: no claim, no demand noted, no refill job sent
-    env = warm_pool.claim(run, host, _run_path) if pooled else None
+    env = warm_pool.claim(run, host, _run_path) if pooled and first_try else None
     if env is not None:  # served by a spare: its demand is noted (and a refill sent) after the reply
         after_reply(functools.partial(warm_pool.demanded, self.app, run, host, served=True))
     elif pooled and lifecycle.warm_capable(task_dir, settings()):  # a pooled task (no compose call):
@@ -335,21 +339,7 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         except docker.errors.ImageNotFound:
             if not first_try:
                 raise
-            # The image was removed since it was built: build it again, then start.
-            store().mark_image_ready(host, meta["task_path"], False)
-            chain(
-                self.app.signature(
-                    "pool.ensure_image",
-                    kwargs=dict(host=host, run_id=run_id, job_id=job_id, final=False),
-                    immutable=True,
-                ),
-                self.app.signature(
-                    "pool.start_run",
-                    kwargs=dict(host=host, run_id=run_id, job_id=job_id, first_try=False),
-                    immutable=True,
-                ),
-            ).apply_async()
-            raise HandedOver() from None
+            _build_then_start(self.app, host, run_id, meta["task_path"], job_id)  # removed since built
     instruction = meta.get("instruction") or spec.instruction
     reply = {
         "user_msg": f"Task name:{meta['task_name']}\nTask instruction: {instruction}",
@@ -374,6 +364,15 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
     return reply
+
+
+def _build_then_start(app, host: str, run_id: str, task_path: str, job_id: str) -> None:
+    """Hand the start over to a build of the task's images, then a start (its second try)."""
+    store().mark_image_ready(host, task_path, False)
+    ids = dict(host=host, run_id=run_id, job_id=job_id)
+    build = app.signature("pool.ensure_image", kwargs=dict(**ids, final=False), immutable=True)
+    chain(build, app.signature("pool.start_run", kwargs=dict(**ids, first_try=False), immutable=True)).apply_async()
+    raise HandedOver()
 
 
 def _run_path(run: dict, mounts_from: Path | None = None) -> Path:

@@ -255,13 +255,19 @@ def _measure_idle_memory(host: str) -> None:
             store().warm_set_facts(host, task_path, idle_bytes=int(warm_sizing.rolling(previous, used)))
 
 
+def discard(host: str, task_path: str) -> int:
+    """Remove every pooled spare of one task: made from an image of the task as it was."""
+    entries = store().warm_trim(host, task_path, 0, float("inf"))
+    for entry in entries:
+        _remove_spare(entry)
+    return len(entries)
+
+
 def drain(host: str) -> int:
     """Remove every spare of the host (a clean stop: nothing is left for a sweep to find)."""
     removed = _drop_starts(host)
     for task_path in store().warm_tasks(host):
-        for entry in store().warm_trim(host, task_path, 0, float("inf")):
-            _remove_spare(entry)
-            removed += 1
+        removed += discard(host, task_path)
     if removed:
         store().warm_count_event(host, drained=removed)
     return removed

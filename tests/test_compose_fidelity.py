@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from devstack import FIXTURES, at_once
-from environments import compose_config, container_spec, lifecycle, networks
+from environments import compose_config, container_spec, lifecycle, networks, task_builds
 from environments.docker_client import ComposeError, run_compose
 from termpool.config import load_settings
 from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
@@ -188,7 +188,7 @@ def build_locks(redis_server, cfg):
 def test_build_failure_names_the_task_and_log(tmp_path, redis_server):
     cfg = settings(tmp_path)
     with pytest.raises(TaskBuildFailed) as err:  # the SDK build of a one-service task
-        lifecycle.ensure_image(
+        task_builds.ensure_image(
             "broken-dockerfile", FIXTURES / "broken-dockerfile", cfg, 240, build_locks(redis_server, cfg)
         )
     assert str(FIXTURES / "broken-dockerfile" / "Dockerfile") in str(err.value)
@@ -196,7 +196,7 @@ def test_build_failure_names_the_task_and_log(tmp_path, redis_server):
     (task_dir / "side").mkdir()
     (task_dir / "side" / "Dockerfile").write_text("FROM termpool-test-base:bookworm\nRUN echo side-marker && exit 7\n")
     with pytest.raises(TaskBuildFailed) as err:  # a compose build
-        lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+        task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     text = str(err.value)
     assert str(task_dir / "docker-compose.yaml") in text and "side-marker" in text and len(text) < 2600
 
@@ -223,7 +223,7 @@ def test_failing_service_is_task_start_failed(tmp_path, docker_client, redis_ser
         "  side:\n    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}\n" + sidecar
     )
     task_dir = task_copy(tmp_path, compose, "t-start-" + word)
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": task_dir.name, "task_meta": {"task_name": task_dir.name}}
     with pytest.raises(TaskStartFailed) as err:
         lifecycle.start(run, task_dir, tmp_path, cfg, 240)
@@ -278,7 +278,7 @@ HARBOR_FAST_PATH = ["harbor/harbor-hello", "harbor/harbor-env"]
 def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
     task_dir = FIXTURES.parent / task if "/" in task else FIXTURES / task
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     seen = {}
     for force in (False, True):
         run, (env, container) = start(task_dir, cfg, tmp_path, force_compose=force)
@@ -302,7 +302,7 @@ def test_fast_path_equals_compose(tmp_path, docker_client, redis_server, task):
 )
 def test_other_files_fall_back_to_compose(tmp_path, docker_client, redis_server, task):
     cfg = settings(tmp_path)
-    lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
     run, (env, container) = start(FIXTURES / task, cfg, tmp_path)
     try:
         assert env.mode == "compose"
@@ -316,7 +316,7 @@ def test_fixed_names_are_made_per_run(tmp_path, docker_client, redis_server):
     would collide unless termpool makes them per run (the fixed name stays an alias)."""
     cfg = settings(tmp_path)
     task_dir = FIXTURES / "compose-healthy-sidecar"
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     runs = []
     try:
         for _ in range(2):
@@ -453,7 +453,7 @@ def test_a_dollar_in_the_clients_command_reaches_it_as_written(tmp_path, docker_
     a second time."""
     cfg = settings(tmp_path)
     task_dir = task_copy(tmp_path, DOLLAR_CLIENT, name="dollar-task")
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     run, (env, container) = start(task_dir, cfg, tmp_path, force_compose=force_compose)
     try:
         assert env.booted and env.mode == ("compose" if force_compose else "direct")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devstack import FIXTURES, ROOT
-from environments import lifecycle
+from environments import lifecycle, task_builds
 from environments.docker_client import KnownContainer
 from environments.session_helper import (
     BIN_DIR,
@@ -42,7 +42,7 @@ def cfg(tmp_path_factory):
 @pytest.fixture(scope="module")
 def images(cfg, redis_server, base_image):
     for task in ("hello-file", "compose-env"):
-        lifecycle.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
+        task_builds.ensure_image(task, FIXTURES / task, cfg, 240, build_locks(redis_server, cfg))
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_a_booted_root_container_runs_the_tasks_own_entrypoint_and_command(cfg, 
     task_dir = shutil.copytree(FIXTURES / "compose-env", tmp_path / "tasks" / "compose-env")
     compose = task_dir / "docker-compose.yaml"
     compose.write_text(compose.read_text().replace('    user: "1000:1000"\n', ""))
-    lifecycle.ensure_image("compose-env", task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image("compose-env", task_dir, cfg, 240, build_locks(redis_server, cfg))
     run = {"run_id": "r" + uuid.uuid4().hex[:10], "task_key": "compose-env", "task_meta": {"task_name": "compose-env"}}
     run_dir = tmp_path / run["run_id"]
     for sub in ("sessions", "agent-logs"):

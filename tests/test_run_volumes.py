@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from devstack import FIXTURES
-from environments import lifecycle
+from environments import lifecycle, task_builds
 from termpool.state import Store
 from tests.conftest import wait_for
 from tests.test_compose_fidelity import build_locks, episode, leaves_nothing, settings, start, task_copy
@@ -62,7 +62,7 @@ def test_an_images_anonymous_volume_goes_with_the_run(tmp_path, docker_client, r
     cfg = settings(tmp_path)
     task_dir = task_copy(tmp_path, (FIXTURES / "hello-file" / "docker-compose.yaml").read_text(), "volume-client")
     (task_dir / "Dockerfile").write_text(VOLUME_DOCKERFILE)
-    lifecycle.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(task_dir.name, task_dir, cfg, 240, build_locks(redis_server, cfg))
     run, (env, container) = start(task_dir, cfg, tmp_path, force_compose=force_compose)
     try:
         assert env.mode == ("compose" if force_compose else "direct")
@@ -78,7 +78,7 @@ def test_the_sweep_removes_an_orphans_volumes(tmp_path, docker_client, redis_ser
     """A teardown that died after the containers and networks went: the run's named volume is
     still found, by its labels, by the reconcile sweep."""
     cfg = settings(tmp_path)
-    lifecycle.ensure_image(TASK, FIXTURES / TASK, cfg, 240, build_locks(redis_server, cfg))
+    task_builds.ensure_image(TASK, FIXTURES / TASK, cfg, 240, build_locks(redis_server, cfg))
     run, (env, _) = start(FIXTURES / TASK, cfg, tmp_path)
     try:
         named = f"{env.project}_state"

@@ -18,6 +18,7 @@ import requests
 from devstack import FIXTURES
 from environments import container_spec, forking, task_images
 from environments.docker_client import TASK_IMAGE_LABEL, TASK_IMAGE_LOCK_LABEL
+from environments.image_digest import CONTENT_LABEL
 from termpool.config import load_settings
 from termpool.queues import make_celery
 from termpool.state import Store
@@ -27,6 +28,7 @@ SUFFIX = uuid.uuid4().hex[:8]
 ONE = f"prune-one-{SUFFIX}"  # hello-file: one service, built through the SDK
 KV = f"prune-kv-{SUFFIX}"  # sidecar-kv: two services, built by compose
 FORKED = f"prune-fork-{SUFFIX}"  # hello-file again, for the fork
+STALE = f"prune-stale-{SUFFIX}"  # hello-file, changed between two starts
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def dataset(tmp_path_factory) -> Path:
     shutil.copytree(FIXTURES / "hello-file", root / ONE)
     shutil.copytree(FIXTURES / "sidecar-kv", root / KV)
     shutil.copytree(FIXTURES / "hello-file", root / FORKED)
+    shutil.copytree(FIXTURES / "hello-file", root / STALE)
     return root
 
 
@@ -53,7 +56,13 @@ def pruned(base_image, docker_client, dataset):
 
 def _remove_images(docker_client, host: str) -> None:
     """This module's images only: its tasks' names, and whatever its stack's host labelled."""
-    names = [f"tb__{ONE}__client", f"tb__{KV}__client", f"tb__{KV}__kv", f"tb__{FORKED}__client"]
+    names = [
+        f"tb__{ONE}__client",
+        f"tb__{KV}__client",
+        f"tb__{KV}__kv",
+        f"tb__{FORKED}__client",
+        f"tb__{STALE}__client",
+    ]
     labelled = docker_client.images.list(all=True, filters={"label": f"{TASK_IMAGE_LABEL}={host}"})
     for image in [*names, *(image.id for image in labelled)]:
         try:
@@ -134,6 +143,27 @@ def test_a_rebuilt_sidecar_image_is_removed_by_the_reconcile(pruned, docker_clie
     assert docker_client.images.get(kv_tag) and docker_client.images.get(client_tag)
     assert router.sh(lease, "echo still-here").strip() == "still-here"
     closed(router, docker_client, lease)
+
+
+def test_a_changed_task_is_built_again_not_served_its_old_image(pruned, docker_client, dataset):
+    """A dataset update with the old image still tagged: the next start sees the task's content
+    digest differ from its image's, builds again, and serves the new image; an unchanged task
+    is not built again."""
+    router = Router(pruned)
+    tag = f"tb__{STALE}__client"
+    closed(router, docker_client, started(router, STALE))
+    old = docker_client.images.get(tag)
+    assert old.labels[CONTENT_LABEL]
+    marker = uuid.uuid4().hex
+    with (dataset / STALE / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write(f"RUN echo {marker} > /marker\n")
+    lease = started(router, STALE)
+    assert router.sh(lease, "cat /marker").strip() == marker
+    new = docker_client.images.get(tag)
+    assert new.id != old.id and new.labels[CONTENT_LABEL] != old.labels[CONTENT_LABEL]
+    closed(router, docker_client, lease)
+    closed(router, docker_client, started(router, STALE))
+    assert docker_client.images.get(tag).id == new.id  # unchanged: not built again
 
 
 def test_an_image_a_live_run_uses_is_kept_until_the_run_closes(pruned, docker_client, dataset):
