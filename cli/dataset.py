@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -155,14 +156,24 @@ def check_command(directory, as_json):
 # ---- prebuild -----------------------------------------------------------------------------
 @dataset_cli.command("prebuild")
 @DIR_ARGUMENT
-@click.option("-j", "--jobs", default=2, show_default=True, type=click.IntRange(1, 64), help="Builds at a time.")
+@click.option(
+    "--hosts",
+    "where",
+    type=click.Choice(["pool", "all", "here"]),
+    default="pool",
+    show_default=True,
+    help="pool: spread the builds over the build queues of every serving host (each pushes to the "
+    "pool's registry); all: that, then every host pulls every image; here: build with this "
+    "machine's Docker.",
+)
+@click.option("-j", "--jobs", default=2, show_default=True, type=click.IntRange(1, 64), help="Builds at a time (here).")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per task (default ENSURE_IMAGE_TIMEOUT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def prebuild_command(directory, jobs, timeout, as_json):
-    """Build the images of every task of DIRECTORY (default: DATASET_DIR), N at a time.
+def prebuild_command(directory, where, jobs, timeout, as_json):
+    """Build the images of every task of DIRECTORY (default: DATASET_DIR) for the pool.
 
-    Uses the workers' own build code and per-host Redis lock (REDIS_URL, POOL_HOST_ID), so it
-    is safe while the pool runs. Exits 1 when any build failed.
+    Uses the workers' own build code and Redis locks (REDIS_URL), so it is safe while the pool
+    runs. Exits 1 when any build failed.
     """
     from cli import prebuild as pb
     from termpool.state import connection
@@ -176,31 +187,63 @@ def prebuild_command(directory, jobs, timeout, as_json):
         raise Fatal(f"{connection.describe(cfg)} is needed for the build locks: {exc}") from None
     limit = timeout or cfg.timeouts.ensure_image
     started = time.monotonic()
+    if where == "here":
+        results = _prebuild_here(pb, tasks, cfg, limit, jobs, locks, as_json)
+    else:
+        results = _prebuild_pool(pb, tasks, cfg, limit, locks, where == "all", as_json)
+    _prebuild_report(root, results, time.monotonic() - started, as_json)
+    if any(r.status == "failed" for r in results):
+        _fail_tasks()
+
+
+def _prebuild_here(pb, tasks, cfg, limit, jobs, locks, as_json):
     with progress(
         len(tasks),
         f"building ({jobs} at a time)",
         hidden=as_json,
         item_show_func=lambda r: r and f"{r.task}: {r.status}",
     ) as bar:
-        results = pb.build_all(tasks, cfg, limit, jobs, locks, on_done=lambda r: bar.update(1, r))
+        return pb.build_all(tasks, cfg, limit, jobs, locks, on_done=lambda r: bar.update(1, r))
+
+
+def _prebuild_pool(pb, tasks, cfg, limit, locks, everywhere, as_json):
+    """The builds on the serving hosts' build queues; with `everywhere`, then a pull on each other host."""
+    engine = current_app.extensions["termpool"]
+    hosts = pb.serving_hosts(engine)
+    if not hosts:
+        raise Fatal("no worker host serves now: start the pool, or build with this machine's Docker (--hosts here)")
+    paths = {}
+    for path, label in tasks:
+        if not path.is_relative_to(cfg.dataset_dir.resolve()):
+            raise Fatal(f"{path} is not in DATASET_DIR {cfg.dataset_dir}: the hosts find tasks there")
+        paths[str(path.relative_to(cfg.dataset_dir.resolve()))] = (path, label)
+    batch = uuid.uuid4().hex
+    deadline = time.monotonic() + limit * len(tasks) + 60  # every build one after another, at worst
+
+    def phase(title: str, sent: list[tuple]) -> list:
+        with progress(len(sent), f"{title} on {len(hosts)} hosts", hidden=as_json) as bar:
+            answers = pb.wait_results(locks, batch, sent, deadline, on_done=lambda *_: bar.update(1))
+        return [pb.pool_result(*paths[task], host, answers.get((host, task))) for host, task in sent]
+
+    results = phase("building", pb.send_builds(engine.celery, hosts, list(paths), batch, limit))
+    if everywhere and len(hosts) > 1:
+        ready = [(r.host, str(r.path.relative_to(cfg.dataset_dir.resolve()))) for r in results if r.status != "failed"]
+        results += phase("pulling", pb.send_pulls(engine.celery, hosts, ready, batch, limit))
+    return results
+
+
+def _prebuild_report(root, results, seconds: float, as_json: bool) -> None:
     failed = [r for r in results if r.status == "failed"]
     if as_json:
-        emit_json(
-            {
-                "dataset": str(root),
-                "built": len(results) - len(failed),
-                "failed": len(failed),
-                "tasks": [r.to_dict() for r in results],
-            }
-        )
-    else:
-        table(
-            ["TASK", "RESULT", "SECONDS", "IMAGE / ERROR"],
-            [[r.task, r.status, f"{r.seconds:.1f}", r.image or r.error] for r in results],
-        )
-        click.echo(f"\n{len(results) - len(failed)} built, {len(failed)} failed in {time.monotonic() - started:.0f} s.")
-    if failed:
-        _fail_tasks()
+        counts = {status: sum(r.status == status for r in results) for status in ("built", "pulled", "present")}
+        emit_json({"dataset": str(root), **counts, "failed": len(failed), "tasks": [r.to_dict() for r in results]})
+        return
+    table(
+        ["TASK", "HOST", "RESULT", "SECONDS", "IMAGE / ERROR"],
+        [[r.task, r.host, r.status, f"{r.seconds:.1f}", r.image or r.error] for r in results],
+    )
+    done = len(results) - len(failed)
+    click.echo(f"\n{done} ready, {len(failed)} failed in {seconds:.0f} s.")
 
 
 # ---- oracle -------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
-"""`dataset prebuild`: build every task's images ahead of the first episode.
+"""`dataset prebuild`: every task's images ready ahead of the first episode.
 
-Calls environments.task_builds.ensure_image directly, the same code a build worker runs, with the
-same per-host Redis lock, so a prebuild and a worker never build one image twice at once.
+For the pool (the default), one job per task goes to the build queue of a serving host, round
+robin, and runs the code a run's image step runs (tasks/prebuild_jobs.py): a pool of H hosts
+builds M tasks in about M/H build times, each pushed to the pool's registry; `--hosts all`
+then has every other host pull each. `--hosts here` calls environments.task_builds directly
+with this machine's Docker. Either way under the workers' own Redis locks, so a prebuild and
+a worker never build one image twice at once.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from termpool.state import Store
 class BuildResult:
     task: str
     path: Path
-    status: str  # built / failed
+    status: str  # built / pulled / present (already there) / failed
     image: str = ""
     seconds: float = 0.0
     error: str = ""
+    host: str = "here"
 
     def to_dict(self) -> dict:
         return {
@@ -33,6 +38,7 @@ class BuildResult:
             "image": self.image,
             "seconds": round(self.seconds, 1),
             "error": self.error,
+            "host": self.host,
         }
 
 
@@ -45,17 +51,18 @@ def lock_store(cfg: Settings) -> Store:
 
 
 def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: Store) -> BuildResult:
-    from environments.task_builds import ensure_image  # imports the docker SDK: only when building
+    from environments.task_builds import ensure_images  # imports the docker SDK: only when building
 
     started = time.monotonic()
     try:
-        image = ensure_image(task_dir.name, task_dir, cfg, timeout, functools.partial(locks.build_lock, cfg.host_id))
+        lock = functools.partial(locks.build_lock, cfg.host_id)
+        image, status = ensure_images(task_dir.name, task_dir, cfg, timeout, lock)
     except Exception as exc:  # one task's failure is a row of the report, not the end of it
         text = str(exc).strip() or type(exc).__name__
         if not isinstance(exc, (RuntimeError, TimeoutError)):
             text = f"{type(exc).__name__}: {text}"
         return BuildResult(label, task_dir, "failed", seconds=time.monotonic() - started, error=text)
-    return BuildResult(label, task_dir, "built", image=image, seconds=time.monotonic() - started)
+    return BuildResult(label, task_dir, status, image=image, seconds=time.monotonic() - started)
 
 
 def build_all(
@@ -71,3 +78,55 @@ def build_all(
             if on_done:
                 on_done(result)
     return [results[path] for path, _ in tasks]
+
+
+# ---- the pool's prebuild: spread over the build queues of the serving hosts ---------------------
+def serving_hosts(engine) -> list[str]:
+    """The hosts that serve now (not draining, not lost), as /status judges them."""
+    return sorted(host for host, info in engine.host_overview().items() if info["state"] == "serving")
+
+
+def send_builds(celery, hosts: list[str], task_paths: list[str], batch: str, timeout: float) -> list[tuple]:
+    """One job per task, round robin over `hosts` (each host builds its share, one at a time per
+    build worker); (host, task path) of each job sent."""
+    sent = []
+    for index, task_path in enumerate(task_paths):
+        host = hosts[index % len(hosts)]
+        celery.send_task(
+            "pool.prebuild_task", kwargs=dict(host=host, batch=batch, task_path=task_path, timeout=timeout)
+        )
+        sent.append((host, task_path))
+    return sent
+
+
+def send_pulls(celery, hosts: list[str], ready: list[tuple], batch: str, timeout: float) -> list[tuple]:
+    """Each task made ready (host, task path) on every other host: pulled from the pool's
+    registry (`--hosts all`); a job id of its own (a new batch key per host and task)."""
+    sent = []
+    for made_on, task_path in ready:
+        for host in hosts:
+            if host != made_on:
+                kwargs = dict(host=host, batch=batch, task_path=task_path, timeout=timeout)
+                celery.send_task("pool.prebuild_task", kwargs=kwargs)
+                sent.append((host, task_path))
+    return sent
+
+
+def wait_results(store: Store, batch: str, expected: list[tuple], deadline: float, on_done=None) -> dict:
+    """(host, task path) -> result of each job of `expected` that answered before `deadline`."""
+    seen: dict = {}
+    while len(seen) < len(expected) and time.monotonic() < deadline:
+        for key, result in store.prebuild_results(batch).items():
+            if key in expected and key not in seen:
+                seen[key] = result
+                if on_done:
+                    on_done(key, result)
+        time.sleep(0.5)
+    return seen
+
+
+def pool_result(path: Path, label: str, host: str, answer: dict | None) -> BuildResult:
+    """One job's row of the report; a job that never answered (its host stopped) failed."""
+    if answer is None:
+        return BuildResult(label, path, "failed", error=f"host {host} did not answer in time", host=host)
+    return BuildResult(label, path, answer["status"], answer["image"], answer["seconds"], answer.get("error", ""), host)

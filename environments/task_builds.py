@@ -32,34 +32,44 @@ if TYPE_CHECKING:
     from termpool.state import OwnedLock
 
 
+PRESENT, BUILT, PULLED = "present", "built", "pulled"  # how a host came to have a task's images
+
+
 def ensure_image(
     task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
 ) -> str:
     """Build (or pull) the task's images once per host and content; concurrent callers wait for
-    that one: build_lock(image) is the host's lock on building that image (Store.build_lock)."""
+    that one: build_lock(image) is the host's lock on building that image (Store.build_lock).
+    The agent's image."""
+    return ensure_images(task_name, task_dir, cfg, timeout, build_lock)[0]
+
+
+def ensure_images(
+    task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
+) -> tuple[str, str]:
+    """ensure_image's work: (the agent's image, PRESENT, BUILT or PULLED)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
     image = client_image(task_name, cfg, task_dir)
     if cfg.image_source == "pull":
-        _pull_if_absent(image, timeout)
-        return image
+        return image, _pull_if_absent(image, timeout)
     template = is_template(compose, cfg, task_dir, task_name)
     needed = [image] if template else built_images(task_name, compose, cfg)
     digest = environment_digest(compose)
     if all(image_current(i, digest) for i in needed):
-        return image
+        return image, PRESENT
     lock = build_lock(image)  # expires within seconds of its holder's death
     if not lock.acquire(wait=timeout):
         raise TimeoutError(f"waited {timeout:g} s for another build of {image} (held by {lock.owner()})")
     with lock:
         if all(image_current(i, digest) for i in needed):  # built by whoever held the lock
-            return image
+            return image, PRESENT
         labels = {**task_images.build_labels(cfg.host_id, image), CONTENT_LABEL: digest}
         if template:
             _build_with_sdk(task_dir, compose, image, labels, cfg, timeout)
         else:
             _build_with_compose(task_name, task_dir, compose, labels, cfg, timeout)
-    return image
+    return image, BUILT
 
 
 def images_current(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> bool:
@@ -93,15 +103,16 @@ def image_current(image: str, digest: str | None) -> bool:
     return digest is None or (found.labels or {}).get(CONTENT_LABEL) == digest
 
 
-def _pull_if_absent(image: str, timeout: float) -> None:
+def _pull_if_absent(image: str, timeout: float) -> str:
     if image_current(image, None):
-        return
+        return PRESENT
     try:
         docker_client().images.pull(image)
     except docker.errors.APIError as exc:
         raise TaskBuildFailed(
             f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
         ) from None
+    return PULLED
 
 
 def _build_with_sdk(task_dir: Path, compose: dict, image: str, labels: dict, cfg: Settings, timeout: float) -> None:

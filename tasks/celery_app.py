@@ -21,6 +21,7 @@ JOB_MODULES = [
     "tasks.disk_check",
     "tasks.episode",
     "tasks.lost_jobs",
+    "tasks.prebuild_jobs",
 ]
 
 BEAT_SCHEDULE = {

@@ -30,6 +30,7 @@ MONITOR_POLL = 5.0  # seconds between two looks for a listening monitor (Flower 
 # Which kind of queue each job (Celery task name) is consumed from.
 JOB_KINDS = {
     "pool.ensure_image": "build",
+    "pool.prebuild_task": "build",
     "pool.start_run": "lifecycle",
     "pool.fork_run": "lifecycle",
     "pool.refill_warm": "lifecycle",

@@ -196,7 +196,7 @@ def test_prebuild_reports_built_and_failed(tmp_path, base_image, docker_client, 
     port = redis_server.connection_pool.connection_kwargs["port"]
     run = cli(tmp_path, REDIS_URL=f"redis://127.0.0.1:{port}/0")
     try:
-        result = run("prebuild", data, "-j", "2", "--json")
+        result = run("prebuild", data, "--hosts", "here", "-j", "2", "--json")
         assert result.exit_code == 1, result.output
         report = json.loads(result.stdout)
         by_task = {t["task"]: t for t in report["tasks"]}

@@ -52,6 +52,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   warm-counts:<h>            hash: warm pool counters (claimed, missed, started, start and CPU
                              seconds, trimmed, expired, drained) for the benchmark
   build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
+  pool-build-lock:<digest>   string, LOCK_TTL renewed: one build of a task environment per pool
+  prebuild:<batch>           hash, PREBUILD_TTL: a pool-wide prebuild's results (builds.py)
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
@@ -71,7 +73,7 @@ transport one priority step (Store.queue_depths).
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
 hosts), forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
-run-network range its runs hold), blobs.py (bytes on their way between the facade and a host), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+run-network range its runs hold), blobs.py (bytes on their way between the facade and a host), builds.py (a pool-wide prebuild's results), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
 Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
@@ -85,6 +87,7 @@ from termpool import failures
 from termpool.config import Settings
 from termpool.state import connection
 from termpool.state.blobs import BlobsState
+from termpool.state.builds import BuildsState
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.folders import FoldersState
@@ -120,6 +123,8 @@ from termpool.state.keys import (
     job_done_key,
     job_key,
     node_key,
+    pool_build_lock_key,
+    prebuild_key,
     request_key,
     run_folders_key,
     run_jobs_key,
@@ -189,6 +194,7 @@ class Store(
     SubnetsState,
     BlobsState,
     FoldersState,
+    BuildsState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -269,6 +275,8 @@ __all__ = [
     "warm_counted_key",
     "warm_counts_key",
     "build_lock_key",
+    "pool_build_lock_key",
+    "prebuild_key",
     "host_nodes_key",
     "host_info_key",
     "host_lost_key",

@@ -21,7 +21,8 @@ MONITOR = PREFIX + "monitor"
 DRAINING = PREFIX + "hosts:draining"  # and in the placement script
 LOST_HOSTS = PREFIX + "hosts:lost"  # and in the placement and host-lost scripts
 BEAT_LOCK = PREFIX + "beat-lock"
-LOCK_PATTERNS = (PREFIX + "build-lock:*",)
+LOCK_PATTERNS = (PREFIX + "build-lock:*", PREFIX + "pool-build-lock:*")
+PREBUILD_TTL = 86400  # seconds a prebuild's report is kept
 
 
 def run_key(run_id: str) -> str:
@@ -135,6 +136,14 @@ def warm_counts_key(host: str) -> str:
 
 def build_lock_key(host: str, image: str) -> str:
     return f"{PREFIX}build-lock:{host}:{image}"
+
+
+def pool_build_lock_key(digest: str) -> str:
+    return f"{PREFIX}pool-build-lock:{digest}"
+
+
+def prebuild_key(batch: str) -> str:
+    return f"{PREFIX}prebuild:{batch}"
 
 
 def host_nodes_key(host: str) -> str:

@@ -101,6 +101,11 @@ class LocksState:
         """One build of an image per host at a time."""
         return OwnedLock(self._r, keys.build_lock_key(host, image))
 
+    def pool_build_lock(self, digest: str) -> OwnedLock:
+        """One build of a task environment (by content digest) in the whole pool at a time: the
+        other hosts wait for it, then pull what it pushed to the pool's registry."""
+        return OwnedLock(self._r, keys.pool_build_lock_key(digest))
+
     def beat_lock(self) -> OwnedLock:
         """One beat scheduler per deployment (one Redis): a second one stands by until it is free."""
         return OwnedLock(self._r, keys.BEAT_LOCK)
