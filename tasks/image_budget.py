@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 
 from environments import image_budget
 from tasks.runtime import store
@@ -34,14 +35,19 @@ def note_started(host: str, task_path: str, container: str) -> None:
         log.warning("could not note the use of %s's image", container, exc_info=True)
 
 
-def keep_within_budget(host: str) -> list[str]:
+def keep_within_budget(host: str, live_tasks: set[str]) -> list[str]:
     """The reconcile's step: remove this host's least recently used task images nothing uses
-    until the rest fit in the budget; the ids (12 hex digits) of those removed."""
+    until the rest fit in the budget; the ids (12 hex digits) of those removed. The images of
+    `live_tasks` (task paths of the host's live runs) are kept as if in use: a run queued to
+    start from one has no container yet, and a compose start does not build what is missing."""
     budget = settings().image_disk_budget
     if not budget:
         return []
-    uses = store().image_uses(host)
-    images = image_budget.host_images(host, uses, budget)
+    uses, tasks = store().image_uses(host), store().image_tasks(host)
+    images = [
+        replace(image, in_use=image.in_use or tasks.get(image.built_as) in live_tasks)
+        for image in image_budget.host_images(host, uses, budget)
+    ]
     # Uses of images no longer on the host (removed by this sweep's predecessors, an upload's
     # expiry, an operator) are forgotten: the record stays as large as the host's images.
     store().forget_image_uses(host, sorted(set(uses) - {image.built_as for image in images}))

@@ -77,7 +77,7 @@ def reconcile(self, *, host, at_start=False):
     if pruned:
         log.info("reconcile removed %d run folders older than RUN_FOLDER_TTL", len(pruned))
     # Last: the images of replaced tasks, ended forks and expired uploads have gone first.
-    beyond = image_budget.keep_within_budget(host)
+    beyond = image_budget.keep_within_budget(host, live_tasks)
     if beyond:
         log.warning("reconcile removed least recently used task images beyond IMAGE_DISK_BUDGET: %s", beyond)
     return removed

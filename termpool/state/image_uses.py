@@ -30,6 +30,10 @@ class ImageUsesState:
         """Every image host has noted a use of, with the time of its last use."""
         return dict(self._r.zrange(keys.image_used_key(host), 0, -1, withscores=True))
 
+    def image_tasks(self, host: str) -> dict[str, str]:
+        """Every image host has noted a use of -> the task path of its last use."""
+        return self._r.hgetall(keys.image_tasks_key(host))
+
     def image_task(self, host: str, image: str) -> str | None:
         """The task path `image` was last used for on host (None: no use noted)."""
         return self._r.hget(keys.image_tasks_key(host), image)
