@@ -72,13 +72,14 @@ def remove_built(host: str, image: str, build_lock: Callable[[str], OwnedLock]) 
         mine = {"label": [f"{TASK_IMAGE_LABEL}={host}", f"{TASK_IMAGE_LOCK_LABEL}={image}"]}
         for found in docker_client().api.images(filters=mine):
             if FORK_LABEL not in (found.get("Labels") or {}):
-                left += not _remove_names(found)
+                left += not remove_image(found["Id"], found.get("RepoTags") or [])
     return left == 0
 
 
-def _remove_names(image: dict) -> bool:
-    """Untag each of an image's names (its last one removes it); by id when it has none."""
-    names = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"] or [image["Id"]]
+def remove_image(image_id: str, tags: list[str]) -> bool:
+    """Untag each of an image's names (its last one removes it); by id when it has none. False
+    when Docker refuses (409: a container or another image uses it), never forced."""
+    names = [t for t in tags if t != "<none>:<none>"] or [image_id]
     for name in names:
         try:
             docker_client().images.remove(name)

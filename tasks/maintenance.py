@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, task_images
 from environments.docker_client import docker_client
-from tasks import close_recovery, disk_check, fork_jobs, run_folders, task_folders
+from tasks import close_recovery, disk_check, fork_jobs, image_budget, run_folders, task_folders
 from tasks.runtime import store
 from termpool import hosts
 from termpool.config import settings
@@ -76,6 +76,10 @@ def reconcile(self, *, host, at_start=False):
     pruned = run_folders.prune(host)
     if pruned:
         log.info("reconcile removed %d run folders older than RUN_FOLDER_TTL", len(pruned))
+    # Last: the images of replaced tasks, ended forks and expired uploads have gone first.
+    beyond = image_budget.keep_within_budget(host, live_tasks)
+    if beyond:
+        log.warning("reconcile removed least recently used task images beyond IMAGE_DISK_BUDGET: %s", beyond)
     return removed
 
 

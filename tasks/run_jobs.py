@@ -31,7 +31,7 @@ from environments.docker_client import (
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from tasks import lost_jobs, run_folders, task_folders, warm_pool
+from tasks import image_budget, lost_jobs, run_folders, task_folders, warm_pool
 from tasks.runtime import remove_env, store, subnet_taker, through_outage
 from termpool import disk, failures
 from termpool.config import settings
@@ -309,6 +309,7 @@ def ensure_image(self, *, host, run_id, job_id):
         # The task's own limit, as Harbor fails a trial whose build passes it: the task's fault.
         raise failures.TaskBuildFailed(f"{exc} (task.toml's build_timeout_sec)") from None
     store().mark_image_ready(host, run["task_meta"]["task_path"])
+    image_budget.note_built(host, image, run["task_meta"]["task_path"])
     return image
 
 
@@ -363,6 +364,7 @@ def start_run(self, *, host, run_id, job_id, first_try=True):
     if not ready:
         remove_env(run_id, env.to_dict())  # closed while starting
         raise RunClosed(f"run {run_id} was closed while it was starting")
+    after_reply(functools.partial(image_budget.note_started, host, meta["task_path"], env.client))
     return reply
 
 
@@ -465,10 +467,7 @@ def evaluate(self, *, host, run_id, job_id):
         except Exception as exc:
             if isinstance(exc, failures.Failure) and exc.output:
                 artifacts.write_test_output(run_path, exc.output)
-            artifacts.write_results(
-                run_path,
-                {"run_id": run_id, "score": None, "tests": {}, **_failed(exc)},
-            )
+            artifacts.write_results(run_path, {"run_id": run_id, "score": None, "tests": {}, **_failed(exc)})
             raise
     artifacts.write_test_output(run_path, result.output)
     outcome = {"score": result.score, "tests": result.tests}

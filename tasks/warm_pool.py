@@ -30,6 +30,7 @@ from environments import artifacts, lifecycle
 from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
 from environments.tools.server_socket import server_answers
+from tasks import image_budget
 from tasks.runtime import remove_env, store
 from tasks.task_folders import task_dir as find_task_dir
 from termpool import failures, warm_sizing
@@ -185,6 +186,7 @@ def start_warm(self, *, host, task_path, task_name, warm_id):
     previous = store().warm_facts(host, task_path).get("start_s")
     store().warm_set_facts(host, task_path, start_s=round(warm_sizing.rolling(previous, seconds), 3))
     store().warm_count_event(host, started=1, start_s=seconds, cpu_s=time.thread_time() - cpu)
+    image_budget.note_started(host, task_path, env.client)
     return _refill(self.app, host, task_path) + 1
 
 

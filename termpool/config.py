@@ -237,6 +237,7 @@ class Settings:
     archive_ttl: int = 600  # ARCHIVE_TTL: seconds an archive waits in Redis for its worker or its reader
     archive_read_timeout: float = 300.0  # ARCHIVE_READ_TIMEOUT: seconds an export's whole tar stream may take
     build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds per build process; 0: no limit
+    image_disk_budget: int = 0  # IMAGE_DISK_BUDGET: bytes of task images a host keeps (image_budget.py); 0: no budget
 
     @property
     def default_log_dir(self) -> Path:
@@ -353,6 +354,7 @@ def load_settings(env=None) -> Settings:
         archive_ttl=_int(env, "ARCHIVE_TTL", 600, minimum=10),
         archive_read_timeout=max(_float(env, "ARCHIVE_READ_TIMEOUT", 300.0), 1.0),
         build_child_max_tasks=_int(env, "BUILD_CHILD_MAX_TASKS", 100, minimum=0),
+        image_disk_budget=_bytes(env, "IMAGE_DISK_BUDGET", "0"),
     )
 
 

@@ -45,24 +45,24 @@ def dataset(tmp_path_factory) -> Path:
 def pruned(base_image, docker_client, dataset):
     # No warm spares: a spare of the old image would keep it in use (rightly) until it goes.
     env = {"DATASET_DIR": str(dataset), "WARM_POOL_SIZE": "0"}
+    names = [f"tb__{ONE}__client", f"tb__{KV}__client", f"tb__{KV}__kv", f"tb__{FORKED}__client"]
+    names.append(f"tb__{STALE}__client")
+    yield from labelled_stack(docker_client, env, names)
+
+
+def labelled_stack(docker_client, env: dict, names: list[str]):
+    """A private stack (`yield from`), and once it stopped the images its tests made: `names`
+    and whatever its host labelled."""
     stacks = private_stack(docker_client, env)
     stack = next(stacks)
     try:
         yield stack
         next(stacks, None)  # stops it, checking that it left no container
     finally:
-        _remove_images(docker_client, stack.host_id)
+        _remove_images(docker_client, stack.host_id, names)
 
 
-def _remove_images(docker_client, host: str) -> None:
-    """This module's images only: its tasks' names, and whatever its stack's host labelled."""
-    names = [
-        f"tb__{ONE}__client",
-        f"tb__{KV}__client",
-        f"tb__{KV}__kv",
-        f"tb__{FORKED}__client",
-        f"tb__{STALE}__client",
-    ]
+def _remove_images(docker_client, host: str, names: list[str]) -> None:
     labelled = docker_client.images.list(all=True, filters={"label": f"{TASK_IMAGE_LABEL}={host}"})
     for image in [*names, *(image.id for image in labelled)]:
         try:

@@ -28,6 +28,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   hosts:lost                 hash: host -> its last beat its judge saw when a process judged it
                              lost; placement passes it over until its beat in `hosts` moves
   images:<h>                 set: task paths whose images host h has built
+  image-used:<h>             zset: task images (the name their build locks) by their last use on h
+  image-tasks:<h>            hash: task image -> the task path it was last used for on h
   job:<id>                   hash: a job record (cancel_requested: its client cancelled it)
   job:<id>:done              list, non-empty once the job ended (wakes wait_job)
   episode:<start job>        list: an episode's job ids in chain order
@@ -72,8 +74,11 @@ transport one priority step (Store.queue_depths).
 `Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a
 worker process), hosts.py (worker hosts and processes, images, placement, draining and lost
-hosts), forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
-run-network range its runs hold), blobs.py (bytes on their way between the facade and a host), builds.py (a pool-wide prebuild's results), sessions.py, warm.py (the warm pool), locks.py (OwnedLock, the build and beat locks) and
+hosts), image_uses.py (when each host last used each task image: its image disk budget),
+forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
+run-network range its runs hold), blobs.py (bytes on their way between the facade and a host),
+builds.py (a pool-wide prebuild's results), sessions.py, warm.py (the warm pool), locks.py
+(OwnedLock, the build locks of a host and of the pool, the beat lock) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
 Redis or a Sentinel deployment) and how every client of it, Celery's broker too, is made. Every name is re-exported here.
@@ -93,6 +98,7 @@ from termpool.state.counters import CountersState
 from termpool.state.folders import FoldersState
 from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
+from termpool.state.image_uses import ImageUsesState
 from termpool.state.jobs import _BEGIN_JOB, _CANCEL_JOB, _FINISH_JOB, JobsState
 from termpool.state.keys import (
     BEAT_LOCK,
@@ -119,6 +125,8 @@ from termpool.state.keys import (
     host_nodes_key,
     host_tasks_key,
     host_workers_key,
+    image_tasks_key,
+    image_used_key,
     images_key,
     job_done_key,
     job_key,
@@ -195,6 +203,7 @@ class Store(
     BlobsState,
     FoldersState,
     BuildsState,
+    ImageUsesState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -257,6 +266,8 @@ __all__ = [
     "host_closing_key",
     "host_workers_key",
     "images_key",
+    "image_used_key",
+    "image_tasks_key",
     "job_key",
     "job_done_key",
     "episode_key",

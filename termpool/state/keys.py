@@ -65,6 +65,14 @@ def images_key(host: str) -> str:
     return f"{PREFIX}images:{host}"
 
 
+def image_used_key(host: str) -> str:
+    return f"{PREFIX}image-used:{host}"
+
+
+def image_tasks_key(host: str) -> str:
+    return f"{PREFIX}image-tasks:{host}"
+
+
 def job_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
 
