@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import ipaddress
+import shlex
 import shutil
 import socket
 import subprocess
@@ -290,6 +291,7 @@ def test_task_container_reaches_no_host_port_but_the_allowed(contained, docker_c
         present = (set(_host_ipv4()) | {gateway}) & set(addresses)  # a bridge of another stack may go meanwhile
         assert {f"{a}:{allowed}" for a in present} <= arrived <= {f"{a}:{allowed}" for a in addresses}
         assert datagrams[1].received(1.0) == set(), "UDP to a port not allowed arrived"
+        assert _pinged(router, lease, ["127.0.0.1", gateway]) == {"127.0.0.1": True, gateway: False}
         if task == "sidecar-kv":
             assert _probe(router, lease, [("kv", 8000)]) == {("kv", 8000): True}
         if _reachable("deb.debian.org", 80):  # name resolution and the outside still work
@@ -300,6 +302,25 @@ def test_task_container_reaches_no_host_port_but_the_allowed(contained, docker_c
             socks.close()
         router.close(lease)
         assert wait_for(lambda: not router.run_containers(docker_client, lease), 60), "teardown did not finish"
+
+
+PING = """
+import socket, sys
+for host in sys.argv[1:]:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP) as sock:
+        sock.settimeout(2)
+        try:
+            sock.sendto(bytes([8, 0, 0, 0, 0, 0, 0, 1]) + b"probe", (host, 0))
+            print(host, sock.recv(64)[0] == 0)
+        except OSError:
+            print(host, False)
+"""
+
+
+def _pinged(router: Router, lease: str, hosts: list[str]) -> dict:
+    """ICMP echo from the task's container (an unprivileged ping socket): {host: True if it answered}."""
+    out = router.sh(lease, f"python3 -c {shlex.quote(PING)} {' '.join(hosts)}")
+    return {host: answered == "True" for host, answered in (line.split() for line in out.splitlines())}
 
 
 def _reachable(host: str, port: int) -> bool:
