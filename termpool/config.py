@@ -98,6 +98,28 @@ def _containment(env) -> str:
     return value
 
 
+_HOST_ALLOW_ENTRY = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?(?:/(tcp|udp))?")
+
+
+def _host_allow(env) -> tuple:
+    """CONTAINMENT_HOST_ALLOW as ((protocol, low, high), ...): comma-separated `port` or
+    `low-high`, each with `/tcp` or `/udp` (both when neither), or `icmp` (ping the host)."""
+    out = []
+    for entry in _list(env, "CONTAINMENT_HOST_ALLOW"):
+        if entry.lower() == "icmp":
+            out.append(("icmp", 0, 0))
+            continue
+        match = _HOST_ALLOW_ENTRY.fullmatch(entry.lower())
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+        if not 1 <= low <= high <= 65535:
+            raise ValueError(
+                "CONTAINMENT_HOST_ALLOW entries must be a port or a range low-high within 1-65535, "
+                f"optionally with /tcp or /udp, or icmp; not {entry!r}"
+            )
+        out += [(protocol, low, high) for protocol in ([match[3]] if match[3] else ["tcp", "udp"])]
+    return tuple(out)
+
+
 def _task_events(env) -> str:
     value = _str(env, "TASK_EVENTS", "monitor").lower()
     if value not in ("monitor", "always"):
@@ -201,6 +223,7 @@ class Settings:
     containment: str
     containment_interfaces: tuple
     containment_block: tuple
+    containment_host_allow: tuple  # ((tcp | udp | icmp, low, high), ...): host ports task containers reach
     socket_dir: Path
     web_workers: int
     web_threads: int
@@ -326,6 +349,7 @@ def load_settings(env=None) -> Settings:
         containment=_containment(env),
         containment_interfaces=_list(env, "CONTAINMENT_INTERFACES", "docker0,br-+"),
         containment_block=_list(env, "CONTAINMENT_BLOCK"),
+        containment_host_allow=_host_allow(env),
         socket_dir=Path(_str(env, "POOL_SOCKET_DIR", "/run/termpool")),
         web_workers=_int(env, "WEB_CONCURRENCY", 2),
         web_threads=_int(env, "WEB_THREADS", 256),

@@ -1,11 +1,10 @@
 """No run reaches another run's containers, on any path (the one-service fast path, a warm
-spare, a fork, compose), while each reaches its own sidecars and the host past containment;
+spare, a fork, compose), while each reaches its own sidecars but no port of the host;
 tried from inside the containers, as an agent would scan (environments/networks.py)."""
 
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
@@ -104,22 +103,20 @@ def test_no_run_reaches_another_on_any_path(stack, router, docker_client):
             router.close(lease)
 
 
-def test_a_one_service_run_still_reaches_the_host(stack, router, docker_client):
-    """Its bridge's gateway is the host: a port there that containment does not guard answers."""
+def test_a_one_service_run_reaches_no_port_of_the_host(stack, router, docker_client):
+    """Its bridge's gateway is the host: containment refuses every port there, not only the
+    pool's (tests/test_containment.py covers CONTAINMENT_HOST_ALLOW and every host address)."""
     with socket.socket() as server:
         server.bind(("0.0.0.0", 0))
         server.listen()
-        accepted = threading.Thread(target=lambda: server.accept()[0].close(), daemon=True)
-        accepted.start()
         lease = started(router, ONE_SERVICE)
         try:
             [container] = run_containers(docker_client, Store(stack.redis), lease)
             [network] = container.attrs["NetworkSettings"]["Networks"].values()
-            assert reach(router, lease, network["Gateway"], server.getsockname()[1]) == "open"
+            assert reach(router, lease, network["Gateway"], server.getsockname()[1]) == "ConnectionRefusedError"
             assert reach(router, lease, network["Gateway"], stack.port) == "ConnectionRefusedError"  # the API
         finally:
             router.close(lease)
-        accepted.join(5)
 
 
 def test_a_full_bridge_sends_the_next_container_to_another_shard(base_image, docker_client):
