@@ -10,15 +10,15 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from environments import registry_server
-from environments.registry import Registry
-from environments.registry_reclaim import reclaim
 from termpool.state import connection
 
 registry_cli = AppGroup("registry", help="The pool's image registry: see it, reclaim its storage.")
 
 
-def _registry(with_usage: bool = False) -> Registry:
+def _registry(with_usage: bool = False):
+    # imported here: the facade, which registers these commands, loads no Docker code
+    from environments.registry import Registry
+
     cfg = current_app.extensions["termpool"].cfg
     if not cfg.registry.enabled:
         raise click.ClickException("the pool's registry is off (REGISTRY_URL=off)")
@@ -39,6 +39,9 @@ def status() -> None:
 @click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
 def gc(dry_run: bool) -> None:
     """Delete images unused for REGISTRY_RETENTION_DAYS, then collect the embedded one's blobs."""
+    from environments import registry_server
+    from environments.registry_reclaim import reclaim
+
     registry = _registry(with_usage=True)
     try:
         done = reclaim(registry, registry.usage, dry_run=dry_run)
