@@ -62,9 +62,10 @@ def answers(cfg: RegistrySettings) -> bool:
 
 
 def server_env(cfg: RegistrySettings, listen: str) -> dict:
-    """The registry's own environment overrides of deploy/registry.yml."""
+    """The registry's own environment overrides of deploy/registry.yml. termpool's REGISTRY_*
+    settings are left out: the registry reads every REGISTRY_* variable as a config key."""
     return {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if not key.startswith("REGISTRY_")},
         "REGISTRY_HTTP_ADDR": listen,
         "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY": str(cfg.data_dir),
         # signs upload state between requests; one instance, so a fresh one per start is fine
