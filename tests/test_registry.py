@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import time
 import uuid
 
@@ -17,6 +18,7 @@ import docker
 import pytest
 
 from devstack import free_port
+from devstack.second_docker import SecondDocker
 from environments import registry_server
 from environments.registry import USAGE_KEY, Registry, RegistryUnavailable
 from environments.registry_reclaim import reclaim
@@ -208,6 +210,47 @@ def test_reclaim_deletes_what_no_host_used_within_the_retention(registry, docker
         registry.usage = None
         for name in names:
             docker_client.images.remove(docker_client.images.get(name).id, force=True)
+
+
+def _host_address() -> str:
+    """This machine's own address on its default route (no packet is sent), or "" without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))
+        except OSError:
+            return ""
+        return probe.getsockname()[0]
+
+
+def test_across_machines_a_daemon_trusts_the_registry_by_insecure_registries(
+    docker_client, tmp_path, tiny_image, caplog
+):
+    """docs/operations.md's private-network setup: the embedded registry published on every
+    address (REGISTRY_LISTEN=0.0.0.0:<port>), the serving host pushing by its loopback name,
+    another host naming it by this machine's address. A daemon that does not list that address
+    in its insecure-registries fails the pull cleanly (None, a warning); one that does pulls
+    the same digest."""
+    address, port = _host_address(), free_port()
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no address besides loopback")
+    cfg = load_registry({"REGISTRY_URL": f"127.0.0.1:{port}", "REGISTRY_DATA_DIR": str(tmp_path)})
+    registry_server.ensure_running(cfg, listen=f"0.0.0.0:{port}")
+    trusting = SecondDocker(args=["--insecure-registry", f"{address}:{port}"])
+    try:
+        digest = Registry(cfg).push(docker_client, tiny_image)
+        assert digest
+        remote = Registry(load_registry({"REGISTRY_URL": f"http://{address}:{port}"}))
+        ref = remote.remote_ref(tiny_image)
+        assert remote.reachable() and remote.digest(ref) == digest
+        assert remote.pull(docker_client, ref) is None  # this daemon trusts only 127.0.0.0/8
+        assert any("HTTPS client" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        other = trusting.start().client()
+        image = remote.pull(other, ref, expected_digest=digest)
+        assert image is not None and f"{ref.rpartition(':')[0]}@{digest}" in image.attrs["RepoDigests"]
+        other.close()
+    finally:
+        trusting.stop()
+        os.kill(int((tmp_path / "registry.pid").read_text()), signal.SIGTERM)
 
 
 def _exists(client, name: str) -> bool:
