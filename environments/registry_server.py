@@ -106,7 +106,9 @@ def _wait_started(cfg: RegistrySettings, proc: subprocess.Popen) -> str:
         if proc.poll() is not None:
             break
         time.sleep(0.2)
-    raise RuntimeError(f"registry {cfg.address} did not start; see {cfg.data_dir / 'registry.log'}")
+    raise RuntimeError(
+        f"registry {cfg.address} did not start; see {cfg.data_dir / 'registry.log'} (REGISTRY_URL=off: none)"
+    )
 
 
 def garbage_collect(cfg: RegistrySettings, dry_run: bool = False) -> str:

@@ -166,7 +166,14 @@ def test_a_pulled_image_of_another_digest_is_discarded(registry, docker_client, 
 
 def test_an_unreachable_registry_fails_nothing(docker_client, tiny_image, caplog):
     closed = f"127.0.0.1:{free_port()}"
-    registry = Registry(load_registry({"REGISTRY_URL": closed, "REGISTRY_TIMEOUT": "1"}))
+    secret = "pw-" + uuid.uuid4().hex
+    settings = {
+        "REGISTRY_URL": closed,
+        "REGISTRY_TIMEOUT": "1",
+        "REGISTRY_USERNAME": "pool",
+        "REGISTRY_PASSWORD": secret,
+    }
+    registry = Registry(load_registry(settings))
     started = time.monotonic()
     assert not registry.reachable()
     assert registry.push(docker_client, tiny_image) is None
@@ -176,6 +183,7 @@ def test_an_unreachable_registry_fails_nothing(docker_client, tiny_image, caplog
         registry.has(registry.remote_ref(tiny_image))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(f"registry {closed}: push of {tiny_image} failed" in w for w in warnings), warnings
+    assert secret not in caplog.text and secret not in repr(registry) and secret not in repr(registry.cfg)
 
 
 def test_reclaim_deletes_what_no_host_used_within_the_retention(registry, docker_client, redis_server, base_image):
