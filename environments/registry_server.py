@@ -78,7 +78,9 @@ def ensure_running(cfg: RegistrySettings, listen: str = "") -> str:
     the address it binds (REGISTRY_LISTEN, e.g. 0.0.0.0:18082 for other machines), by default
     REGISTRY_URL's own. Raises RuntimeError when it cannot be started."""
     if not is_local(cfg):
-        return "not started: " + ("REGISTRY_URL=off" if not cfg.enabled else f"{cfg.address} is another host's")
+        return "registry not started: " + (
+            "REGISTRY_URL=off" if not cfg.enabled else f"{cfg.address} is another host's"
+        )
     if answers(cfg):
         return f"registry {cfg.address} already answers"
     if shutil.which(BINARY) is None:
