@@ -11,8 +11,10 @@ import io
 import os
 import signal
 import socket
+import subprocess
 import time
 import uuid
+import warnings
 
 import docker
 import pytest
@@ -23,6 +25,7 @@ from environments import registry_server
 from environments.registry import USAGE_KEY, Registry, RegistryUnavailable
 from environments.registry_reclaim import reclaim
 from termpool.config import EMBEDDED_REGISTRY, load_registry, load_settings
+from tests.conftest import wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 
 DAY = 86400.0
@@ -218,6 +221,60 @@ def test_reclaim_deletes_what_no_host_used_within_the_retention(registry, docker
         registry.usage = None
         for name in names:
             docker_client.images.remove(docker_client.images.get(name).id, force=True)
+
+
+def _htpasswd(path, user: str, password: str) -> None:
+    with warnings.catch_warnings():  # crypt: deprecated from 3.11 on, and here the one bcrypt at hand
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+    path.write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+
+
+def test_credentials_reach_docker_and_the_api(docker_client, tmp_path, tiny_image):
+    """A registry that asks for credentials (htpasswd): without them, or with a wrong password,
+    it is reachable but has() cannot say and push fails cleanly; with them every call works."""
+    _htpasswd(tmp_path / "htpasswd", "pool", "right-password")
+    address = f"127.0.0.1:{free_port()}"
+    cfg = load_registry({"REGISTRY_URL": address, "REGISTRY_DATA_DIR": str(tmp_path)})
+    auth = {
+        "REGISTRY_AUTH": "htpasswd",
+        "REGISTRY_AUTH_HTPASSWD_REALM": "termpool",
+        "REGISTRY_AUTH_HTPASSWD_PATH": str(tmp_path / "htpasswd"),
+    }
+    env = {**registry_server.server_env(cfg, address), **auth}
+    with open(tmp_path / "registry.log", "wb") as log:
+        server = subprocess.Popen(
+            ["docker-registry", "serve", str(registry_server.CONFIG)], env=env, stdout=log, stderr=log
+        )
+    try:
+        wait_for(lambda: registry_server.answers(cfg), 15)
+        for password in ("", "wrong-password"):
+            anonymous = Registry(
+                load_registry(
+                    {
+                        "REGISTRY_URL": address,
+                        "REGISTRY_USERNAME": "pool" if password else "",
+                        "REGISTRY_PASSWORD": password,
+                    }
+                )
+            )
+            assert anonymous.reachable()
+            with pytest.raises(RegistryUnavailable, match=f"registry {address}: manifest of .*HTTP 401"):
+                anonymous.has(anonymous.remote_ref(tiny_image))
+            assert anonymous.push(docker_client, tiny_image) is None
+        registry = Registry(
+            load_registry({"REGISTRY_URL": address, "REGISTRY_USERNAME": "pool", "REGISTRY_PASSWORD": "right-password"})
+        )
+        digest = registry.push(docker_client, tiny_image)
+        ref = registry.remote_ref(tiny_image)
+        assert (
+            digest and registry.digest(ref) == digest and registry.repositories() == ["termpool/termpool-registry-test"]
+        )
+        assert registry.pull(docker_client, ref, expected_digest=digest) is not None
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def _host_address() -> str:
