@@ -189,7 +189,9 @@ def test_an_unreachable_registry_fails_nothing(docker_client, tiny_image, caplog
     assert secret not in caplog.text and secret not in repr(registry) and secret not in repr(registry.cfg)
 
 
-def test_reclaim_deletes_what_no_host_used_within_the_retention(registry, docker_client, redis_server, base_image):
+def test_reclaim_deletes_what_no_host_used_within_the_retention(
+    registry, docker_client, redis_server, base_image, monkeypatch
+):
     """Two tags: one last used 20 days ago, one now; with 14 days' retention only the old one's
     manifest is deleted, a tag seen for the first time starts its clock, and the storage is
     collected."""
@@ -203,6 +205,8 @@ def test_reclaim_deletes_what_no_host_used_within_the_retention(registry, docker
             names.append(name)
             assert registry.push(docker_client, name)
         old, recent, unknown = (registry.remote_ref(n) for n in names)
+        monkeypatch.setattr("environments.registry.PAGE", 1)  # one tag a page: the Link header is followed
+        assert sorted(registry.tags(registry.repository(old))) == sorted(n.rpartition(":")[2] for n in names)
         registry.touch(old, at=time.time() - 20 * DAY)
         redis_server.zrem(USAGE_KEY, registry.repository(unknown) + ":" + unknown.rpartition(":")[2])
         assert reclaim(registry, redis_server, dry_run=True).deleted == [
