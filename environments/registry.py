@@ -146,7 +146,8 @@ class Registry:
     def push(self, client: docker.DockerClient, local_image: str) -> str | None:
         """Tag local_image with its registry name and push it; returns the pushed manifest's
         digest. A failure logs a warning naming the registry and returns None (never raises:
-        a push that fails must not fail a run). The registry name stays on the image."""
+        a push that fails must not fail a run). The registry name stays on the image (and gives
+        it its RepoDigest): see untag."""
         ref = self.remote_ref(local_image)
         repo, tag = split_ref(ref)
         try:
@@ -175,7 +176,7 @@ class Registry:
     def pull(self, client: docker.DockerClient, ref: str, expected_digest: str | None = None, tag_as: str = ""):
         """Pull ref onto client's host; returns the image, or None when the pull failed (logged,
         naming the registry) or the image pulled is not expected_digest (it is removed again).
-        tag_as: a local name to give it as well."""
+        tag_as: a local name to give it as well (the registry's stays: see untag)."""
         repo, tag = split_ref(ref)
         try:
             image = client.images.pull(repo, tag=tag, **self._auth())
@@ -190,17 +191,22 @@ class Registry:
                 image.attrs.get("RepoDigests"),
                 expected_digest,
             )
-            self._discard(client, ref)
+            self.untag(client, ref)
             return None
         if tag_as:
             image.tag(*split_ref(tag_as))
         self.touch(ref)
         return image
 
-    def _discard(self, client: docker.DockerClient, ref: str) -> None:
-        """Remove the registry's name from this host (the image too when nothing else names it)."""
+    def untag(self, client: docker.DockerClient, ref: str) -> None:
+        """Remove the registry's name ref (remote_ref of a local name) from this host, and with
+        it the image's RepoDigest; the image too when nothing else names it. What removes a
+        pushed or pulled image from a host must remove this name as well as the local one, or
+        the image stays. Never raises (a name already gone is fine)."""
         try:
             client.images.remove(ref)
+        except docker.errors.ImageNotFound:
+            pass
         except docker.errors.DockerException as error:
             log.warning("registry %s: could not remove %s: %s", self.address, ref, _short(error))
 

@@ -150,6 +150,9 @@ def test_an_image_pushed_from_one_host_is_pulled_on_another(registry, docker_cli
         assert f"{ref.rpartition(':')[0]}@{digest}" in image.attrs["RepoDigests"]
         marker = other.containers.run(tiny_image, ["cat", "/marker"], remove=True)
         assert marker.decode().strip() == tiny_image
+        registry.untag(other, ref)  # the registry's name off: the local name alone then removes it
+        other.images.remove(tiny_image)
+        assert not _exists(other, image.id)
     finally:
         other.images.remove(tiny_image, force=True) if _exists(other, tiny_image) else None
         other.close()
