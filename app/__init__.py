@@ -88,7 +88,9 @@ def create_app(cfg: Settings | None = None) -> Flask:
 
     from cli.dataset import dataset_cli
     from cli.hosts import hosts_cli
+    from cli.registry import registry_cli
 
     app.cli.add_command(dataset_cli)
     app.cli.add_command(hosts_cli)
+    app.cli.add_command(registry_cli)
     return app

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run termpool on this host: set up, start the backends, then every process of the Procfile
+# Run termpool on this host: set up, start the backends (dockerd, Redis, the pool's image
+# registry: scripts/start-backends.sh), then every process of the Procfile
 # (facade, one worker pool per queue, beat, flower) under supervisord, in the foreground.
 # A process that dies is started again; Ctrl-C (or TERM) stops them all, letting running
 # jobs finish first (up to 60 s).

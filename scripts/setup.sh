@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what termpool needs on a Debian host (idempotent): Docker engine, Redis,
-# debootstrap (the base image), gcc (the in-container session helper), Python packages.
+# Install what termpool needs on a Debian host (idempotent): Docker engine, Redis, the image
+# registry (docker-registry), debootstrap (the base image), gcc (the in-container session
+# helper), Python packages.
 # With --dev, also what only the tests need: Chromium (the run viewer's browser test) and
 # requirements-dev.txt.
 set -euo pipefail
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
 dev=false
@@ -18,6 +20,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q "${need_apt[@]}"
+  # Debian's package enables its own registry service (all addresses, port 5000) where systemd
+  # runs: termpool starts its own (scripts/start-backends.sh), so a fresh install's is stopped.
+  if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null \
+    && systemctl is-enabled docker-registry >/dev/null 2>&1; then
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}

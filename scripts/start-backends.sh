@@ -5,13 +5,19 @@
 # one folder per port, so two Redis servers on a host never share a file),
 # so a Redis restart loses no run. A Sentinel deployment (REDIS_SENTINELS set) is the
 # operator's own: no Redis is started then.
+# Also the pool's image registry (environments/registry_server.py): the embedded one, on
+# 127.0.0.1:18082 (REGISTRY_LISTEN: another bind address) with its storage in REGISTRY_DATA_DIR,
+# unless REGISTRY_URL names another host's or is off, or one answers already.
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 if ! docker info >/dev/null 2>&1; then
   (dockerd >/var/log/termpool-dockerd.log 2>&1 &)
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/termpool-dockerd.log" >&2; exit 1; }
 fi
+
+(cd "$root" && python3 -m environments.registry_server start)
 
 [ -n "${REDIS_SENTINELS:-}" ] && exit 0
 url=${REDIS_URL:-redis://localhost:6379/0}

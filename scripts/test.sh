@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up this host, start the backends, build the test base image, run
+# The test command: set up this host, start the backends (dockerd, Redis, the embedded image
+# registry that tests/test_registry.py checks), build the test base image, run
 # every test (the tests start their own Redis, Celery workers and gunicorn). Lint and format
 # are checked first: a finding fails the run before any test starts.
 set -euo pipefail

@@ -6,7 +6,7 @@ import functools
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from termpool.subnets import SubnetRange, parse
@@ -156,6 +156,79 @@ def _disk_floor(env, name: str, default: str) -> DiskFloor:
     return DiskFloor(bytes=_bytes({name: raw}, name, default))
 
 
+EMBEDDED_REGISTRY = "127.0.0.1:18082"  # REGISTRY_URL's default: scripts/start-backends.sh starts it
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """The pool's image registry (environments/registry.py): `address` names images for Docker
+    (host[:port]); `api` is the base URL termpool's own processes use for its HTTP API. The
+    password stays out of reprs (and so out of logs and /status)."""
+
+    address: str = EMBEDDED_REGISTRY  # "": no registry (REGISTRY_URL=off)
+    api: str = "http://" + EMBEDDED_REGISTRY
+    username: str = ""
+    password: str = field(default="", repr=False)
+    timeout: float = 3.0
+    retention_days: float = 14.0  # 0: never reclaimed
+    data_dir: Path = Path("/var/lib/termpool/registry")  # the embedded one's storage
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+
+def registry_address(raw: str, name: str = "REGISTRY_URL") -> tuple[str, str]:
+    """A registry's address as (host[:port] for image names, base URL of its HTTP API). Written
+    host[:port] or http(s)://host[:port]; without a scheme the API is plain HTTP on a loopback
+    host (as Docker itself trusts 127.0.0.0/8), HTTPS elsewhere."""
+    bad = f"{name} must be host[:port] or http(s)://host[:port], not {raw!r}"
+    scheme, sep, rest = raw.partition("://")
+    if not sep:
+        scheme, rest = "", raw
+    elif scheme.lower() not in ("http", "https"):
+        raise ValueError(f"{bad}: the scheme must be http or https")
+    rest = rest.rstrip("/") if sep else rest
+    if not rest:
+        raise ValueError(f"{bad}: the host is empty")
+    if any(c in rest for c in "/?#@ "):
+        raise ValueError(f"{bad}: no path, query, user or spaces, only host[:port]")
+    match = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:]*)(?::(.*))?", rest)
+    if not re.fullmatch(r"\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", match[1]):
+        raise ValueError(f"{bad}: the host is empty or not a host name")
+    if match[2] is not None and not (match[2].isdigit() and 0 < int(match[2]) < 65536):
+        raise ValueError(f"{bad}: the port must be a number from 1 to 65535")
+    host = match[1].lower()
+    if not scheme:
+        loopback = host == "localhost" or host.startswith("127.") or host == "[::1]"
+        scheme = "http" if loopback else "https"
+    return rest.lower(), f"{scheme.lower()}://{rest.lower()}"
+
+
+def load_registry(env=None) -> RegistrySettings:
+    """The REGISTRY_* settings alone (scripts/start-backends.sh checks them before it starts one)."""
+    env = os.environ if env is None else env
+    raw = _str(env, "REGISTRY_URL")
+    if raw.lower() == "off":
+        address, api = "", ""
+    else:
+        address, api = registry_address(raw or EMBEDDED_REGISTRY)
+    if _str(env, "REGISTRY_API_URL") and address:
+        api = registry_address(_str(env, "REGISTRY_API_URL"), "REGISTRY_API_URL")[1]
+    retention = _float(env, "REGISTRY_RETENTION_DAYS", 14.0)
+    if retention < 0:
+        raise ValueError(f"REGISTRY_RETENTION_DAYS must be 0 (never) or more, not {retention:g}")
+    return RegistrySettings(
+        address=address,
+        api=api,
+        username=_str(env, "REGISTRY_USERNAME"),
+        password=env.get("REGISTRY_PASSWORD", ""),
+        timeout=_positive(env, "REGISTRY_TIMEOUT", 3.0),
+        retention_days=retention,
+        data_dir=Path(_str(env, "REGISTRY_DATA_DIR", "/var/lib/termpool/registry")),
+    )
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Per-operation time limits in seconds; a request may override any of them."""
@@ -261,6 +334,7 @@ class Settings:
     archive_read_timeout: float = 300.0  # ARCHIVE_READ_TIMEOUT: seconds an export's whole tar stream may take
     build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds per build process; 0: no limit
     image_disk_budget: int = 0  # IMAGE_DISK_BUDGET: bytes of task images a host keeps (image_budget.py); 0: no budget
+    registry: RegistrySettings = RegistrySettings()  # REGISTRY_*: the pool's image registry
 
     @property
     def default_log_dir(self) -> Path:
@@ -379,6 +453,7 @@ def load_settings(env=None) -> Settings:
         archive_read_timeout=max(_float(env, "ARCHIVE_READ_TIMEOUT", 300.0), 1.0),
         build_child_max_tasks=_int(env, "BUILD_CHILD_MAX_TASKS", 100, minimum=0),
         image_disk_budget=_bytes(env, "IMAGE_DISK_BUDGET", "0"),
+        registry=load_registry(env),
     )
 
 
