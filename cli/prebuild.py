@@ -56,7 +56,7 @@ def build_one(task_dir: Path, label: str, cfg: Settings, timeout: float, locks: 
     started = time.monotonic()
     try:
         lock = functools.partial(locks.build_lock, cfg.host_id)
-        image, status = ensure_images(task_dir.name, task_dir, cfg, timeout, lock)
+        image, status = ensure_images(task_dir.name, task_dir, cfg, timeout, lock, locks)
     except Exception as exc:  # one task's failure is a row of the report, not the end of it
         text = str(exc).strip() or type(exc).__name__
         if not isinstance(exc, (RuntimeError, TimeoutError)):
@@ -82,7 +82,11 @@ def build_all(
 
 # ---- the pool's prebuild: spread over the build queues of the serving hosts ---------------------
 def serving_hosts(engine) -> list[str]:
-    """The hosts that serve now (not draining, not lost), as /status judges them."""
+    """The hosts that serve now (not draining, not lost), as /status judges them once this
+    process has watched their heartbeats for a beat's time."""
+    from termpool.hosts import look
+
+    look(engine.watch)
     return sorted(host for host, info in engine.host_overview().items() if info["state"] == "serving")
 
 

@@ -10,8 +10,6 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from termpool.state import connection
-
 registry_cli = AppGroup("registry", help="The pool's image registry: see it, reclaim its storage.")
 
 
@@ -22,7 +20,7 @@ def _registry(with_usage: bool = False):
     cfg = current_app.extensions["termpool"].cfg
     if not cfg.registry.enabled:
         raise click.ClickException("the pool's registry is off (REGISTRY_URL=off)")
-    return Registry(cfg.registry, connection.client(cfg) if with_usage else None)
+    return Registry(cfg.registry, current_app.extensions["termpool"].store if with_usage else None)
 
 
 @registry_cli.command("status")

@@ -74,6 +74,9 @@ class Stack:
             "TEARDOWN_CONCURRENCY": "4",
             "LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT),
+            # Each test stack is a pool of its own: a registry shared between them would let one
+            # test's build serve another's. A test of the pool's registry gives its own.
+            "REGISTRY_URL": "off",
             # A Sentinel deployment (devstack/sentinel.py SentinelGroup) instead of one Redis:
             # REDIS_URL then names a port nothing listens on, so a client made without the
             # sentinels fails instead of passing unnoticed.

@@ -1,8 +1,8 @@
 """A host's task images kept within IMAGE_DISK_BUDGET: the reconcile removes the least recently
 used ones that nothing needs until what is left fits.
 
-Which images count: every image termpool built on this host (TASK_IMAGE_LABEL names the host),
-tagged or not, dataset and uploaded tasks alike, but not a fork's committed image (FORK_LABEL:
+Which images count: every image termpool built on this host (TASK_IMAGE_LABEL names the host)
+or pulled from the pool's registry and used here, tagged or not, dataset and uploaded tasks alike, but not a fork's committed image (FORK_LABEL:
 the fork code removes it when no run needs it, and it cannot be removed before). Each counts its
 size as the image listing gives it (`docker images`' SIZE: all its layers), so layers several
 images share (a common base image) are counted once per image: the sum is an upper bound of
@@ -30,6 +30,7 @@ import docker.errors
 
 from environments.docker_client import TASK_IMAGE_LABEL, TASK_IMAGE_LOCK_LABEL, docker_client
 from environments.forking import FORK_LABEL
+from environments.image_digest import CONTENT_LABEL
 from environments.task_images import remove_image
 
 if TYPE_CHECKING:
@@ -65,10 +66,8 @@ def host_images(host: str, uses: dict[str, float], budget: int) -> list[TaskImag
     `uses`: built_as -> time noted) and, when they exceed `budget`, whether they are in use now
     (within it nothing is removed: Docker is not asked)."""
     found = []
-    for image in docker_client().api.images(filters={"label": f"{TASK_IMAGE_LABEL}={host}"}):
+    for image in _task_images(host, uses):
         labels = image.get("Labels") or {}
-        if FORK_LABEL in labels:
-            continue
         built_as = labels.get(TASK_IMAGE_LOCK_LABEL, "")
         last_used = max(uses.get(built_as, 0.0), float(image.get("Created") or 0))
         found.append(TaskImage(image["Id"], built_as, int(image.get("Size") or 0), last_used, False))
@@ -76,6 +75,19 @@ def host_images(host: str, uses: dict[str, float], budget: int) -> list[TaskImag
         return found
     in_use = images_in_use()
     return [replace(image, in_use=image.id in in_use) for image in found]
+
+
+def _task_images(host: str, uses: dict[str, float]) -> list[dict]:
+    """The listing of the task images this host built, and of those it pulled from the pool's
+    registry (built on another host, so labelled with that host: counted here once this host
+    noted a use of them); not a fork's committed images."""
+    listing = {
+        image["Id"]: image for image in docker_client().api.images(filters={"label": f"{TASK_IMAGE_LABEL}={host}"})
+    }
+    for image in docker_client().api.images(filters={"label": CONTENT_LABEL}):
+        if (image.get("Labels") or {}).get(TASK_IMAGE_LOCK_LABEL) in uses:
+            listing.setdefault(image["Id"], image)
+    return [image for image in listing.values() if FORK_LABEL not in (image.get("Labels") or {})]
 
 
 def images_in_use() -> set[str]:

@@ -7,7 +7,7 @@ auth_config); termpool's own questions (is this tag there, is the registry up, w
 reclaimed) go to the registry's HTTP API v2. A registry that is down or refuses never fails a
 run: push and pull log a warning naming the registry and return None, so the caller builds.
 
-Each push and pull records the image's last use in Redis (USAGE_KEY, when a client is given);
+Each push and pull records the image's last use in Redis (Store.registry_used, when a store is given);
 environments/registry_reclaim.py deletes what has not been used for REGISTRY_RETENTION_DAYS.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import TYPE_CHECKING
 
 import docker
 import redis
@@ -23,12 +24,13 @@ import requests
 
 from environments.registry_server import is_local
 from termpool.config import RegistrySettings
-from termpool.state.keys import PREFIX
+
+if TYPE_CHECKING:
+    from termpool.state import Store
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "termpool"  # every image the pool pushes is under <registry>/termpool/
-USAGE_KEY = PREFIX + "registry:used"  # zset: "<repository>:<tag>" -> last push or pull (epoch s)
 MANIFEST_TYPES = ", ".join(
     (
         "application/vnd.docker.distribution.manifest.v2+json",
@@ -75,7 +77,7 @@ class Registry:
     """The registry REGISTRY_URL names, as cfg has it; `usage`: a Redis client to record last
     use in (None: not recorded)."""
 
-    def __init__(self, cfg: RegistrySettings, usage: redis.Redis | None = None):
+    def __init__(self, cfg: RegistrySettings, usage: Store | None = None):
         if not cfg.enabled:
             raise ValueError("the pool's registry is off (REGISTRY_URL=off)")
         self.cfg, self.usage = cfg, usage
@@ -143,12 +145,12 @@ class Registry:
             self._check(reply, f"delete of {repo}@{digest}")
 
     # ---- Docker: push and pull ----------------------------------------------------------------
-    def push(self, client: docker.DockerClient, local_image: str) -> str | None:
-        """Tag local_image with its registry name and push it; returns the pushed manifest's
-        digest. A failure logs a warning naming the registry and returns None (never raises:
-        a push that fails must not fail a run). The registry name stays on the image (and gives
-        it its RepoDigest): see untag."""
-        ref = self.remote_ref(local_image)
+    def push(self, client: docker.DockerClient, local_image: str, ref: str = "") -> str | None:
+        """Tag local_image with its registry name (`ref`, by default remote_ref's) and push it;
+        returns the pushed manifest's digest. A failure logs a warning naming the registry and
+        returns None (never raises: a push that fails must not fail a run). The registry name
+        stays on the image (and gives it its RepoDigest): see untag."""
+        ref = ref or self.remote_ref(local_image)
         repo, tag = split_ref(ref)
         try:
             client.images.get(local_image).tag(repo, tag)
@@ -219,7 +221,7 @@ class Registry:
         repo, tag = split_ref(ref)
         member = f"{repo[len(self.address) + 1 :]}:{tag}"
         try:
-            self.usage.zadd(USAGE_KEY, {member: time.time() if at is None else at})
+            self.usage.registry_used(member, time.time() if at is None else at)
         except redis.exceptions.RedisError as error:
             log.warning("registry %s: last use of %s not recorded: %s", self.address, ref, error)
 

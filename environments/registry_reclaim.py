@@ -1,7 +1,7 @@
 """The registry's bound: images of the pool that no host has pushed or pulled for
 REGISTRY_RETENTION_DAYS are deleted, then the embedded registry's storage is collected.
 
-Last use is kept in Redis (environments/registry.py: USAGE_KEY, one score per tag, set by each
+Last use is kept in Redis (Store.registry_used, one score per tag, set by each
 push and pull). A tag found with no record (pushed before tracking, or by hand) starts its clock
 at the first reclaim that sees it, so nothing is deleted on sight. Only the pool's namespace
 (termpool/) is looked at. A manifest is deleted only when every tag naming it is stale: a tag
@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import redis
+from environments.registry import NAMESPACE, Registry
 
-from environments.registry import NAMESPACE, USAGE_KEY, Registry
+if TYPE_CHECKING:
+    from termpool.state import Store
 
 log = logging.getLogger(__name__)
 DAY = 86400.0
@@ -29,7 +31,7 @@ class Reclaimed:
     failed: list[str] = field(default_factory=list)  # deletes the registry refused
 
 
-def reclaim(registry: Registry, usage: redis.Redis, now: float | None = None, dry_run: bool = False) -> Reclaimed:
+def reclaim(registry: Registry, usage: Store, now: float | None = None, dry_run: bool = False) -> Reclaimed:
     """Delete the manifests of the pool's tags unused for the retention; a retention of 0 keeps
     everything. Raises RegistryUnavailable when the registry cannot be listed."""
     now = time.time() if now is None else now
@@ -63,14 +65,14 @@ def _reclaim_repository(registry, usage, repo, now, cutoff, dry_run, result) -> 
             log.warning("%s", error)
             result.failed += members
             continue
-        usage.zrem(USAGE_KEY, *members)
+        usage.registry_forget(members)
         result.deleted += members
 
 
-def _stale(usage: redis.Redis, member: str, now: float, cutoff: float, dry_run: bool) -> bool:
-    last = usage.zscore(USAGE_KEY, member)
+def _stale(usage: Store, member: str, now: float, cutoff: float, dry_run: bool) -> bool:
+    last = usage.registry_last_used(member)
     if last is None:  # never seen: its clock starts now (a dry run only looks)
         if not dry_run:
-            usage.zadd(USAGE_KEY, {member: now}, nx=True)
+            usage.registry_first_seen(member, now)
         return False
     return last < cutoff

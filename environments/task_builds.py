@@ -9,6 +9,7 @@ docker_image) and pulled when absent.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,40 +20,55 @@ import docker.errors
 import requests
 import urllib3
 
-from environments import container_spec, task_images
-from environments.compose_config import build_env, client_image, client_service, service_images
+from environments import container_spec, pool_images, task_images
+from environments.compose_config import build_env, client_image, client_service
+from environments.compose_config import service_images as compose_service_images
 from environments.docker_client import MAX_OUTPUT, ComposeError, docker_client, run_compose
 from environments.image_digest import CONTENT_LABEL, environment_digest
 from environments.lifecycle import BUILD_CLIENT_NAME, build_context, compose_files, is_template, load_compose
+from environments.pool_images import PRESENT
 from termpool.config import Settings
 from termpool.failures import TaskBuildFailed
 from termpool.task_spec import name_prefix
 
 if TYPE_CHECKING:
-    from termpool.state import OwnedLock
-
-
-PRESENT, BUILT, PULLED = "present", "built", "pulled"  # how a host came to have a task's images
+    from termpool.state import OwnedLock, Store
 
 
 def ensure_image(
-    task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
+    task_name: str,
+    task_dir: Path,
+    cfg: Settings,
+    timeout: float,
+    build_lock: Callable[[str], OwnedLock],
+    pool: Store | None = None,
 ) -> str:
-    """Build (or pull) the task's images once per host and content; concurrent callers wait for
-    that one: build_lock(image) is the host's lock on building that image (Store.build_lock).
-    The agent's image."""
-    return ensure_images(task_name, task_dir, cfg, timeout, build_lock)[0]
+    """Have the task's images on this host as the task is now; the agent's image.
+
+    build_lock(image) is the host's lock on building that image (Store.build_lock): concurrent
+    callers on a host wait for one. With the pool's registry (REGISTRY_URL) a host pulls what
+    another built; `pool` (the state store: its pool-wide build lock, the registry's last uses)
+    makes one host of the pool build a new environment while the others wait, then pull it
+    (environments/pool_images.py)."""
+    return ensure_images(task_name, task_dir, cfg, timeout, build_lock, pool)[0]
 
 
 def ensure_images(
-    task_name: str, task_dir: Path, cfg: Settings, timeout: float, build_lock: Callable[[str], OwnedLock]
+    task_name: str,
+    task_dir: Path,
+    cfg: Settings,
+    timeout: float,
+    build_lock: Callable[[str], OwnedLock],
+    pool: Store | None = None,
 ) -> tuple[str, str]:
     """ensure_image's work: (the agent's image, PRESENT, BUILT or PULLED)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
     image = client_image(task_name, cfg, task_dir)
     if cfg.image_source == "pull":
-        return image, _pull_if_absent(image, timeout)
+        if image_current(image, None):
+            return image, PRESENT
+        return image, pool_images.fetch_named(cfg, image, timeout, pool)
     template = is_template(compose, cfg, task_dir, task_name)
     needed = [image] if template else built_images(task_name, compose, cfg)
     digest = environment_digest(compose)
@@ -66,10 +82,11 @@ def ensure_images(
             return image, PRESENT
         labels = {**task_images.build_labels(cfg.host_id, image), CONTENT_LABEL: digest}
         if template:
-            _build_with_sdk(task_dir, compose, image, labels, cfg, timeout)
+            build = functools.partial(_build_with_sdk, task_dir, compose, image, labels, cfg, timeout)
         else:
-            _build_with_compose(task_name, task_dir, compose, labels, cfg, timeout)
-    return image, BUILT
+            build = functools.partial(_build_with_compose, task_name, task_dir, compose, labels, cfg, timeout)
+        by_service = service_images(task_name, compose, cfg, template)
+        return image, pool_images.build_or_pull(cfg, digest, by_service, build, timeout, pool)
 
 
 def images_current(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> bool:
@@ -83,9 +100,21 @@ def images_current(task_name: str, task_dir: Path, cfg: Settings, timeout: float
     return all(image_current(i, digest) for i in needed)
 
 
+def service_images(task_name: str, compose: dict, cfg: Settings, template: bool) -> dict[str, str]:
+    """The image each service of the task builds, by service name (the agent's included)."""
+    if template:
+        return {next(iter(compose["services"])): client_image(task_name, cfg)}
+    generated = compose_service_images(task_name, compose)
+    return {
+        name: generated.get(name) or svc.get("image", "")
+        for name, svc in compose["services"].items()
+        if "build" in svc and (generated.get(name) or svc.get("image"))
+    }
+
+
 def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
     """Every image a compose build produces (client first), as compose resolved their names."""
-    generated = service_images(task_name, compose)
+    generated = compose_service_images(task_name, compose)
     images = [client_image(task_name, cfg)]  # build mode: task_dir changes nothing
     images += [
         generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
@@ -101,18 +130,6 @@ def image_current(image: str, digest: str | None) -> bool:
     except docker.errors.ImageNotFound:
         return False
     return digest is None or (found.labels or {}).get(CONTENT_LABEL) == digest
-
-
-def _pull_if_absent(image: str, timeout: float) -> str:
-    if image_current(image, None):
-        return PRESENT
-    try:
-        docker_client().images.pull(image)
-    except docker.errors.APIError as exc:
-        raise TaskBuildFailed(
-            f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
-        ) from None
-    return PULLED
 
 
 def _build_with_sdk(task_dir: Path, compose: dict, image: str, labels: dict, cfg: Settings, timeout: float) -> None:

@@ -30,7 +30,8 @@ def prebuild_task(self, *, host, batch, task_path, timeout):
         task_dir = task_folders.task_dir(task_path)
         name = docker_task_name({"task_path": task_path, "task_name": task_dir.name})  # as the CLI's own
         lock = functools.partial(store().build_lock, cfg.host_id)
-        result["image"], result["status"] = task_builds.ensure_images(name, task_dir, cfg, timeout, lock)
+        made = task_builds.ensure_images(name, task_dir, cfg, timeout, lock, store())
+        result["image"], result["status"] = made
         store().mark_image_ready(host, task_path)
     except TaskBuildFailed as exc:  # the build log's tail is in its text
         result["error"] = str(exc)[-MAX_OUTPUT:]

@@ -302,6 +302,7 @@ def ensure_image(self, *, host, run_id, job_id):
             cfg,
             limit,
             functools.partial(store().build_lock, cfg.host_id),
+            store(),
         )
     except TimeoutError as exc:
         if harbor is None or limit < harbor.build_timeout_sec:

@@ -74,6 +74,12 @@ CODES: dict[str, Code] = {
         # task errors: the task is broken, retrying does not help
         Code("TASK_INVALID", "task", False, "the task's files are missing or malformed (task.yaml, compose file)"),
         Code("TASK_BUILD_FAILED", "task", False, "an image of the task failed to build (or to pull)"),
+        Code(
+            "TASK_IMAGE_NOT_FOUND",
+            "task",
+            False,
+            "the image the task names exists in no registry (its name is in the error)",
+        ),
         Code("TASK_START_FAILED", "task", False, "a service of the task exited or never became healthy"),
         Code("TASK_UNSUPPORTED", "task", False, "the task's files ask for something termpool refuses"),
         Code("TESTS_TIMEOUT", "task", False, "the task's tests did not finish within their time limit"),

@@ -58,6 +58,13 @@ class TaskBuildFailed(Failure):
     code = "TASK_BUILD_FAILED"
 
 
+class TaskImageNotFound(Failure):
+    """The image the task names (a Harbor task's docker_image, TBENCH_DOCKER_PULL_PREFIX's name)
+    exists in no registry: the task's fault, named in the error."""
+
+    code = "TASK_IMAGE_NOT_FOUND"
+
+
 class TaskStartFailed(Failure):
     code = "TASK_START_FAILED"
 

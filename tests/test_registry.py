@@ -22,9 +22,10 @@ import pytest
 from devstack import free_port
 from devstack.second_docker import SecondDocker
 from environments import registry_server
-from environments.registry import USAGE_KEY, Registry, RegistryUnavailable
+from environments.registry import Registry, RegistryUnavailable
 from environments.registry_reclaim import reclaim
 from termpool.config import EMBEDDED_REGISTRY, load_registry, load_settings
+from termpool.state import Store
 from tests.conftest import wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 
@@ -198,7 +199,7 @@ def test_reclaim_deletes_what_no_host_used_within_the_retention(
     """Two tags: one last used 20 days ago, one now; with 14 days' retention only the old one's
     manifest is deleted, a tag seen for the first time starts its clock, and the storage is
     collected."""
-    registry.usage = redis_server
+    registry.usage = store = Store(redis_server)
     names = []
     try:
         for _ in range(3):
@@ -211,19 +212,17 @@ def test_reclaim_deletes_what_no_host_used_within_the_retention(
         monkeypatch.setattr("environments.registry.PAGE", 1)  # one tag a page: the Link header is followed
         assert sorted(registry.tags(registry.repository(old))) == sorted(n.rpartition(":")[2] for n in names)
         registry.touch(old, at=time.time() - 20 * DAY)
-        redis_server.zrem(USAGE_KEY, registry.repository(unknown) + ":" + unknown.rpartition(":")[2])
-        assert reclaim(registry, redis_server, dry_run=True).deleted == [
-            registry.repository(old) + ":" + names[0][-10:]
-        ]
+        store.registry_forget([registry.repository(unknown) + ":" + unknown.rpartition(":")[2]])
+        assert reclaim(registry, store, dry_run=True).deleted == [registry.repository(old) + ":" + names[0][-10:]]
         assert registry.has(old)  # a dry run deletes nothing
-        done = reclaim(registry, redis_server)
+        done = reclaim(registry, store)
         assert done.deleted == [registry.repository(old) + ":" + names[0][-10:]] and not done.failed
         assert not registry.has(old) and registry.has(recent) and registry.has(unknown)
         blobs = registry.cfg.data_dir / "docker" / "registry" / "v2" / "blobs"
         before = sum(1 for _ in blobs.rglob("data"))
         registry_server.garbage_collect(registry.cfg)
         assert sum(1 for _ in blobs.rglob("data")) < before  # the old image's own layer and config
-        assert redis_server.zscore(USAGE_KEY, registry.repository(unknown) + ":" + names[2][-10:]) is not None
+        assert store.registry_last_used(registry.repository(unknown) + ":" + names[2][-10:]) is not None
     finally:
         registry.usage = None
         for name in names:

@@ -180,6 +180,10 @@ class TaskBuildFailed(TaskError):
     code = "TASK_BUILD_FAILED"  # noqa: E701
 
 
+class TaskImageNotFound(TaskError):
+    code = "TASK_IMAGE_NOT_FOUND"  # noqa: E701
+
+
 class TaskStartFailed(TaskError):
     code = "TASK_START_FAILED"  # noqa: E701
 

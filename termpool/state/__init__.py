@@ -56,6 +56,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   build-lock:<h>:<image>     string, LOCK_TTL renewed: one build of an image per host
   pool-build-lock:<digest>   string, LOCK_TTL renewed: one build of a task environment per pool
   prebuild:<batch>           hash, PREBUILD_TTL: a pool-wide prebuild's results (builds.py)
+  registry:used              zset: "<repository>:<tag>" of the pool's registry -> last push or
+                             pull (registry_uses.py: what its reclaim keeps)
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
@@ -77,7 +79,7 @@ worker process), hosts.py (worker hosts and processes, images, placement, draini
 hosts), image_uses.py (when each host last used each task image: its image disk budget),
 forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
 run-network range its runs hold), blobs.py (bytes on their way between the facade and a host),
-builds.py (a pool-wide prebuild's results), sessions.py, warm.py (the warm pool), locks.py
+builds.py (a pool-wide prebuild's results), registry_uses.py (the pool registry's last uses), sessions.py, warm.py (the warm pool), locks.py
 (OwnedLock, the build locks of a host and of the pool, the beat lock) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
@@ -156,6 +158,7 @@ from termpool.state.keys import (
     worker_key,
 )
 from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
+from termpool.state.registry_uses import RegistryUsesState
 from termpool.state.runs import (
     _IF_STATE,
     _MARK_RUN_LOST,
@@ -204,6 +207,7 @@ class Store(
     FoldersState,
     BuildsState,
     ImageUsesState,
+    RegistryUsesState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 

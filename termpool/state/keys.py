@@ -23,6 +23,7 @@ LOST_HOSTS = PREFIX + "hosts:lost"  # and in the placement and host-lost scripts
 BEAT_LOCK = PREFIX + "beat-lock"
 LOCK_PATTERNS = (PREFIX + "build-lock:*", PREFIX + "pool-build-lock:*")
 PREBUILD_TTL = 86400  # seconds a prebuild's report is kept
+REGISTRY_USED = PREFIX + "registry:used"  # zset: last use of each tag of the pool's registry
 
 
 def run_key(run_id: str) -> str:

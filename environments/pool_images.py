@@ -1,0 +1,198 @@
+"""One build per pool: a task environment new to a host is pulled from the pool's registry when
+another host built it, and built (then pushed) by one host of the pool at a time when none has.
+
+An environment's images are named in the registry by content, not by task:
+<registry>/termpool/env-<service>:<content digest> (environments/image_digest.py), so a task that
+changed is a new name and two tasks with one environment share theirs. A pulled image is taken
+only if its content label is the digest asked for, and the registry's manifest digest is the one
+pulled (Registry.pull); anything else is discarded and built here.
+
+The registry never fails a run that can be built here: when it is down or refuses, the host
+builds on its own (and says so in its log); a push that fails is logged and the run goes on,
+and the image is pushed by a later build of it on any host (push_missing, from the reconcile).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from environments.docker_client import docker_client
+from environments.image_digest import CONTENT_LABEL
+from environments.registry import Registry, RegistryUnavailable
+from termpool.config import RegistrySettings, Settings
+from termpool.failures import TaskBuildFailed, TaskImageNotFound
+
+if TYPE_CHECKING:
+    from termpool.state import Store
+
+log = logging.getLogger(__name__)
+
+PRESENT, BUILT, PULLED = "present", "built", "pulled"  # how a host came to have a task's images
+
+
+def pool_registry(cfg: Settings, pool: Store | None) -> Registry | None:
+    """The pool's registry, recording last uses in `pool`; None when REGISTRY_URL is off."""
+    return registry_of(cfg.registry, pool) if cfg.registry.enabled else None
+
+
+@functools.lru_cache(maxsize=4)
+def registry_of(settings: RegistrySettings, pool: Store | None) -> Registry:
+    return Registry(settings, pool)  # one HTTP session per registry and process
+
+
+def remote_refs(registry: Registry, digest: str, by_service: dict[str, str]) -> dict[str, str]:
+    """Each service's image name in the registry, by content."""
+    return {service: registry.remote_ref(f"env-{service}:{digest}") for service in by_service}
+
+
+def build_or_pull(
+    cfg: Settings,
+    digest: str,
+    by_service: dict[str, str],
+    build: Callable[[], None],
+    timeout: float,
+    pool: Store | None,
+) -> str:
+    """Have the images of `by_service` ({service: local name}) of environment `digest` on this
+    host: PULLED from the pool's registry, or BUILT by `build()` here (then pushed). `pool`:
+    the state store (the pool-wide build lock); None builds without waiting for other hosts."""
+    registry = pool_registry(cfg, pool)
+    if registry is None or not digest:
+        build()
+        return BUILT
+    refs = remote_refs(registry, digest, by_service)
+    try:
+        if pull_all(registry, refs, by_service, digest):
+            return PULLED
+    except RegistryUnavailable as exc:
+        log.warning("%s; building %s on this host", exc, ", ".join(by_service.values()))
+        build()
+        return BUILT
+    if pool is None:  # a caller with no state store (a test) builds and pushes on its own
+        return _build_and_push(registry, refs, by_service, build)
+    lock = pool.pool_build_lock(digest)
+    if not lock.acquire(wait=timeout):
+        raise TimeoutError(f"waited {timeout:g} s for another host's build of {digest[:12]} (held by {lock.owner()})")
+    with lock:
+        if _pulled_quietly(registry, refs, by_service, digest):  # built by the host that held the lock
+            return PULLED
+        return _build_and_push(registry, refs, by_service, build)
+
+
+def _build_and_push(registry: Registry, refs: dict, by_service: dict, build: Callable[[], None]) -> str:
+    build()
+    for service, local in by_service.items():
+        if registry.push(docker_client(), local, refs[service]) is None:
+            break  # logged; pushed by a later build (push_missing)
+    return BUILT
+
+
+def _pulled_quietly(registry: Registry, refs: dict, by_service: dict, digest: str) -> bool:
+    try:
+        return pull_all(registry, refs, by_service, digest)
+    except RegistryUnavailable as exc:
+        log.warning("%s; building on this host", exc)
+        return False
+
+
+def pull_all(registry: Registry, refs: dict[str, str], by_service: dict[str, str], digest: str) -> bool:
+    """Pull every image of the environment, each tagged with its local name; False when the
+    registry lacks one or one pulled is not what was asked for (then discarded). Raises
+    RegistryUnavailable when the registry cannot say."""
+    expected = {service: registry.digest(ref) for service, ref in refs.items()}
+    if not all(expected.values()):
+        return False
+    client = docker_client()
+    for service, ref in refs.items():
+        image = registry.pull(client, ref, expected[service])
+        if image is None:
+            return False
+        if (image.labels or {}).get(CONTENT_LABEL) != digest:
+            log.warning(
+                "registry %s: %s carries content %s, not %s: discarded",
+                registry.address,
+                ref,
+                (image.labels or {}).get(CONTENT_LABEL),
+                digest,
+            )
+            _remove(client, ref)
+            return False
+        image.tag(by_service[service])
+    return True
+
+
+# ---- images named by a task (pull mode, a Harbor task's docker_image) ---------------------------
+def fetch_named(cfg: Settings, image: str, timeout: float, pool: Store | None) -> str:
+    """Have an image the task names on this host: PULLED from the pool's registry, which holds
+    a copy of it once any host fetched it from its own registry (one fetch for the whole pool);
+    else from its own registry (then copied into the pool's, one host at a time)."""
+    registry = pool_registry(cfg, pool)
+    if registry is None:
+        _pull_upstream(image)
+        return PULLED
+    mirror = registry.remote_ref(image)
+    try:
+        if _pull_mirror(registry, mirror, image):
+            return PULLED
+    except RegistryUnavailable as exc:
+        log.warning("%s; pulling %s from its own registry", exc, image)
+        _pull_upstream(image)
+        return PULLED
+    lock = pool.pool_build_lock(f"named:{image}") if pool else None
+    if lock is not None and not lock.acquire(wait=timeout):
+        raise TimeoutError(f"waited {timeout:g} s for another host's fetch of {image} (held by {lock.owner()})")
+    try:
+        if lock is not None and _pulled_mirror_quietly(registry, mirror, image):
+            return PULLED
+        _pull_upstream(image)
+        registry.push(docker_client(), image, mirror)  # a failure is logged: the next host fetches it again
+    finally:
+        if lock is not None:
+            lock.release()
+    return PULLED
+
+
+def _pull_mirror(registry: Registry, mirror: str, image: str) -> bool:
+    expected = registry.digest(mirror)
+    if not expected:
+        return False
+    pulled = registry.pull(docker_client(), mirror, expected)
+    if pulled is None:
+        return False
+    pulled.tag(image)
+    return True
+
+
+def _pulled_mirror_quietly(registry: Registry, mirror: str, image: str) -> bool:
+    try:
+        return _pull_mirror(registry, mirror, image)
+    except RegistryUnavailable:
+        return False
+
+
+def _pull_upstream(image: str) -> None:
+    """Pull from the image's own registry: TaskImageNotFound when no registry has it."""
+    try:
+        docker_client().images.pull(image)
+    except docker.errors.NotFound as exc:
+        raise TaskImageNotFound(
+            f"image {image} exists nowhere: its registry answered {exc.explanation or exc}"
+        ) from None
+    except docker.errors.APIError as exc:
+        if "not found" in str(exc.explanation or exc).lower() or "manifest unknown" in str(exc).lower():
+            raise TaskImageNotFound(f"image {image} exists nowhere: {exc.explanation or exc}") from None
+        raise TaskBuildFailed(
+            f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
+        ) from None
+
+
+def _remove(client, ref: str) -> None:
+    try:
+        client.images.remove(ref)
+    except docker.errors.DockerException as exc:
+        log.warning("could not remove %s: %s", ref, exc)

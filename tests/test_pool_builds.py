@@ -1,0 +1,208 @@
+"""One build per pool: two worker hosts (the machine's dockerd and a second one,
+tests/second_docker.py) sharing a registry of their own (Debian's docker-registry on a free
+port). A task built on one host is pulled, not built, on the other; a changed task is one new
+build; two hosts asked at once build once; a registry that is down falls back to a build here;
+a task container cannot reach the registry; `dataset prebuild` spreads builds over the hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from devstack import FIXTURES, ROOT, free_port
+from environments import registry_server
+from environments.image_digest import CONTENT_LABEL
+from termpool.config import load_registry, load_settings
+from termpool.queues import make_celery
+from termpool.state import Store
+from tests.conftest import Router, wait_for
+from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
+from tests.test_many_hosts import hosts_cli
+
+SUFFIX = uuid.uuid4().hex[:8]
+SHARED = f"pool-shared-{SUFFIX}"  # built on A, pulled on B
+RACED = f"pool-raced-{SUFFIX}"  # asked of both hosts at once
+OUTAGE = f"pool-outage-{SUFFIX}"  # started while the registry is down
+TASKS = (SHARED, RACED, OUTAGE)
+
+
+def marked(dataset: Path, name: str) -> None:
+    """A copy of hello-file whose image holds a marker of its own (a content no other test has)."""
+    shutil.copytree(FIXTURES / "hello-file", dataset / name)
+    with (dataset / name / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write(f"RUN echo {name}-{uuid.uuid4().hex} > /marker\n")
+
+
+@pytest.fixture(scope="module")
+def registry_cfg(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("pool-registry")
+    cfg = load_registry({"REGISTRY_URL": f"127.0.0.1:{free_port()}", "REGISTRY_DATA_DIR": str(data_dir)})
+    registry_server.ensure_running(cfg, listen=f"0.0.0.0:{cfg.address.rpartition(':')[2]}")
+    yield cfg
+    stop_registry(cfg)
+
+
+def stop_registry(cfg) -> None:
+    pid_file = cfg.data_dir / "registry.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        assert wait_for(lambda: not registry_server.answers(cfg), 20), "the test registry did not stop"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pool-dataset")
+    for name in TASKS:
+        marked(root, name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pool(second_docker, docker_client, registry_cfg, dataset):  # noqa: F811 (the fixture imported above)
+    env = {"REGISTRY_URL": registry_cfg.address, "DATASET_DIR": str(dataset), "WARM_POOL_SIZE": "0"}
+    stacks = two_host_stack(second_docker, docker_client, env)
+    stack = next(stacks)
+    try:
+        yield stack
+        next(stacks, None)
+    finally:
+        for client in stack.daemons.values():
+            for image in client.images.list(filters={"label": CONTENT_LABEL}):
+                if any(task in tag for tag in image.tags for task in TASKS):
+                    client.images.remove(image.id, force=True)
+
+
+def start_on(stack, host: str, task: str) -> tuple[str, Router]:
+    """A run of `task` reset on `host` (the other drained meanwhile)."""
+    other = stack.host_b if host == stack.host_id else stack.host_id
+    router = Router(stack)
+    hosts_cli(stack, "drain", other)
+    try:
+        lease = router.allocate(task)
+        reply = router.reset(lease, task)
+    finally:
+        hosts_cli(stack, "undrain", other)
+    assert reply.status_code == 200, reply.text
+    assert Store(stack.redis).get_run(lease)["host"] == host
+    return lease, router
+
+
+def image_of(stack, host: str, task: str):
+    return stack.daemons[host].images.get(f"tb__{task}__client")
+
+
+def test_a_task_built_on_one_host_is_pulled_on_the_other(pool):
+    lease, router = start_on(pool, pool.host_id, SHARED)
+    built = image_of(pool, pool.host_id, SHARED)
+    assert built.attrs["RepoDigests"], "the build was not pushed to the pool's registry"
+    router.close(lease)
+
+    lease, router = start_on(pool, pool.host_b, SHARED)
+    pulled = image_of(pool, pool.host_b, SHARED)
+    # Not built there: the same image (a build of its own would have another id), with the
+    # registry's digest, and the marker of the first build.
+    assert pulled.id == built.id
+    assert set(pulled.attrs["RepoDigests"]) & set(built.attrs["RepoDigests"])
+    assert pulled.labels[CONTENT_LABEL] == built.labels[CONTENT_LABEL]
+    assert router.sh(lease, "cat /marker").startswith(SHARED)
+    router.close(lease)
+
+
+def test_a_changed_task_is_one_new_build_for_the_pool(pool, dataset):
+    before = image_of(pool, pool.host_id, SHARED)
+    with (dataset / SHARED / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write("RUN echo changed > /changed\n")
+    lease, router = start_on(pool, pool.host_b, SHARED)
+    assert router.sh(lease, "cat /changed").strip() == "changed"
+    rebuilt = image_of(pool, pool.host_b, SHARED)
+    assert rebuilt.labels[CONTENT_LABEL] != before.labels[CONTENT_LABEL]
+    router.close(lease)
+    lease, router = start_on(pool, pool.host_id, SHARED)
+    assert image_of(pool, pool.host_id, SHARED).id == rebuilt.id  # pulled from B's push, not built
+    router.close(lease)
+
+
+def test_two_hosts_asked_at_once_build_once(pool):
+    """Both hosts' build queues get the same new task at the same moment: one builds and
+    pushes, the other waits on the pool-wide lock and pulls."""
+    celery = make_celery(load_settings(pool.env))
+    batch = uuid.uuid4().hex
+    for host in (pool.host_id, pool.host_b):
+        kwargs = dict(host=host, batch=batch, task_path=RACED, timeout=240)
+        celery.send_task("pool.prebuild_task", kwargs=kwargs)
+    store = Store(pool.redis)
+    assert wait_for(lambda: len(store.prebuild_results(batch)) == 2, 240), store.prebuild_results(batch)
+    results = store.prebuild_results(batch)
+    assert sorted(r["status"] for r in results.values()) == ["built", "pulled"], results
+    assert image_of(pool, pool.host_id, RACED).id == image_of(pool, pool.host_b, RACED).id
+
+
+def test_a_registry_outage_falls_back_to_a_build_here(pool, registry_cfg):
+    stop_registry(registry_cfg)
+    try:
+        lease, router = start_on(pool, pool.host_b, OUTAGE)
+        assert router.sh(lease, "cat /marker").startswith(OUTAGE)
+        assert not image_of(pool, pool.host_b, OUTAGE).attrs["RepoDigests"]  # built here, not pushed
+        router.close(lease)
+    finally:
+        registry_server.ensure_running(registry_cfg, listen=f"0.0.0.0:{registry_cfg.address.rpartition(':')[2]}")
+
+
+def test_a_task_container_cannot_reach_the_registry(pool, registry_cfg):
+    """The registry listens on every address of the host; from a run, through its gateway and
+    the host's own address, its port is refused (containment denies the host's ports)."""
+    lease, router = start_on(pool, pool.host_id, SHARED)
+    port = registry_cfg.address.rpartition(":")[2]
+    probe = (
+        "gw=$(ip route 2>/dev/null | awk '/default/ {print $3}'); "
+        '[ -n "$gw" ] || gw=$(awk \'NR>1 && $2=="00000000" {h=$3; printf "%d.%d.%d.%d", '
+        '"0x" substr(h,7,2), "0x" substr(h,5,2), "0x" substr(h,3,2), "0x" substr(h,1,2)}\' /proc/net/route); '
+        f'if timeout 5 bash -c "exec 3<>/dev/tcp/$gw/{port}" 2>/dev/null; then echo open; else echo refused; fi'
+    )
+    assert router.sh(lease, probe).strip() == "refused"
+    router.close(lease)
+
+
+def test_prebuild_spreads_the_dataset_over_the_hosts(pool, dataset):
+    names = [f"pool-pre{i}-{SUFFIX}" for i in range(4)]
+    for name in names:
+        marked(dataset, name)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flask", "--app", "app", "dataset", "prebuild", "--hosts", "all", "--json"],
+            cwd=ROOT,
+            env=pool.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr + result.stdout
+        report = json.loads(result.stdout)
+        mine = [row for row in report["tasks"] if row["task"] in names]
+        built = [row for row in mine if row["status"] == "built"]
+        assert len(built) == len(names), mine  # each built once in the pool
+        assert {row["host"] for row in built} == {pool.host_id, pool.host_b}  # spread over both
+        pulled = [row for row in mine if row["status"] == "pulled"]
+        assert len(pulled) == len(names)  # then taken by the host that did not build it
+        for name in names:
+            assert image_of(pool, pool.host_id, name).id == image_of(pool, pool.host_b, name).id
+    finally:
+        for name in names:
+            for client in pool.daemons.values():
+                try:
+                    client.images.remove(f"tb__{name}__client", force=True)
+                except Exception:
+                    pass
+            shutil.rmtree(dataset / name, ignore_errors=True)
