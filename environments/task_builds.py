@@ -35,22 +35,9 @@ if TYPE_CHECKING:
     from termpool.state import OwnedLock, Store
 
 
-def ensure_image(
-    task_name: str,
-    task_dir: Path,
-    cfg: Settings,
-    timeout: float,
-    build_lock: Callable[[str], OwnedLock],
-    pool: Store | None = None,
-) -> str:
-    """Have the task's images on this host as the task is now; the agent's image.
-
-    build_lock(image) is the host's lock on building that image (Store.build_lock): concurrent
-    callers on a host wait for one. With the pool's registry (REGISTRY_URL) a host pulls what
-    another built; `pool` (the state store: its pool-wide build lock, the registry's last uses)
-    makes one host of the pool build a new environment while the others wait, then pull it
-    (environments/pool_images.py)."""
-    return ensure_images(task_name, task_dir, cfg, timeout, build_lock, pool)[0]
+def ensure_image(*args, **kwargs) -> str:
+    """ensure_images' agent image: the name runs of the task start from."""
+    return ensure_images(*args, **kwargs)[0]
 
 
 def ensure_images(
@@ -61,7 +48,14 @@ def ensure_images(
     build_lock: Callable[[str], OwnedLock],
     pool: Store | None = None,
 ) -> tuple[str, str]:
-    """ensure_image's work: (the agent's image, PRESENT, BUILT or PULLED)."""
+    """Have the task's images on this host as the task is now: (the agent's image, PRESENT,
+    BUILT or PULLED).
+
+    build_lock(image) is the host's lock on building that image (Store.build_lock): concurrent
+    callers on a host wait for one. With the pool's registry (REGISTRY_URL) a host pulls what
+    another built; `pool` (the state store: its pool-wide build lock, the registry's last uses)
+    makes one host of the pool build a new environment while the others wait, then pull it
+    (environments/pool_images.py)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
     image = client_image(task_name, cfg, task_dir)
