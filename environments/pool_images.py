@@ -23,7 +23,7 @@ import docker.errors
 
 from environments.docker_client import docker_client
 from environments.image_digest import CONTENT_LABEL
-from environments.registry import Registry, RegistryUnavailable
+from environments.registry import Registry, RegistryUnavailable, split_ref
 from termpool.config import RegistrySettings, Settings
 from termpool.failures import TaskBuildFailed, TaskImageNotFound
 
@@ -67,29 +67,81 @@ def build_or_pull(
         return BUILT
     refs = remote_refs(registry, digest, by_service)
     try:
-        if pull_all(registry, refs, by_service, digest):
-            return PULLED
+        pulled = pull_all(registry, refs, by_service, digest)
     except RegistryUnavailable as exc:
         log.warning("%s; building %s on this host", exc, ", ".join(by_service.values()))
+        _note(pool, cfg, "unreachable", str(exc))
         build()
+        _later(pool, cfg, {by_service[service]: ref for service, ref in refs.items()})
         return BUILT
+    _note(pool, cfg, "reachable")
+    if pulled:
+        return PULLED
     if pool is None:  # a caller with no state store (a test) builds and pushes on its own
-        return _build_and_push(registry, refs, by_service, build)
+        return _build_and_push(registry, refs, by_service, build, cfg, pool)
     lock = pool.pool_build_lock(digest)
     if not lock.acquire(wait=timeout):
         raise TimeoutError(f"waited {timeout:g} s for another host's build of {digest[:12]} (held by {lock.owner()})")
     with lock:
         if _pulled_quietly(registry, refs, by_service, digest):  # built by the host that held the lock
             return PULLED
-        return _build_and_push(registry, refs, by_service, build)
+        return _build_and_push(registry, refs, by_service, build, cfg, pool)
 
 
-def _build_and_push(registry: Registry, refs: dict, by_service: dict, build: Callable[[], None]) -> str:
+def _build_and_push(registry: Registry, refs: dict, by_service: dict, build, cfg: Settings, pool) -> str:
+    """Build, then push each image; one the registry did not take is pushed later (upkeep)."""
     build()
+    failed = {}
     for service, local in by_service.items():
-        if registry.push(docker_client(), local, refs[service]) is None:
-            break  # logged; pushed by a later build (push_missing)
+        if failed or registry.push(docker_client(), local, refs[service]) is None:
+            failed[local] = refs[service]
+    _later(pool, cfg, failed)
     return BUILT
+
+
+def _note(pool: Store | None, cfg: Settings, state: str, detail: str = "") -> None:
+    """How this host found the registry, for /status (never fails a build: Redis may be away)."""
+    if pool is not None:
+        try:
+            pool.note_registry(cfg.host_id, state, detail)
+        except Exception as exc:
+            log.warning("the registry's state on this host was not recorded: %s", exc)
+
+
+def _later(pool: Store | None, cfg: Settings, images: dict[str, str]) -> None:
+    if pool is not None and images:
+        pool.push_pending(cfg.host_id, images)
+
+
+def upkeep(cfg: Settings, pool: Store, host: str) -> list[str]:
+    """The reconcile's look at the registry: note whether it answers (/status per host) and,
+    when it does, push what this host could not push before; the names pushed."""
+    registry = pool_registry(cfg, pool)
+    if registry is None:
+        pool.note_registry(host, "off")
+        return []
+    if not registry.reachable():
+        pool.note_registry(host, "unreachable", f"registry {registry.address} did not answer GET /v2/")
+        return []
+    pool.note_registry(host, "reachable")
+    pushed = []
+    for local, ref in pool.pending_pushes(host).items():
+        if not _still_that_image(local, ref):
+            pool.push_done(host, local)  # gone, or rebuilt as another environment since
+        elif registry.push(docker_client(), local, ref) is not None:
+            pool.push_done(host, local)
+            pushed.append(ref)
+    return pushed  # one refused again stays for the next reconcile
+
+
+def _still_that_image(local: str, ref: str) -> bool:
+    """Whether `local` is still the image `ref` names (its content digest is ref's tag): a task
+    rebuilt since is another environment, pushed under its own name by its own build."""
+    try:
+        labels = docker_client().images.get(local).labels or {}
+    except docker.errors.ImageNotFound:
+        return False
+    return labels.get(CONTENT_LABEL) == split_ref(ref)[1]
 
 
 def _pulled_quietly(registry: Registry, refs: dict, by_service: dict, digest: str) -> bool:

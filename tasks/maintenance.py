@@ -11,7 +11,7 @@ import threading
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from environments import disk_usage, forking, lifecycle, networks, task_images
+from environments import disk_usage, forking, lifecycle, networks, pool_images, task_images
 from environments.docker_client import docker_client
 from tasks import close_recovery, disk_check, fork_jobs, image_budget, run_folders, task_folders
 from tasks.runtime import store
@@ -76,6 +76,9 @@ def reconcile(self, *, host, at_start=False):
     pruned = run_folders.prune(host)
     if pruned:
         log.info("reconcile removed %d run folders older than RUN_FOLDER_TTL", len(pruned))
+    late = pool_images.upkeep(settings(), store(), host)
+    if late:
+        log.info("reconcile pushed to the pool's registry what a build could not: %s", late)
     # Last: the images of replaced tasks, ended forks and expired uploads have gone first.
     beyond = image_budget.keep_within_budget(host, live_tasks)
     if beyond:

@@ -188,6 +188,12 @@ def overview(store: Store, cfg: Settings, watch: liveness.Watch) -> dict[str, di
                 "carried": info.get("fork_processes_carried") == "1",
                 "reason": info.get("fork_processes") or "not reported yet",
             },
+            # the pool's registry as this host's reconcile or last build found it
+            "registry": {
+                "state": info.get("registry") or "not reported yet",
+                "detail": info.get("registry_detail", ""),
+                "checked_at": float(info["registry_at"]) if info.get("registry_at") else None,
+            },
             # dockerd's live-restore: runs survive a restart of the engine (None: not reported yet)
             "live_restore": info["live_restore"] == "1" if "live_restore" in info else None,
         }

@@ -52,6 +52,7 @@ def settings(tmp: Path, **env):
             "CONTAINER_MEMORY_LIMIT": "1g",
             "POOL_SOCKET_DIR": str(tmp / "sock"),
             "TBENCH_OUTPUT_ROOT": str(tmp / "out"),
+            "REGISTRY_URL": "off",  # builds of this host alone (tests/test_pool_builds.py: the pool's)
             **env,
         }
     )

@@ -24,6 +24,7 @@ def cli(tmp_path: Path, **env):
         "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
         "REDIS_URL": "redis://127.0.0.1:1/0",
         "POOL_HOST_ID": "cli-test",
+        "REGISTRY_URL": "off",  # each test its own pool: another test's push must not serve it
         **env,
     }
     app = create_app(load_settings(settings))

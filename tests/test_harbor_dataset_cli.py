@@ -63,7 +63,9 @@ def test_prebuild_a_mixed_dataset(tmp_path, base_image, docker_client, redis_ser
     port = redis_server.connection_pool.connection_kwargs["port"]
     images = []
     try:
-        result = cli(tmp_path, REDIS_URL=f"redis://127.0.0.1:{port}/0")("prebuild", data, "-j", "2", "--json")
+        result = cli(tmp_path, REDIS_URL=f"redis://127.0.0.1:{port}/0")(
+            "prebuild", data, "--hosts", "here", "-j", "2", "--json"
+        )
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
         images = [t["image"] for t in report["tasks"]]

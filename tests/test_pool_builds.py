@@ -6,8 +6,10 @@ a task container cannot reach the registry; `dataset prebuild` spreads builds ov
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,12 +17,15 @@ import sys
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from devstack import FIXTURES, ROOT, free_port
-from environments import registry_server
+from environments import pool_images, registry_server
 from environments.image_digest import CONTENT_LABEL
+from environments.registry import Registry
 from termpool.config import load_registry, load_settings
+from termpool.failures import TaskImageNotFound
 from termpool.queues import make_celery
 from termpool.state import Store
 from tests.conftest import Router, wait_for
@@ -45,7 +50,7 @@ def marked(dataset: Path, name: str) -> None:
 def registry_cfg(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("pool-registry")
     cfg = load_registry({"REGISTRY_URL": f"127.0.0.1:{free_port()}", "REGISTRY_DATA_DIR": str(data_dir)})
-    registry_server.ensure_running(cfg, listen=f"0.0.0.0:{cfg.address.rpartition(':')[2]}")
+    start_registry(cfg)
     yield cfg
     stop_registry(cfg)
 
@@ -150,14 +155,27 @@ def test_two_hosts_asked_at_once_build_once(pool):
 
 
 def test_a_registry_outage_falls_back_to_a_build_here(pool, registry_cfg):
+    """The run succeeds (built here), /status says the registry is unreachable from that host,
+    and once it is back the host's reconcile pushes what the build could not."""
     stop_registry(registry_cfg)
     try:
         lease, router = start_on(pool, pool.host_b, OUTAGE)
         assert router.sh(lease, "cat /marker").startswith(OUTAGE)
         assert not image_of(pool, pool.host_b, OUTAGE).attrs["RepoDigests"]  # built here, not pushed
         router.close(lease)
+        seen = pool.get("/status").json()["pool"]["hosts"][pool.host_b]["registry"]
+        assert seen["state"] == "unreachable" and registry_cfg.address in seen["detail"], seen
     finally:
-        registry_server.ensure_running(registry_cfg, listen=f"0.0.0.0:{registry_cfg.address.rpartition(':')[2]}")
+        start_registry(registry_cfg)
+    make_celery(load_settings(pool.env)).send_task("pool.reconcile", kwargs={"host": pool.host_b})
+    pushed = lambda: image_of(pool, pool.host_b, OUTAGE).attrs["RepoDigests"]  # noqa: E731
+    assert wait_for(pushed, 120), "the reconcile did not push the image built during the outage"
+    seen = pool.get("/status").json()["pool"]["hosts"][pool.host_b]["registry"]
+    assert seen["state"] == "reachable", seen
+
+
+def start_registry(cfg) -> None:
+    registry_server.ensure_running(cfg, listen=f"0.0.0.0:{cfg.address.rpartition(':')[2]}")
 
 
 def test_a_task_container_cannot_reach_the_registry(pool, registry_cfg):
@@ -206,3 +224,48 @@ def test_prebuild_spreads_the_dataset_over_the_hosts(pool, dataset):
                 except Exception:
                     pass
             shutil.rmtree(dataset / name, ignore_errors=True)
+
+
+# ---- images a task names: fetched once for the pool (in this process, this machine's daemon) ---
+@pytest.fixture
+def upstream(tmp_path):
+    """A second registry standing for an image's own (Docker Hub, a vendor's)."""
+    cfg = load_registry({"REGISTRY_URL": f"127.0.0.1:{free_port()}", "REGISTRY_DATA_DIR": str(tmp_path / "upstream")})
+    registry_server.ensure_running(cfg)
+    yield cfg
+    stop_registry(cfg)
+
+
+def test_an_image_a_task_names_is_fetched_once_for_the_pool(
+    registry_cfg, upstream, docker_client, base_image, redis_server
+):
+    image = f"{upstream.address}/vendor/tool-{SUFFIX}:1"
+    docker_client.images.build(
+        fileobj=io.BytesIO(f"FROM {base_image}\nRUN echo upstream > /origin\n".encode()), tag=image, rm=True
+    )
+    cfg = load_settings({"REGISTRY_URL": registry_cfg.address, "TBENCH_DOCKER_IMAGE_SOURCE": "pull"})
+    store = Store(redis_server)
+    try:
+        assert Registry(upstream).push(docker_client, image, image)  # what the vendor published
+        docker_client.images.remove(image, force=True)
+        assert pool_images.fetch_named(cfg, image, 60, store) == "pulled"  # from upstream, copied into the pool's
+        mirror = Registry(registry_cfg).remote_ref(image)
+        assert Registry(registry_cfg).has(mirror)
+        docker_client.images.remove(image, force=True)
+        stop_registry(upstream)  # the upstream is gone: the pool's copy serves
+        assert pool_images.fetch_named(cfg, image, 60, store) == "pulled"
+        assert docker_client.images.get(image).attrs["RepoDigests"]
+    finally:
+        for name in (image, Registry(registry_cfg).remote_ref(image)):
+            try:
+                docker_client.images.remove(name, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+def test_an_image_that_exists_nowhere_is_a_task_error_naming_it(registry_cfg, upstream, redis_server):
+    cfg = load_settings({"REGISTRY_URL": registry_cfg.address, "TBENCH_DOCKER_IMAGE_SOURCE": "pull"})
+    image = f"{upstream.address}/vendor/never-published-{SUFFIX}:1"
+    with pytest.raises(TaskImageNotFound, match=re.escape(image)) as refused:
+        pool_images.fetch_named(cfg, image, 60, Store(redis_server))
+    assert refused.value.code == "TASK_IMAGE_NOT_FOUND"

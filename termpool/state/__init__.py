@@ -58,6 +58,7 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   prebuild:<batch>           hash, PREBUILD_TTL: a pool-wide prebuild's results (builds.py)
   registry:used              zset: "<repository>:<tag>" of the pool's registry -> last push or
                              pull (registry_uses.py: what its reclaim keeps)
+  registry-pending:<h>       hash: local image -> registry name, pushes host h has still to make
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
@@ -135,6 +136,7 @@ from termpool.state.keys import (
     node_key,
     pool_build_lock_key,
     prebuild_key,
+    registry_pending_key,
     request_key,
     run_folders_key,
     run_jobs_key,
@@ -292,6 +294,7 @@ __all__ = [
     "build_lock_key",
     "pool_build_lock_key",
     "prebuild_key",
+    "registry_pending_key",
     "host_nodes_key",
     "host_info_key",
     "host_lost_key",

@@ -151,6 +151,10 @@ def pool_build_lock_key(digest: str) -> str:
     return f"{PREFIX}pool-build-lock:{digest}"
 
 
+def registry_pending_key(host: str) -> str:
+    return f"{PREFIX}registry-pending:{host}"
+
+
 def prebuild_key(batch: str) -> str:
     return f"{PREFIX}prebuild:{batch}"
 
