@@ -1,10 +1,12 @@
 """The workers' Celery application: termpool/queues.py's app, with the job modules and the
-beat schedule (reaping idle runs, sweeping each host for leftovers, sizing warm pools)."""
+beat schedule (reaping idle runs, sweeping each host for leftovers, sizing warm pools,
+reclaiming the pool registry's storage)."""
 
 from __future__ import annotations
 
 from celery.signals import worker_process_init, worker_ready
 
+from tasks.registry_jobs import RECLAIM_SECONDS
 from tasks.warm_pool import SIZE_SECONDS
 from termpool.config import settings
 from termpool.queues import follow_monitor, make_celery
@@ -22,9 +24,12 @@ JOB_MODULES = [
     "tasks.episode",
     "tasks.lost_jobs",
     "tasks.prebuild_jobs",
+    "tasks.registry_jobs",
 ]
 
 BEAT_SCHEDULE = {
+    # The pool registry's storage: images no host used for REGISTRY_RETENTION_DAYS go.
+    "reclaim-registry": {"task": "pool.reclaim_registry", "schedule": RECLAIM_SECONDS},
     "reap-idle-runs": {"task": "pool.reap", "schedule": 10.0},
     # Leftovers of runs Redis no longer knows go within a minute, not at the next
     # worker start: the fan-out sends pool.reconcile to each live host's teardown queue.
