@@ -174,7 +174,7 @@ def pull_all(registry: Registry, refs: dict[str, str], by_service: dict[str, str
             )
             _remove(client, ref)
             return False
-        image.tag(by_service[service])
+        image.tag(*split_ref(by_service[service]))
     return True
 
 
@@ -216,7 +216,7 @@ def _pull_mirror(registry: Registry, mirror: str, image: str) -> bool:
     pulled = registry.pull(docker_client(), mirror, expected)
     if pulled is None:
         return False
-    pulled.tag(image)
+    pulled.tag(*split_ref(image))
     return True
 
 
