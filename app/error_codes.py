@@ -1,8 +1,8 @@
 """The failure codes (termpool/failures.py) as the two HTTP faces answer them.
 
 One place says which status each code gets on the pool API and on the runs API; the pool
-API's replies, the OpenAPI document's `x-error-codes` and the README's table are all made
-from it, so they cannot drift. `python -m app.error_codes` prints the README table.
+API's replies, the OpenAPI document's `x-error-codes` and the table in docs/http-api.md are
+all made from it, so they cannot drift. `python -m app.error_codes` prints that table.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ TABLE_END = "<!-- /failure-codes -->"
 
 
 def render_table() -> str:
-    """The README's failure-code table (markdown), between its two marker comments."""
+    """The failure-code table of docs/http-api.md (markdown), between its two marker comments."""
     lines = [
         TABLE_BEGIN,
         "",

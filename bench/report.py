@@ -345,7 +345,7 @@ def table(result: dict) -> str:
         )
         lines += warm_pool_lines(entry)
     lines += cpu_table(result)
-    lines += ["", "### targets (issue 4)", "", "| target | face | value | limit | met |", "|---|---|---|---|---|"]
+    lines += ["", "### targets", "", "| target | face | value | limit | met |", "|---|---|---|---|---|"]
     for t in result.get("targets", []):
         met = {True: "yes", False: "NO", None: "n/a"}[t["met"]]
         note = f" ({t['note']})" if t["note"] else ""

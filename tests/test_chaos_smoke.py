@@ -1,7 +1,7 @@
 """The chaos suite's harness keeps working: one cheap scenario end to end (the service started
 by scripts/serve.sh, two episodes, the probe, leftovers, cleanup), and its pure parts.
 
-The full suite is long and is run by hand: `python -m chaos.run` (see the README)."""
+The full suite is long and is run by hand: `python -m chaos.run` (see chaos/README.md and docs/faults.md)."""
 
 from __future__ import annotations
 
