@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, send_file, url_for
 
+from app import tenancy
 from termpool import failures
 from termpool.paths import PathError, resolve_inside
 from termpool.state import RECENT_RUNS_KEPT
@@ -38,7 +39,7 @@ bp = Blueprint("viewer", __name__, url_prefix="/ui", template_folder="templates"
 
 COOKIE = "termpool_viewer"
 STATES = ("allocated", "starting", "ready", "busy", "evaluating", "evaluated", "failed", "closing", "closed")
-LIST_FIELDS = ("task_key", "host", "created_at", "closed_at", "score", "code", "error")
+LIST_FIELDS = ("task_key", "host", "created_at", "closed_at", "score", "code", "error", "tenant")
 START_JOB_FIELDS = ("state", "queued_at", "finished_at")
 DEFAULT_LIMIT, MAX_LIMIT = 50, 500
 SCAN_PAGE = 200  # index entries read per round trip while filtering the list
@@ -161,6 +162,8 @@ def _matching_runs(state: str, task: str, before: float | None, limit: int) -> t
         page, next_cursor = store.recent_runs(LIST_FIELDS, SCAN_PAGE, cursor)
         scanned += SCAN_PAGE
         for run in page:
+            if not tenancy.sees(run):  # a tenant's list holds its own runs (app/tenancy.py)
+                continue
             if (not state or run["state"] == state) and (not task or run.get("task_key") == task):
                 runs.append(run)
                 if len(runs) == limit:
@@ -295,7 +298,7 @@ def _listed_file(folder: Path, name: str) -> Path | None:
     return path if path.is_file() and _inside(_engine().cfg.output_root, path) else None
 
 
-def _not_found(run_id: str):
+def not_found(run_id: str):
     return render_template("viewer/not_found.html", run_id=run_id), 404
 
 
@@ -304,7 +307,7 @@ def run(run_id: str):
     store = _engine().store
     record = store.shown_run(run_id)
     if record is None:
-        return _not_found(run_id)
+        return not_found(run_id)
     jobs = store.get_jobs(store.run_jobs(run_id))
     folder = _run_folder(record)
     tests = _tests(record, jobs)
