@@ -47,7 +47,10 @@ def _guard(app: Flask, cfg: Settings) -> None:
                 return viewer.browser_gate(cfg.api_token)  # (app/viewer.py): the operator's
             return fail("UNAUTHORIZED", "missing or wrong bearer token", 401)
         g.tenant = who
-        return tenancy.hide_foreign(app.extensions["termpool"].store)  # the one ownership check
+        tenancy.disguise_path(app.extensions["termpool"].store)  # the one ownership check
+        return None
+
+    app.after_request(tenancy.unmask)
 
 
 def _client_address():

@@ -1,21 +1,24 @@
 """Tenants on the HTTP faces (docs/tenants.md): whom a request's token names, and the one check
 that hides every other tenant's runs and jobs.
 
-The check runs before any route (app/__init__.py `_guard`), on the id the request names: a run
-id in the path, a job id in the path (the job's run decides), or the pool API's `lease_id`. A
-run of another tenant (or the operator's) is answered exactly as an unknown one is on that
-route, so nothing tells a tenant it exists; the route itself never sees the request. The
-operator's token (POOL_API_TOKEN) sees everything; without a tenants file everyone is the
-operator, as before tenants.
+The check runs on the id a request names, before its route looks at it: a run id in the path,
+a job id in the path (the job's run decides), or a body's `lease_id` (the pool API). Another
+tenant's id (or one of the operator's runs) is swapped for a fresh id that names nothing, and
+swapped back in the answer: the route answers exactly what it answers an unknown id, after
+the same validation, so nothing tells a tenant the run exists and no route has a check of its
+own to forget. The operator's token (POOL_API_TOKEN) sees everything; without a tenants file
+everyone is the operator, as before tenants.
 """
 
 from __future__ import annotations
 
 import hmac
+import uuid
 
-from flask import abort, g, request
+from flask import current_app, g, request
 
 from termpool.config import Settings
+from termpool.state import new_run_id
 from termpool.tenants import Tenant
 
 OPERATOR = None  # g.tenant of the operator (admin): every run is its own
@@ -41,63 +44,59 @@ def current() -> Tenant | None:
     return g.get("tenant")
 
 
-def name() -> str:
-    tenant = current()
-    return tenant.name if tenant else ""
-
-
 def sees(run: dict | None) -> bool:
     """Whether the request's tenant may see this run record (a list's row, a /status count)."""
     tenant = current()
     return tenant is None or (run or {}).get("tenant") == tenant.name
 
 
-def hide_foreign(store):
-    """Before a route: the answer an unknown run or job gets there, when the request names one
-    of another tenant's; None to let the route run (its own, unknown ones, or the operator)."""
-    tenant = current()
-    if tenant is None:
-        return None
-    run_id, job_id = _named_ids()
-    if job_id:
-        run_id = store.job_run(job_id)
-    if not run_id:
-        return None
-    owner = store.run_owner(run_id)
-    if owner is None or owner == tenant.name:  # no such run: the route answers that itself
-        return None
-    return _unknown_answer(run_id, job_id)
-
-
-def _named_ids() -> tuple[str, str]:
+def disguise_path(store) -> None:
+    """Before a route: a run or job id in the path that is another tenant's becomes an id that
+    names nothing (see `unmask`)."""
     args = request.view_args or {}
-    if "job_id" in args:
-        return "", args["job_id"]
-    if "run_id" in args:
-        return args["run_id"], ""
-    if request.blueprint == "pool" and request.method == "POST":
-        body = request.get_json(silent=True)  # cached: the route reads the same parse
-        lease = body.get("lease_id") if isinstance(body, dict) else None
-        return (lease if isinstance(lease, str) else ""), ""
-    return "", ""
+    for name in ("run_id", "job_id"):
+        if isinstance(args.get(name), str) and _foreign(store, args[name], job=name == "job_id"):
+            args[name] = _stand_in(args[name], job=name == "job_id")
 
 
-def _unknown_answer(run_id: str, job_id: str):
-    """What each route answers for an id it does not know (byte for byte: tests/test_tenants.py)."""
-    from app import runs_api, viewer
-    from app.engine import UnknownLease
-    from app.http import ok
-    from app.models import CloseReply
+def disguise_body(body: dict) -> dict:
+    """The pool API's `lease_id` in a request body, likewise (app/http.py json_body)."""
+    lease = body.get("lease_id")
+    if current() is not None and isinstance(lease, str) and _foreign(_store(), lease, job=False):
+        return {**body, "lease_id": _stand_in(lease, job=False)}
+    return body
 
-    if request.blueprint == "viewer":
-        if request.endpoint == "viewer.run":
-            return viewer.not_found(run_id)
-        abort(404)
-    if job_id:
-        return runs_api.fail("UNKNOWN_JOB", f"unknown job: {job_id}")
-    if request.endpoint == "pool.close":
-        return ok(CloseReply(found=False))
-    raise UnknownLease(run_id)  # each face's handler: 500 UNKNOWN_LEASE, 404 UNKNOWN_RUN
+
+def unmask(reply):
+    """After a route: the stand-in id in its answer becomes the id the request named, so the
+    answer is, byte for byte, the route's answer to an unknown id."""
+    swapped = g.get("stand_ins")
+    if swapped and not reply.is_streamed and reply.mimetype in ("application/json", "text/html"):
+        data = reply.get_data()
+        for stand_in, real in swapped.items():
+            data = data.replace(stand_in.encode(), real.encode())
+        reply.set_data(data)
+    return reply
+
+
+def _foreign(store, named: str, job: bool) -> bool:
+    """Whether the id names a run (or a job of a run) of someone else than the request's tenant."""
+    tenant = current()
+    if tenant is None or not named:
+        return False
+    run_id = store.job_run(named) if job else named
+    owner = store.run_owner(run_id) if run_id else None
+    return owner is not None and owner != tenant.name
+
+
+def _stand_in(real: str, job: bool) -> str:
+    stand_in = str(uuid.uuid4()) if job else new_run_id()  # the shape of a real one, naming nothing
+    g.setdefault("stand_ins", {})[stand_in] = real
+    return stand_in
+
+
+def _store():
+    return current_app.extensions["termpool"].store
 
 
 def tenant_status(engine, tenant: Tenant) -> dict:

@@ -298,7 +298,7 @@ def _listed_file(folder: Path, name: str) -> Path | None:
     return path if path.is_file() and _inside(_engine().cfg.output_root, path) else None
 
 
-def not_found(run_id: str):
+def _not_found(run_id: str):
     return render_template("viewer/not_found.html", run_id=run_id), 404
 
 
@@ -307,7 +307,7 @@ def run(run_id: str):
     store = _engine().store
     record = store.shown_run(run_id)
     if record is None:
-        return not_found(run_id)
+        return _not_found(run_id)
     jobs = store.get_jobs(store.run_jobs(run_id))
     folder = _run_folder(record)
     tests = _tests(record, jobs)

@@ -12,6 +12,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
                              with one running); a job leaves it when it ends
   runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
   req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
+  treq:<tenant>:<task key>:<request>  the same, of a tenant's allocate (docs/tenants.md)
+  tenant:<name>:live         set: the tenant's runs holding a slot (placement counts it)
   host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
   host:<h>:live              zset: live run ids on host h, scored by last use (reaper)
   host:<h>:closing           set: runs released but not yet torn down
