@@ -141,6 +141,11 @@ def test_another_tenants_runs_are_unknown_on_every_operation(pool):
         )
         assert out.status_code == 200, out.text
         assert call(pool, A, "GET", f"/v1/runs/{a_run}").status_code == 200
+        # a fork's children count against its tenant's max_runs (A: 2 live of 3), before anything is taken
+        for path, body in (("/fork", {"lease_id": a_lease, "count": 2}), (f"/v1/runs/{a_lease}/fork", {"count": 2})):
+            refused = call(pool, A, "POST", path, body)
+            assert refused.status_code == 429 and refused.json()["code"] == "TENANT_QUOTA_EXCEEDED", refused.text
+        assert tenant_live(pool, A) == 2
         # the operator sees both tenants' runs; each tenant its own, in the viewer's list too
         for run_id in (a_lease, a_run, b_lease):
             reply = call(pool, ADMIN, "GET", f"/v1/runs/{run_id}")
