@@ -42,9 +42,11 @@ def _guard(app: Flask, cfg: Settings) -> None:
         if networks and not _allowed(_client_address(), networks):
             return fail("FORBIDDEN", "client address not allowed", 403)
         who = tenancy.identify(cfg, request.headers.get("Authorization", ""))
+        if who is tenancy.NOBODY and request.blueprint == "viewer":  # a browser: the login form
+            who, login = viewer.browser_gate(cfg)  # and its cookie (app/viewer.py)
+            if login is not None:
+                return login
         if who is tenancy.NOBODY:
-            if request.blueprint == "viewer" and cfg.api_token:  # a browser: the login form and its cookie
-                return viewer.browser_gate(cfg.api_token)  # (app/viewer.py): the operator's
             return fail("UNAUTHORIZED", "missing or wrong bearer token", 401)
         g.tenant = who
         tenancy.disguise_path(app.extensions["termpool"].store)  # the one ownership check

@@ -23,6 +23,7 @@ from termpool.tenants import Tenant
 
 OPERATOR = None  # g.tenant of the operator (admin): every run is its own
 NOBODY = object()  # a token that names no one
+GUEST = Tenant(name=" guest", token="")  # the viewer's sign-in page: no name a run can have
 
 
 def identify(cfg: Settings, header: str):

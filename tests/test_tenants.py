@@ -154,6 +154,13 @@ def test_another_tenants_runs_are_unknown_on_every_operation(pool):
         assert a_lease in listed[A] and b_lease not in listed[A]
         assert b_lease in listed[B] and a_lease not in listed[B] and a_run not in listed[B]
         assert all(run_id in listed[ADMIN] for run_id in (a_lease, a_run, b_lease))
+        # a tenant signed in to the viewer with its token: its runs only, B's run unknown
+        browser = requests.Session()
+        login = browser.post(pool.url + "/ui/login", data={"token": A, "next": "/ui/"}, timeout=30)
+        assert login.status_code == 200 and a_lease in login.text and b_lease not in login.text
+        page, unknown = (browser.get(f"{pool.url}/ui/runs/{run}", timeout=30) for run in (b_lease, MISSING))
+        assert page.status_code == unknown.status_code == 404
+        assert page.content == unknown.content.replace(MISSING.encode(), b_lease.encode())
         status = {who: call(pool, who, "GET", "/status").json()["pool"] for who in (A, B, ADMIN)}
         assert status[A]["total_active_runs"] == 2 and status[A]["tenant"]["name"] == "team-a"
         assert status[B]["total_active_runs"] == 1 and status[B]["tenant"]["max_runs"] == 5
