@@ -176,13 +176,16 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def require_task(self, task_path: str) -> None:
+    def require_task(self, task_path: str, tenant: str | None = None) -> None:
         """An uploaded task (sha256:<hex>) must be held: its lifetime starts again with each run
-        that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job."""
+        that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job.
+        A tenant's run (`tenant`: its name) may only name a task that tenant uploaded: another
+        tenant's is answered as one never uploaded (docs/tenants.md)."""
         if not uploaded_tasks.is_uploaded(task_path):
             return
-        self.store.touch_blob(uploaded_tasks.facts_id(task_path), self.cfg.uploaded_task_ttl)  # most have none
-        if not self.store.touch_blob(uploaded_tasks.blob_id(task_path), self.cfg.uploaded_task_ttl):
+        ttl, blob = self.cfg.uploaded_task_ttl, uploaded_tasks.blob_id(task_path)
+        self.store.touch_blob(uploaded_tasks.facts_id(task_path), ttl)  # most have none
+        if not self.store.touch_blob(blob, ttl) or tenant and not self.store.blob_held_by(blob, tenant, ttl):
             raise Refused(
                 "UNKNOWN_TASK",
                 f"task_path {task_path} names no uploaded task this pool holds: never uploaded, or expired "
@@ -234,7 +237,7 @@ class Engine:
 
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
-        self.require_task(task_meta["task_path"])
+        self.require_task(task_meta["task_path"], run.get("tenant"))
         self.require_serving(run, "start")
         self.store.update_run(
             run["run_id"],
@@ -426,7 +429,7 @@ class Engine:
         duplicates cannot both start it. A run allocated by /allocate with that request_id
         and never reset is started here.
         """
-        self.require_task(start["task_meta"]["task_path"])
+        self.require_task(start["task_meta"]["task_path"], tenant.name if tenant else None)
         lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"], tenant)
         run = self.store.require_run(lease.run_id)
         job_id = str(uuid.uuid4())

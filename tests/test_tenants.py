@@ -10,6 +10,8 @@ import threading
 import pytest
 import requests
 
+from devstack import FIXTURES
+from termpool.client.task_tar import folder_archive
 from tests.conftest import private_stack, wait_for
 
 ADMIN = "admin-token-0000"
@@ -44,7 +46,8 @@ def pool(docker_client, tmp_path_factory):
 
 def call(stack, token: str, method: str, path: str, body=None, **kw) -> requests.Response:
     headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
-    return requests.request(method, stack.url + path, json=body, headers=headers, timeout=300, **kw)
+    json_body = {"json": body} if "data" not in kw else {}
+    return requests.request(method, stack.url + path, headers=headers, timeout=300, **json_body, **kw)
 
 
 def allocate(stack, token: str, key: str) -> requests.Response:
@@ -226,3 +229,29 @@ def test_reserved_slots_hold_against_a_flood(pool):
         assert len(mine) == 2 and tenant_live(pool, A) == 2 and tenant_live(pool, B) == 4
     finally:
         close_all(pool, [*taken, *mine])
+
+
+def test_an_uploaded_task_is_its_uploaders(pool):
+    """Another tenant's uploaded task is one never uploaded, until it uploads the same content."""
+    body = folder_archive(FIXTURES / "hello-file")
+    headers = {"Content-Type": "application/x-tar"}
+    first = call(pool, A, "POST", "/v1/tasks", data=body, headers=headers)
+    assert first.status_code == 201, first.text
+    path, nowhere = first.json()["task_path"], "sha256:" + "0" * 64
+    submit = {"task_meta": {**meta("hello-file"), "task_path": path}}
+    refused = call(pool, B, "POST", "/v1/runs", submit)
+    unknown = call(pool, B, "POST", "/v1/runs", {"task_meta": {**meta("hello-file"), "task_path": nowhere}})
+    assert refused.status_code == unknown.status_code == 404 and refused.json()["code"] == "UNKNOWN_TASK"
+    assert refused.content == unknown.content.replace(nowhere.encode(), path.encode())
+    assert tenant_live(pool, B) == 0  # refused before a slot was taken
+    again = call(pool, B, "POST", "/v1/tasks", data=body, headers=headers)  # new to B: created
+    assert again.status_code == 201 and again.json()["created"] is True, again.text
+    started = call(pool, B, "POST", "/v1/runs", submit)
+    assert started.status_code == 202, started.text
+    run_id, job_id = started.json()["run_id"], started.json()["job_id"]
+    try:
+        assert wait_for(
+            lambda: call(pool, B, "GET", f"/v1/jobs/{job_id}?wait=20").json()["job"]["state"] == "succeeded", 240
+        )
+    finally:
+        close_all(pool, [run_id])

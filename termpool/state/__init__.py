@@ -65,6 +65,7 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
   blob:<id>                  string (raw bytes), with a TTL: an archive or task folder on its way
+  blob:<id>:holders          set, the blob's TTL: tenants that uploaded the task folder (only with tenants)
                              between the facade and a worker host (blobs.py)
   monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
                              events (tasks/flower.py; termpool/queues.py follow_monitor)

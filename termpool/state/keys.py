@@ -201,3 +201,7 @@ def fork_images_key(run_id: str) -> str:
 
 def blob_key(blob_id: str) -> str:
     return f"{PREFIX}blob:{blob_id}"
+
+
+def blob_holders_key(blob_id: str) -> str:
+    return f"{PREFIX}blob:{blob_id}:holders"  # the tenants that uploaded it (docs/tenants.md)
