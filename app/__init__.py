@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 
 from celery import Celery
-from flask import Flask, request
+from flask import Flask, g, request
 
-from app import errors, viewer
+from app import errors, tenancy, viewer
 from app.engine import Engine
 from app.http import fail
 from app.models import MAX_BODY_BYTES
@@ -30,7 +30,9 @@ PROBES = ("/healthz", "/readyz")  # what an orchestrator asks, without a token
 
 
 def _guard(app: Flask, cfg: Settings) -> None:
-    """Optional bearer token and client allow-list (docs/settings.md); the probes stay open."""
+    """Optional bearer token and client allow-list (docs/settings.md); the probes stay open.
+    With a tenants file, the token names the tenant (app/tenancy.py), whose requests see only
+    its own runs and jobs."""
     networks = [ipaddress.ip_network(c, strict=False) for c in cfg.allowed_clients]
 
     @app.before_request
@@ -39,11 +41,18 @@ def _guard(app: Flask, cfg: Settings) -> None:
             return None
         if networks and not _allowed(_client_address(), networks):
             return fail("FORBIDDEN", "client address not allowed", 403)
-        if cfg.api_token and request.headers.get("Authorization", "") != f"Bearer {cfg.api_token}":
-            if request.blueprint == "viewer":  # a browser: the login form and its cookie (app/viewer.py)
-                return viewer.browser_gate(cfg.api_token)
+        who = tenancy.identify(cfg, request.headers.get("Authorization", ""))
+        if who is tenancy.NOBODY and request.blueprint == "viewer":  # a browser: the login form
+            who, login = viewer.browser_gate(cfg)  # and its cookie (app/viewer.py)
+            if login is not None:
+                return login
+        if who is tenancy.NOBODY:
             return fail("UNAUTHORIZED", "missing or wrong bearer token", 401)
+        g.tenant = who
+        tenancy.disguise_path(app.extensions["termpool"].store)  # the one ownership check
         return None
+
+    app.after_request(tenancy.unmask)
 
 
 def _client_address():

@@ -5,6 +5,7 @@ No Docker here: the facade only talks to the state store and the Celery broker.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -27,6 +28,7 @@ from termpool.state import (
     Store,
     new_run_id,
 )
+from termpool.tenants import Tenant
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -87,7 +89,9 @@ REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
 
 def capacity_message(task_key: str, code: str, one_per_host: tuple = (), reason: str = "") -> str:
     """The error text of a full pool; one_per_host: why the task allows one live run per host;
-    reason: why each host is short of disk (HOST_DISK_LOW)."""
+    reason: why each host is short of disk (HOST_DISK_LOW), or which tenant limit was met."""
+    if code == "TENANT_QUOTA_EXCEEDED":
+        return tenant_quota_message(reason)
     if code == "HOST_DISK_LOW":
         return f"no worker host takes new runs for task {task_key!r}: every one is short of disk ({reason})"
     if code == "WORKERS_DOWN":
@@ -107,6 +111,13 @@ def capacity_message(task_key: str, code: str, one_per_host: tuple = (), reason:
         f"no capacity for task {task_key!r}: WORKER_MAX_TASKS reached on every host without one of "
         f"its runs (it allows one live run per host: {why})"
     )
+
+
+def tenant_quota_message(reason: str) -> str:
+    """A tenant's refusal (docs/tenants.md): its own max_runs, or other tenants' reservations."""
+    if reason == "reserved":
+        return "no capacity for this tenant: the free run slots left are reserved for other tenants (reserved_runs)"
+    return "this tenant's max_runs live runs are live already; close one or wait"
 
 
 @dataclass
@@ -131,14 +142,18 @@ class Engine:
         self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
 
     # ---- leases -----------------------------------------------------------------------------
-    def allocate(self, task_key: str, request_id: str, task_path: str = "") -> Allocation:
+    def allocate(self, task_key: str, request_id: str, task_path: str = "", tenant: Tenant | None = None) -> Allocation:
         """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
         preferring one that has the task's images (known by task_path, else the task key). A
         task that allows one live run per host gets a host without one (CapacityError carries
-        the reasons when none is left)."""
+        the reasons when none is left). `tenant` (None: the operator) is held to its limits in
+        the same script (docs/tenants.md)."""
         task = task_path or task_key
         reasons = self.one_per_host(task)
         rule = hosts.placement(self.cfg, self.watch, runs_per_host=1 if reasons else 0)
+        if self.cfg.tenants:
+            limits = {"tenant": tenant.name, "max_runs": tenant.max_runs} if tenant else {}
+            rule = dataclasses.replace(rule, reservations=self.cfg.tenants.reservations(), **limits)
         try:
             return self.store.place(task_key, request_id, task, rule)
         except CapacityError as exc:
@@ -161,13 +176,16 @@ class Engine:
             return ()
         return task_spec.one_per_host_reasons(task_dir)
 
-    def require_task(self, task_path: str) -> None:
+    def require_task(self, task_path: str, tenant: str | None = None) -> None:
         """An uploaded task (sha256:<hex>) must be held: its lifetime starts again with each run
-        that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job."""
+        that names it (UPLOADED_TASK_TTL), else Refused UNKNOWN_TASK, before any slot or job.
+        A tenant's run (`tenant`: its name) may only name a task that tenant uploaded: another
+        tenant's is answered as one never uploaded (docs/tenants.md)."""
         if not uploaded_tasks.is_uploaded(task_path):
             return
-        self.store.touch_blob(uploaded_tasks.facts_id(task_path), self.cfg.uploaded_task_ttl)  # most have none
-        if not self.store.touch_blob(uploaded_tasks.blob_id(task_path), self.cfg.uploaded_task_ttl):
+        ttl, blob = self.cfg.uploaded_task_ttl, uploaded_tasks.blob_id(task_path)
+        self.store.touch_blob(uploaded_tasks.facts_id(task_path), ttl)  # most have none
+        if not self.store.touch_blob(blob, ttl) or tenant and not self.store.blob_held_by(blob, tenant, ttl):
             raise Refused(
                 "UNKNOWN_TASK",
                 f"task_path {task_path} names no uploaded task this pool holds: never uploaded, or expired "
@@ -219,7 +237,7 @@ class Engine:
 
     # ---- operations: each returns the job id ------------------------------------------------
     def start(self, run: dict, task_meta: dict, run_ctx: dict, task_timeouts: dict) -> str:
-        self.require_task(task_meta["task_path"])
+        self.require_task(task_meta["task_path"], run.get("tenant"))
         self.require_serving(run, "start")
         self.store.update_run(
             run["run_id"],
@@ -302,11 +320,22 @@ class Engine:
         job_id = job_id or dispatch.new_job_id()
         try:
             host = self.store.place_fork(
-                run_id, children, job_id, self.cfg.fork_max_depth, self.cfg.max_runs_per_task, 1 if reasons else 0
+                run_id,
+                children,
+                job_id,
+                self.cfg.fork_max_depth,
+                self.cfg.max_runs_per_task,
+                1 if reasons else 0,
+                self._tenant_quota(run),
             )
         except ForkRefused as exc:
             raise self._fork_refusal(run_id, count, exc, reasons) from None
         return dispatch.enqueue_fork(self.celery, self.store, run_id, host, job_id, children), children
+
+    def _tenant_quota(self, run: dict) -> int | None:
+        """max_runs of the run's tenant (None: none), which its forks count against too."""
+        tenant = self.cfg.tenants.by_name.get(run.get("tenant") or "")
+        return tenant.max_runs if tenant else None
 
     def _fork_refusal(self, run_id: str, count: int, exc: ForkRefused, reasons: tuple) -> Exception:
         """The error a refused fork answers (the run changed since live_run, or no room)."""
@@ -323,6 +352,8 @@ class Engine:
             return Refused(
                 exc.code, f"run {run_id} is a fork {exc.detail} deep; FORK_MAX_DEPTH ({limit}) allows no deeper"
             )
+        if exc.code == "TENANT_QUOTA_EXCEEDED":
+            return Refused(exc.code, tenant_quota_message("max_runs"))
         why = f" (the task allows one live run per host: {'; '.join(reasons)})" if reasons else ""
         free = max(int(exc.detail or 0), 0)
         return Refused(
@@ -386,7 +417,9 @@ class Engine:
         return 30.0
 
     # ---- the runs API (submit and poll) -----------------------------------------------------
-    def submit(self, task_key: str, request_id: str, start: dict, episode: dict) -> Submission:
+    def submit(
+        self, task_key: str, request_id: str, start: dict, episode: dict, tenant: Tenant | None = None
+    ) -> Submission:
         """Allocate (CapacityError when full) and start the run as one episode chain.
 
         `start` holds the run fields a start reads (task_meta, run_ctx, task_timeouts);
@@ -396,8 +429,8 @@ class Engine:
         duplicates cannot both start it. A run allocated by /allocate with that request_id
         and never reset is started here.
         """
-        self.require_task(start["task_meta"]["task_path"])
-        lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"])
+        self.require_task(start["task_meta"]["task_path"], tenant.name if tenant else None)
+        lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"], tenant)
         run = self.store.require_run(lease.run_id)
         job_id = str(uuid.uuid4())
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app import error_codes, idempotency, models
+from app import error_codes, idempotency, models, tenancy
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -64,7 +64,9 @@ def readyz():
     {200: ("Pool status", models.StatusReply), 500: "Internal error"},
 )
 def status():
-    return ok(models.StatusReply(pool=engine().status()))
+    tenant = tenancy.current()
+    pool = tenancy.tenant_status(engine(), tenant) if tenant else engine().status()
+    return ok(models.StatusReply(pool=pool))
 
 
 @bp.post("/allocate")
@@ -73,13 +75,13 @@ def status():
     {
         200: ("Leased", models.AllocateReply),
         400: "task_key is required, or a field is malformed (code BAD_REQUEST)",
-        429: "No capacity; code TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED or HOST_DISK_LOW",
+        429: "No capacity; code TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED, HOST_DISK_LOW or TENANT_QUOTA_EXCEEDED",
     },
     models.AllocateRequest,
 )
 def allocate(body: models.AllocateRequest):
     try:
-        lease = engine().allocate(body.task_key, models.text_id(body.request_id))
+        lease = engine().allocate(body.task_key, models.text_id(body.request_id), tenant=tenancy.current())
     except CapacityError as exc:
         return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host, exc.reason))
     return ok(models.AllocateReply(lease_id=lease.run_id, reused=lease.reused))

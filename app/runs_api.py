@@ -47,7 +47,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from pydantic import TypeAdapter, ValidationError
 
-from app import error_codes, idempotency, models
+from app import error_codes, idempotency, models, tenancy
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -112,7 +112,7 @@ def create_run(body: models.RunRequest):
     episode = {"script": script, "evaluate": body.evaluate, "close": body.close}
     task_key = body.capacity_key()
     try:
-        sub = engine().submit(task_key, models.text_id(body.request_id), start, episode)
+        sub = engine().submit(task_key, models.text_id(body.request_id), start, episode, tenancy.current())
     except CapacityError as exc:
         return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host, exc.reason))
     return _submission_reply(sub)

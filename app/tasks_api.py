@@ -14,7 +14,7 @@ import json
 from flask import Blueprint, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app import error_codes
+from app import error_codes, tenancy
 from app.http import engine, fail_on, ok, operation
 from app.task_upload_models import TaskUploaded
 from termpool import uploaded_tasks
@@ -48,6 +48,10 @@ def upload_task():
     except ArchiveInvalid as exc:
         return fail("TASK_ARCHIVE_INVALID", str(exc))
     created = _store(upload, cfg.uploaded_task_ttl)
+    tenant = tenancy.current()
+    if tenant:  # the task is the uploading tenant's: new to it is created (docs/tenants.md)
+        blob = uploaded_tasks.blob_id(upload.task_path)
+        created = engine().store.hold_blob(blob, tenant.name, cfg.uploaded_task_ttl) or created
     reply = TaskUploaded(
         task_path=upload.task_path,
         kind=upload.kind,

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, send_file, url_for
 
+from app import tenancy
 from termpool import failures
 from termpool.paths import PathError, resolve_inside
 from termpool.state import RECENT_RUNS_KEPT
@@ -38,7 +39,7 @@ bp = Blueprint("viewer", __name__, url_prefix="/ui", template_folder="templates"
 
 COOKIE = "termpool_viewer"
 STATES = ("allocated", "starting", "ready", "busy", "evaluating", "evaluated", "failed", "closing", "closed")
-LIST_FIELDS = ("task_key", "host", "created_at", "closed_at", "score", "code", "error")
+LIST_FIELDS = ("task_key", "host", "created_at", "closed_at", "score", "code", "error", "tenant")
 START_JOB_FIELDS = ("state", "queued_at", "finished_at")
 DEFAULT_LIMIT, MAX_LIMIT = 50, 500
 SCAN_PAGE = 200  # index entries read per round trip while filtering the list
@@ -60,15 +61,23 @@ def _cookie_value(token: str) -> str:
     return hmac.new(token.encode(), b"termpool run viewer", hashlib.sha256).hexdigest()
 
 
-def browser_gate(token: str):
-    """For `_guard`, on a /ui/ request without the bearer token: None to let it through (the
-    login page, static files, or a GET with a good cookie), else the login page, 401."""
+def browser_gate(cfg):
+    """For `_guard`, on a /ui/ request without a bearer token: (who, None) to let it through
+    (the login page and static files as a guest; a GET with a good cookie as the one whose
+    token made it: the operator, or a tenant, app/tenancy.py), else (NOBODY, the login page)."""
     if request.endpoint in ("viewer.login", "viewer.static"):
-        return None
+        return tenancy.GUEST, None
     cookie = request.cookies.get(COOKIE, "")
-    if request.method in ("GET", "HEAD") and hmac.compare_digest(cookie, _cookie_value(token)):
-        return None
-    return render_template("viewer/login.html", next=request.full_path.rstrip("?"), wrong=False), 401
+    if request.method in ("GET", "HEAD"):
+        for token in _tokens(cfg):
+            if hmac.compare_digest(cookie, _cookie_value(token)):
+                return tenancy.identify(cfg, f"Bearer {token}"), None
+    return tenancy.NOBODY, (render_template("viewer/login.html", next=request.full_path.rstrip("?"), wrong=False), 401)
+
+
+def _tokens(cfg) -> list[str]:
+    """The tokens a browser may sign in with: the operator's, and each tenant's."""
+    return [token for token in (cfg.api_token, *(t.token for t in cfg.tenants.by_name.values())) if token]
 
 
 def _safe_next(target: str) -> str:
@@ -80,13 +89,14 @@ def _safe_next(target: str) -> str:
 
 @bp.route("/login", methods=["GET", "POST"])
 def login():
-    token = _engine().cfg.api_token
+    cfg = _engine().cfg
     target = _safe_next(request.values.get("next", ""))
-    if not token:
+    if not _tokens(cfg):
         return redirect(target, 303)
     if request.method == "GET":
         return render_template("viewer/login.html", next=target, wrong=False)
-    if not hmac.compare_digest(request.form.get("token", "").encode(), token.encode()):
+    token = request.form.get("token", "")
+    if not any(hmac.compare_digest(token.encode(), known.encode()) for known in _tokens(cfg)):
         return render_template("viewer/login.html", next=target, wrong=True), 401
     reply = redirect(target, 303)
     reply.set_cookie(
@@ -161,6 +171,8 @@ def _matching_runs(state: str, task: str, before: float | None, limit: int) -> t
         page, next_cursor = store.recent_runs(LIST_FIELDS, SCAN_PAGE, cursor)
         scanned += SCAN_PAGE
         for run in page:
+            if not tenancy.sees(run):  # a tenant's list holds its own runs (app/tenancy.py)
+                continue
             if (not state or run["state"] == state) and (not task or run.get("task_key") == task):
                 runs.append(run)
                 if len(runs) == limit:

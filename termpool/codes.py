@@ -36,6 +36,12 @@ CODES: dict[str, Code] = {
         Code("TASK_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_TASKS distinct task keys have live runs"),
         Code("RUN_SLOTS_EXHAUSTED", "client", True, "WORKER_MAX_RUNS_PER_TASK runs of this key are live"),
         Code(
+            "TENANT_QUOTA_EXCEEDED",
+            "client",
+            True,
+            "the tenant's max_runs are live, or the free slots left are reserved for other tenants",
+        ),
+        Code(
             "HOST_NETWORKS_EXHAUSTED",
             "client",
             True,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from termpool.subnets import SubnetRange, parse
 from termpool.task_archive import Limits
+from termpool.tenants import Tenants
+from termpool.tenants import load as load_tenants
 
 
 def _int(env, name: str, default: int, minimum: int | None = None) -> int:
@@ -335,6 +337,7 @@ class Settings:
     build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds per build process; 0: no limit
     image_disk_budget: int = 0  # IMAGE_DISK_BUDGET: bytes of task images a host keeps (image_budget.py); 0: no budget
     registry: RegistrySettings = RegistrySettings()  # REGISTRY_*: the pool's image registry
+    tenants: Tenants = Tenants()  # TENANTS_FILE (termpool/tenants.py); empty: one tenant, the operator
 
     @property
     def default_log_dir(self) -> Path:
@@ -405,6 +408,7 @@ def load_settings(env=None) -> Settings:
         host_id=_str(env, "POOL_HOST_ID", socket.gethostname()),
         concurrency=_concurrency(env, max_tasks, max_runs, max_closes),
         api_token=_str(env, "POOL_API_TOKEN"),
+        tenants=load_tenants(_str(env, "TENANTS_FILE"), _str(env, "POOL_API_TOKEN")),
         allowed_clients=_list(env, "POOL_ALLOWED_CLIENTS"),
         flower_basic_auth=_str(env, "FLOWER_BASIC_AUTH"),
         flower_address=_str(env, "FLOWER_ADDRESS"),

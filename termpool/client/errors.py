@@ -164,6 +164,10 @@ class RunSlotsExhausted(CapacityExhausted):
     code = "RUN_SLOTS_EXHAUSTED"  # noqa: E701
 
 
+class TenantQuotaExceeded(CapacityExhausted):
+    code = "TENANT_QUOTA_EXCEEDED"  # noqa: E701
+
+
 class HostDiskLow(CapacityExhausted):
     code = "HOST_DISK_LOW"  # noqa: E701
 

@@ -12,6 +12,8 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
                              with one running); a job leaves it when it ends
   runs:recent                zset: run ids by creation time, newest RECENT_RUNS_KEPT (run viewer)
   req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
+  treq:<tenant>:<task key>:<request>  the same, of a tenant's allocate (docs/tenants.md)
+  tenant:<name>:live         set: the tenant's runs holding a slot (placement counts it)
   host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
   host:<h>:live              zset: live run ids on host h, scored by last use (reaper)
   host:<h>:closing           set: runs released but not yet torn down
@@ -63,6 +65,7 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
   blob:<id>                  string (raw bytes), with a TTL: an archive or task folder on its way
+  blob:<id>:holders          set, the blob's TTL: tenants that uploaded the task folder (only with tenants)
                              between the facade and a worker host (blobs.py)
   monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
                              events (tasks/flower.py; termpool/queues.py follow_monitor)

@@ -17,7 +17,9 @@ from termpool.state.runs import STARTED_STATES
 # forks (or a fork and an allocate) cannot both take the last slots. The children copy what a
 # start reads (task_meta, run_ctx, task_timeouts) and are "starting" until the fork job has
 # made their containers. ARGV: prefix, source, now, max depth, default max runs, cap (0: none),
-# recent-runs size, recent-runs TTL, the started states as JSON, the fork job, then the child ids.
+# recent-runs size, recent-runs TTL, the started states as JSON, the fork job, the max_runs of the
+# source's tenant (-1: none; docs/tenants.md), then the child ids. The children are the source's
+# tenant's, and join its live set (as _PLACE's runs do).
 _FORK_PLACE = """
 local p, src, now, max_depth = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local def_runs, cap, started = tonumber(ARGV[5]), tonumber(ARGV[6]), cjson.decode(ARGV[9])
@@ -25,7 +27,7 @@ local run_key = p .. 'run:' .. src
 local state = redis.call('HGET', run_key, 'state')
 if not state then return {'UNKNOWN_RUN'} end
 -- placed already: this script was sent again (Redis's client resends a command whose reply was lost)
-local placed = redis.call('HGET', p .. 'run:' .. ARGV[11], 'fork_job')
+local placed = redis.call('HGET', p .. 'run:' .. ARGV[12], 'fork_job')
 if placed == ARGV[10] then return {'OK', redis.call('HGET', run_key, 'host')} end
 if state == 'closing' or state == 'closed' then return {'RUN_CLOSED', state} end
 if state == 'lost' then return {'HOST_LOST', state} end
@@ -35,7 +37,11 @@ if not ok then return {'RUN_NOT_READY', state} end
 local depth = tonumber(redis.call('HGET', run_key, 'fork_depth') or '0') + 1
 if depth > max_depth then return {'FORK_TOO_DEEP', tostring(depth - 1)} end
 local host, task_key = redis.call('HGET', run_key, 'host'), redis.call('HGET', run_key, 'task_key')
-local k = #ARGV - 10
+local k = #ARGV - 11
+local tenant, quota = redis.call('HGET', run_key, 'tenant'), tonumber(ARGV[11])
+if tenant and quota >= 0 and redis.call('SCARD', p .. 'tenant:' .. tenant .. ':live') + k > quota then
+  return {'TENANT_QUOTA_EXCEEDED', tostring(quota)}
+end
 local keys_key = p .. 'host:' .. host .. ':keys'
 local held = tonumber(redis.call('HGET', keys_key, task_key) or '0')
 local limit = tonumber(redis.call('HGET', p .. 'host:' .. host .. ':info', 'max_runs_per_task')) or def_runs
@@ -43,13 +49,17 @@ if cap > 0 then limit = math.min(limit, cap) end
 if held + k > limit then return {'RUN_SLOTS_EXHAUSTED', tostring(limit - held)} end
 redis.call('HINCRBY', keys_key, task_key, k)
 local copied = redis.call('HMGET', run_key, 'task_meta', 'run_ctx', 'task_timeouts')
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   local child = ARGV[i]
   redis.call('ZADD', p .. 'host:' .. host .. ':live', now, child)
   redis.call('HSET', p .. 'run:' .. child, 'run_id', child, 'task_key', task_key, 'host', host,
     'state', 'starting', 'created_at', now, 'last_used_at', now, 'request_id', '', 'parent', src,
     'fork_depth', tostring(depth), 'task_meta', copied[1] or 'null', 'run_ctx', copied[2] or 'null',
     'task_timeouts', copied[3] or 'null', 'fork_job', ARGV[10])
+  if tenant then
+    redis.call('HSET', p .. 'run:' .. child, 'tenant', tenant)
+    redis.call('SADD', p .. 'tenant:' .. tenant .. ':live', child)
+  end
   redis.call('ZADD', p .. 'runs:recent', now, child)
 end
 redis.call('ZREMRANGEBYRANK', p .. 'runs:recent', 0, -tonumber(ARGV[7]) - 1)
@@ -88,7 +98,14 @@ class ForksState:
     _r: redis.Redis  # Store.__init__ sets it
 
     def place_fork(
-        self, source: str, children: list[str], job_id: str, max_depth: int, default_runs: int, cap: int = 0
+        self,
+        source: str,
+        children: list[str],
+        job_id: str,
+        max_depth: int,
+        default_runs: int,
+        cap: int = 0,
+        tenant_quota: int | None = None,
     ) -> str:
         """Reserve a slot per child on the source's host and record the children (state
         "starting"); the host. ForkRefused, with nothing written, when it cannot."""
@@ -104,6 +121,7 @@ class ForksState:
                 keys.RECORD_TTL,
                 json.dumps(list(STARTED_STATES)),
                 job_id,
+                -1 if tenant_quota is None else tenant_quota,
                 *children,
             ]
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -48,6 +48,11 @@ class Placement:
     # Runs of this task key a host may hold at most, below its own max_runs_per_task (0: no
     # cap): a task whose compose file pins addresses allows one (TaskSpec.one_per_host).
     runs_per_host: int = 0
+    # The tenant asking ('' for the operator), its max_runs (None: no limit) and every tenant's
+    # reserved_runs (docs/tenants.md); none of them without a tenants file.
+    tenant: str = ""
+    max_runs: int | None = None
+    reservations: dict = field(default_factory=dict)
 
 
 # Placement: every argument is in ARGV (ARGV[1] is the key prefix). The candidates are the
@@ -64,10 +69,18 @@ class Placement:
 # (host:<h>:closing) count against it too: they hold what the task pins until they are gone.
 # A host whose heartbeat says it is short of disk (host:<h>:info disk_low) takes no new run;
 # when that leaves none, the refusal is HOST_DISK_LOW with each host's reason.
+# Tenants (docs/tenants.md; ARGV[18..20]: the tenant, '' for the operator; its max_runs, -1 for
+# none; every tenant's reserved_runs as JSON): each tenant's runs that hold a slot are the set
+# tenant:<t>:live, joined here and left by every script that frees the slot (_RELEASE,
+# _MARK_LOST, _MARK_RUN_LOST), so the count, the check and the take are one step. A tenant at
+# its max_runs is refused TENANT_QUOTA_EXCEEDED; one at or above its own reservation may only
+# take a slot the other tenants' unused reservations leave free, over the candidates' capacity.
 _PLACE = """
 local p, task_key, run_id, now, req_key, request_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local preferred, affinity, def_tasks, def_runs = cjson.decode(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local slack, excluded, fallback, cap = tonumber(ARGV[11]), cjson.decode(ARGV[12]), ARGV[13], tonumber(ARGV[17])
+local tenant, quota, reserved = ARGV[18], tonumber(ARGV[19]), cjson.decode(ARGV[20])
+local function tenant_live(t) return redis.call('SCARD', p .. 'tenant:' .. t .. ':live') end
 -- placed already: this script was sent again (Redis's client resends a command whose reply was lost)
 local placed = redis.call('HGET', p .. 'run:' .. run_id, 'host')
 if placed then return {'new', run_id, placed} end
@@ -82,6 +95,9 @@ if req_key ~= '' then
       return {'reused', existing, host}
     end
   end
+end
+if tenant ~= '' and quota >= 0 and tenant_live(tenant) >= quota then
+  return {'full', 'TENANT_QUOTA_EXCEEDED', 'max_runs'}
 end
 local function draining(h) return redis.call('SISMEMBER', p .. 'hosts:draining', h) == 1 end
 local function marked_lost(h)
@@ -130,6 +146,20 @@ for _, h in ipairs(candidates) do
 end
 if #fits == 0 and #low == #candidates then return {'full', 'HOST_DISK_LOW', table.concat(low, '; ')} end
 if #fits == 0 then return {'full', code} end
+if (reserved[tenant] or 0) <= (tenant ~= '' and tenant_live(tenant) or 0) then
+  local held_back, free = 0, 0
+  for t, n in pairs(reserved) do
+    if t ~= tenant then held_back = held_back + math.max(0, n - tenant_live(t)) end
+  end
+  if held_back > 0 then
+    for _, h in ipairs(candidates) do
+      local info = redis.call('HMGET', p .. 'host:' .. h .. ':info', 'max_tasks', 'max_runs_per_task')
+      local size = (tonumber(info[1]) or def_tasks) * (tonumber(info[2]) or def_runs)
+      free = free + math.max(0, size - redis.call('ZCARD', p .. 'host:' .. h .. ':live'))
+    end
+    if free <= held_back then return {'full', 'TENANT_QUOTA_EXCEEDED', 'reserved'} end
+  end
+end
 local least = fits[1]
 for _, f in ipairs(fits) do if f[2] < least[2] then least = f end end
 local chosen = least
@@ -143,6 +173,10 @@ redis.call('HINCRBY', p .. 'host:' .. host .. ':keys', task_key, 1)
 redis.call('ZADD', p .. 'host:' .. host .. ':live', now, run_id)
 redis.call('HSET', p .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', host,
   'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
+if tenant ~= '' then
+  redis.call('HSET', p .. 'run:' .. run_id, 'tenant', tenant)
+  redis.call('SADD', p .. 'tenant:' .. tenant .. ':live', run_id)
+end
 if req_key ~= '' then redis.call('SET', req_key, run_id, 'EX', tonumber(ARGV[14])) end
 -- the run viewer's index: the newest runs, expiring with the last record
 local recent = p .. 'runs:recent'
@@ -164,6 +198,8 @@ for _, run in ipairs(live) do
   redis.call('HSET', p .. 'run:' .. run, 'state', 'lost', 'code', 'HOST_LOST', 'error', err,
     'retryable', 'true', 'lost_at', now)
   redis.call('SADD', p .. 'host:' .. h .. ':lost', run)
+  local tenant = redis.call('HGET', p .. 'run:' .. run, 'tenant')
+  if tenant then redis.call('SREM', p .. 'tenant:' .. tenant .. ':live', run) end
 end
 redis.call('DEL', p .. 'host:' .. h .. ':live', p .. 'host:' .. h .. ':keys')
 return live
@@ -302,12 +338,13 @@ class HostsState:
     def place(self, task_key: str, request_id: str, affinity: str, rule: Placement) -> Allocation:
         """Allocate a run on the best host (see _PLACE); CapacityError when none has room
         (code WORKERS_DOWN when every known host is lost or draining)."""
-        req_key = keys.request_key(task_key, request_id) if request_id else ""
+        req_key = keys.request_key(task_key, request_id, rule.tenant) if request_id else ""
         now = str(time.time())
         preferred, excluded = json.dumps(rule.preferred), json.dumps(rule.excluded)
         args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, preferred, affinity]
         args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
         args += [termpool.state.RECENT_RUNS_KEPT, self.record_ttl, rule.runs_per_host]
+        args += [rule.tenant, -1 if rule.max_runs is None else rule.max_runs, json.dumps(rule.reservations)]
         reply = self._place(args=args)
         if reply[0] == "full":
             raise CapacityError(reply[1], reason=reply[2] if len(reply) > 2 else "")

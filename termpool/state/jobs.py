@@ -219,6 +219,11 @@ class JobsState:
         raw = self._r.hgetall(keys.job_key(job_id)) if job_id else {}
         return _decode(raw) if raw else None
 
+    def job_run(self, job_id: str) -> str:
+        """The run a job belongs to ("" for no such job): whose it is (app/tenancy.py)."""
+        raw = self._r.hget(keys.job_key(job_id), "run_id") if job_id else None
+        return _decode({"run_id": raw}).get("run_id") or "" if raw is not None else ""
+
     def get_jobs(self, job_ids: list[str]) -> list[dict]:
         """Several job records in one round trip, in order; expired ones are left out."""
         pipe = self._r.pipeline()

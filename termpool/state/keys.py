@@ -42,8 +42,16 @@ def run_working_key(run_id: str) -> str:
     return f"{PREFIX}run:{run_id}:working"  # the Lua scripts build this one too
 
 
-def request_key(task_key: str, request_id: str) -> str:
+def request_key(task_key: str, request_id: str, tenant: str = "") -> str:
+    """A tenant's request ids are its own (another tenant's same id names a run of its own);
+    tenant names hold no ':' (termpool/tenants.py), so the two forms never meet."""
+    if tenant:
+        return f"{PREFIX}treq:{tenant}:{task_key}:{request_id}"
     return f"{PREFIX}req:{task_key}:{request_id}"
+
+
+def tenant_live_key(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:live"  # a tenant's runs holding a slot; and in the Lua scripts
 
 
 def host_tasks_key(host: str) -> str:
@@ -193,3 +201,7 @@ def fork_images_key(run_id: str) -> str:
 
 def blob_key(blob_id: str) -> str:
     return f"{PREFIX}blob:{blob_id}"
+
+
+def blob_holders_key(blob_id: str) -> str:
+    return f"{PREFIX}blob:{blob_id}:holders"  # the tenants that uploaded it (docs/tenants.md)

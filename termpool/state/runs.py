@@ -57,6 +57,8 @@ else
 end
 redis.call('SADD', prefix .. 'host:' .. host .. ':closing', run_id)
 redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[3], 'last_used_at', ARGV[4])
+local tenant = redis.call('HGET', run_key, 'tenant')  -- its slot is free: its tenant's count too
+if tenant then redis.call('SREM', prefix .. 'tenant:' .. tenant .. ':live', run_id) end
 return host
 """
 
@@ -78,6 +80,8 @@ if redis.call('HINCRBY', keys_key, task_key, -1) <= 0 then redis.call('HDEL', ke
 redis.call('ZREM', prefix .. 'host:' .. host .. ':live', run_id)
 redis.call('SADD', prefix .. 'host:' .. host .. ':lost', run_id)
 redis.call('HSET', run_key, 'state', 'lost', 'code', ARGV[5], 'error', ARGV[4], 'retryable', 'true', 'lost_at', ARGV[3])
+local tenant = redis.call('HGET', run_key, 'tenant')
+if tenant then redis.call('SREM', prefix .. 'tenant:' .. tenant .. ':live', run_id) end
 return 1
 """
 
@@ -156,6 +160,11 @@ class RunsState:
     def get_run(self, run_id: str) -> dict | None:
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
         return _decode(raw) if raw else None
+
+    def run_owner(self, run_id: str) -> str | None:
+        """The tenant whose run it is ("" for the operator's), None for no such run."""
+        state, tenant = self._r.hmget(keys.run_key(run_id), "state", "tenant") if run_id else (None, None)
+        return None if state is None else tenant or ""
 
     def run_state(self, run_id: str) -> str | None:
         """A run's state alone (None for no such run): what a sweep over every resource asks."""
@@ -334,6 +343,10 @@ class RunsState:
 
     def live_runs(self, host: str) -> list[str]:
         return self._r.zrange(keys.host_live_key(host), 0, -1)
+
+    def tenant_live_runs(self, tenant: str) -> list[str]:
+        """The tenant's runs holding a slot (placement's count of it: docs/tenants.md)."""
+        return sorted(self._r.smembers(keys.tenant_live_key(tenant)))
 
     def closing_runs(self, host: str) -> list[str]:
         return list(self._r.smembers(keys.host_closing_key(host)))
