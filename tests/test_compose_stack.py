@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TERMPOOL_SKIP_COMPOSE", "").strip() in ("1", "true", "yes"), reason="TERMPOOL_SKIP_COMPOSE is set"
 )
 
-SERVICES = {"redis", "api", "scheduler", "flower", *WORKER_KINDS}
+SERVICES = {"redis", "registry", "api", "scheduler", "flower", *WORKER_KINDS}
 DOCKER_SOCKET = "/var/run/docker.sock"
 
 
@@ -69,6 +69,8 @@ class ComposeStack:
             "ENV_SERVER_PORT": str(self.port),
             "FLOWER_PORT": str(free_port()),
             "FLOWER_HOST": "127.0.0.1",
+            "REGISTRY_PORT": str(free_port()),  # beside the machine's own registry (start-backends)
+            "REGISTRY_URL": "",
             "FLOWER_BASIC_AUTH": "termpool:" + uuid.uuid4().hex,
             # Whatever the caller's shell has, this stack is open, builds its images, no override.
             "POOL_API_TOKEN": "",
