@@ -1,16 +1,18 @@
 """The parts bench/pool_builds.py measures with: cold copies of the datasets, a private registry,
 each daemon's image disk, and the removal of everything a run made.
 
-A copy of a task gets the run's marker (`RUN echo <marker> > /.termpool-bench`) right after the
-first FROM of each of its Dockerfiles, so its content digest is new to every registry and host
-(cold) and no build step after it finds a cached layer. The marker is the same for every task of
-one copy: tasks whose environments are identical stay identical, so the pool should build them
-once (the issue's target counts distinct environments, not tasks).
+A copy of a task gets the run's marker (`RUN echo <marker> <context> > /.termpool-bench`) right
+after the first FROM of each of its Dockerfiles, so its content digest is new to every registry
+and host (cold) and no build step after it finds a layer cached by an earlier run. <context> is
+a hash of the Dockerfile's folder as it was: tasks whose environments are identical stay
+identical (the pool should build them once: the issue's target counts distinct environments,
+not tasks), and different ones share no cached layer on a host (each pays its own build).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -34,6 +36,7 @@ BASE_ALIASES = ("termpool-base:bookworm",)  # the examples build FROM this name 
 SKIPPED = {
     "harbor-prebuilt": "names an image (docker_image termpool-harbor-prebuilt:fixture) that no registry here holds",
     "harbor-slow-build": "fails to build by design (RUN sleep 120 && false, build_timeout_sec 3)",
+    "harbor-multi-step": "a multi-step task (steps/): termpool answers TaskUnsupported at reset",
 }
 QUICK_TASKS = ("quiz", "text-stats", "harbor-hello", "harbor-env", "harbor-workdir")
 FROM_LINE = re.compile(r"^FROM\s.*$", re.MULTILINE)
@@ -58,10 +61,19 @@ def copy_dataset(tasks: list[Path], root: Path, suffix: str, marker: str, sleep:
         for dockerfile in (root / name).rglob("Dockerfile"):
             text = dockerfile.read_text()
             first = FROM_LINE.search(text)
-            mark = f"\nRUN echo {marker} > /.termpool-bench" + (f" && sleep {sleep:g}" if sleep else "")
+            token = folder_hash(dockerfile.parent)
+            mark = f"\nRUN echo {marker} {token} > /.termpool-bench" + (f" && sleep {sleep:g}" if sleep else "")
             dockerfile.write_text(text[: first.end()] + mark + text[first.end() :])
         names.append(name)
     return names
+
+
+def folder_hash(folder: Path) -> str:
+    """A short hash of a folder's files (paths and contents), before any is marked."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder)}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 class PrivateRegistry:
