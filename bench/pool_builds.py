@@ -93,6 +93,7 @@ class Bench:
         self.host_ids: list[str] = []  # every host id the run's stacks had (their containers go)
         self.tasks = parts.source_tasks(args.quick)
         self.failures: list[str] = []
+        self.task_paths: dict[str, str] = {}  # task -> its path under the stack's DATASET_DIR
         self.left: list[str] = []
 
     @property
@@ -151,10 +152,11 @@ class Bench:
 
 
 # ---- measuring ----------------------------------------------------------------------------------
-def prebuild(stack: Stack, where: str) -> dict:
+def prebuild(stack: Stack, where: str, directory: Path | None = None) -> dict:
     """`flask --app app dataset prebuild --hosts <where> --json` against the stack: its wall time
     (the CLI's start and its wait for the hosts' heartbeats included) and its report."""
     argv = [sys.executable, "-m", "flask", "--app", "app", "dataset", "prebuild", "--hosts", where, "--json"]
+    argv += [str(directory)] if directory else []
     started = time.monotonic()
     done = subprocess.run(argv, cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=PREBUILD_TIMEOUT)
     seconds = time.monotonic() - started
@@ -191,12 +193,12 @@ def builds_done(bench: Bench, images: dict[str, str], letters: list[str]) -> dic
     }
 
 
-def timed_reset(pool: Pool, store: Store, task: str, host: str) -> float:
+def timed_reset(pool: Pool, store: Store, task: str, path: str, host: str) -> float:
     """Seconds of one reset (allocate apart) of `task`; the run must land on `host`."""
     lease = pool.allocate(task)
     try:
         started = time.perf_counter()
-        lease.reset(task, task_path=task)
+        lease.reset(task, task_path=path)
         seconds = time.perf_counter() - started
         placed = store.get_run(lease.id)["host"]
         if placed != host:
@@ -231,12 +233,12 @@ def reset_task(bench, pool, store, client, host, task, image, known_ids) -> dict
     before = parts.client_ids(client, {task: image}).get(task)
     row = {"task": task, "first_s": None, "warm_s": [], "source": ""}
     try:
-        row["first_s"] = round(timed_reset(pool, store, task, host), 2)
+        row["first_s"] = round(timed_reset(pool, store, task, bench.task_paths[task], host), 2)
         after = parts.client_ids(client, {task: image})[task]
         row["source"] = "present" if before else ("pulled" if after["id"] in known_ids else "built")
         parts.wait_no_containers(client, host)
         for _ in range(bench.args.warm_repeats):
-            row["warm_s"].append(round(timed_reset(pool, store, task, host), 2))
+            row["warm_s"].append(round(timed_reset(pool, store, task, bench.task_paths[task], host), 2))
             parts.wait_no_containers(client, host)
     except Exception as exc:  # one task's failure is a row of the report, the others go on
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -254,9 +256,7 @@ def disks(bench: Bench, letters: list[str]) -> dict:
 
 # ---- the phases ---------------------------------------------------------------------------------
 def single_host(bench: Bench) -> dict:
-    names = parts.copy_dataset(
-        bench.tasks, bench.tmp / "single", bench.suffix + "s", uuid.uuid4().hex, bench.args.build_seconds
-    )
+    names = copy(bench, "single", "", "s")
     stack = bench.stack({"REGISTRY_URL": "off", "DATASET_DIR": str(bench.tmp / "single")})
     bench.host("A", stack.host_id)
     try:
@@ -271,9 +271,7 @@ def single_host(bench: Bench) -> dict:
 
 
 def pool_phases(bench: Bench, result: dict) -> None:
-    names = parts.copy_dataset(
-        bench.tasks, bench.tmp / "pool", bench.suffix + "p", uuid.uuid4().hex, bench.args.build_seconds
-    )
+    names = copy(bench, "pool", "v1", "p")
     stack = bench.stack({"REGISTRY_URL": bench.registry.address, "DATASET_DIR": str(bench.tmp / "pool")})
     bench.host("A", stack.host_id)
     bench.host("B", "b" + uuid.uuid4().hex[:8])
@@ -282,12 +280,12 @@ def pool_phases(bench: Bench, result: dict) -> None:
     result["tasks_run"] = names
     result["disk_before"] = disks(bench, ["A", "B", "C"])
     log(f"pool: prebuild of {len(names)} tasks on A and B, cold registry {bench.registry.address}")
-    result["pool"] = prebuild(stack, "pool")
+    result["pool"] = prebuild(stack, "pool", bench.tmp / "pool" / "v1")
     result["pool"]["images"] = builds_done(bench, images, ["A", "B"])
     result["disk_after_prebuild"] = disks(bench, ["A", "B"])
     # The same command again, every image there: the CLI's own cost (its start, its wait for the
     # hosts' heartbeats, one check per task and host), the floor under each prebuild's wall time.
-    result["prebuild_noop"] = prebuild(stack, "pool")
+    result["prebuild_noop"] = prebuild(stack, "pool", bench.tmp / "pool" / "v1")
     known = set()
     for letter in ("A", "B"):
         known |= {i["id"] for i in parts.client_ids(bench.clients[letter], images).values()}
@@ -296,10 +294,30 @@ def pool_phases(bench: Bench, result: dict) -> None:
         log(f"first and warm resets on {letter}")
         result["resets"][letter] = resets_on(bench, stack, letter, images, known)
     result["after_resets"] = builds_done(bench, images, ["A", "B"])
+    log("pool: prebuild of the dataset's next version (new digests, the registry holds the base)")
+    result["update"] = update(bench, stack)
     result["join"] = join(bench, stack, images, known)
     result["after_join"] = builds_done(bench, images, ["A", "B", "C"])
     result["disk_after"] = disks(bench, ["A", "B", "C"])
     result["hosts"] = dict(bench.hosts)
+
+
+def copy(bench: Bench, dataset: str, version: str, suffix: str) -> list[str]:
+    """A marked copy of the tasks in <tmp>/<dataset>/<version> (the stack's DATASET_DIR is
+    <tmp>/<dataset>), with a new marker: new digests."""
+    root = bench.tmp / dataset / version
+    names = parts.copy_dataset(bench.tasks, root, bench.suffix + suffix, uuid.uuid4().hex, bench.args.build_seconds)
+    bench.task_paths.update({name: f"{version}/{name}" if version else name for name in names})
+    return names
+
+
+def update(bench: Bench, stack: Stack) -> dict:
+    """The dataset's next version on the running pool: every environment new (a new marker), the
+    registry already holding the base image's layer, as it does from a pool's second dataset on."""
+    names = copy(bench, "pool", "v2", "u")
+    result = prebuild(stack, "pool", bench.tmp / "pool" / "v2")
+    result["images"] = builds_done(bench, image_names(names, stack), ["A", "B"])
+    return result
 
 
 def join(bench: Bench, stack: Stack, images: dict[str, str], known: set[str]) -> dict:
@@ -309,7 +327,7 @@ def join(bench: Bench, stack: Stack, images: dict[str, str], known: set[str]) ->
     started = time.monotonic()
     stack.start_host(bench.hosts["C"], bench.daemons["C"].host_env())
     serving = time.monotonic() - started
-    warm = prebuild(stack, "all")
+    warm = prebuild(stack, "all", bench.tmp / "pool" / "v1")
     ready = time.monotonic() - started
     on_c = parts.client_ids(bench.clients["C"], images)
     log("first and warm resets on C")

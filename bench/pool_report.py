@@ -52,6 +52,9 @@ def summary(result: dict) -> list[str]:
         f"| pool prebuild rows built / pulled / present / failed | {pool['counts']['built']} / "
         f"{pool['counts']['pulled']} / {pool['counts']['present']} / {pool['counts']['failed']} "
         f"(target: {envs} built) |",
+        f"| next dataset version on A+B (new digests, registry holds the base): wall s, rows built | "
+        f"{result['update']['wall_s']} ({ratio(result['update']['wall_s'], single['wall_s'])} of one host), "
+        f"{result['update']['counts']['built']} built, {result['update']['images']['builds']} image ids |",
         f"| builds on A / B | {sum(r['host'] == hosts['A'] for r in built)} / "
         f"{sum(r['host'] == hosts['B'] for r in built)} |",
         f"| builds in the pool (distinct image ids: after prebuild, resets, C's join) | "
