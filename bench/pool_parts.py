@@ -132,10 +132,16 @@ def load_base(daemon) -> None:
     client.close()
 
 
-def bench_images(client: docker.DockerClient, marks: tuple[str, ...]) -> list:
-    """The images of this run on a daemon: any tag naming one of `marks` (the run's suffixes,
-    the private registry's address)."""
-    return [i for i in client.images.list() if any(m in tag for tag in i.tags for m in marks)]
+def bench_images(client: docker.DockerClient, marks: tuple[str, ...]) -> dict[str, int]:
+    """The images of this run on a daemon, id -> size: any tag naming one of `marks` (the run's
+    suffixes, the private registry's address). From the listing alone: images.list() inspects
+    each image after listing, and on the shared daemon another user's image removed between the
+    two fails it."""
+    return {
+        image["Id"]: image["Size"]
+        for image in client.api.images()
+        if any(m in tag for tag in image.get("RepoTags") or () for m in marks)
+    }
 
 
 def image_disk(client: docker.DockerClient, marks: tuple[str, ...]) -> dict:
@@ -143,7 +149,7 @@ def image_disk(client: docker.DockerClient, marks: tuple[str, ...]) -> dict:
     shared daemon other users' images come and go too) and this run's images above the base
     image (each distinct image's size less the base's: the layers the run added)."""
     base = client.images.get(BASE_IMAGE).attrs["Size"]
-    mine = {image.id: image.attrs["Size"] for image in bench_images(client, marks)}
+    mine = bench_images(client, marks)
     return {
         "layers_mb": round(client.df()["LayersSize"] / 1e6, 1),
         "bench_images": len(mine),
@@ -184,9 +190,9 @@ def remove_run_objects(client: docker.DockerClient, hosts: list[str], marks: tup
                 left.append(f"container {container.name}: {exc}")
     for image in bench_images(client, marks):
         try:
-            client.images.remove(image.id, force=True)
+            client.images.remove(image, force=True)
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.DockerException as exc:
-            left.append(f"image {image.tags}: {exc}")
+            left.append(f"image {image}: {exc}")
     return left
