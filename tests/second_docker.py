@@ -1,5 +1,9 @@
-"""The second Docker daemon (devstack/second_docker.py) as a session fixture: a second worker
-host's daemon with the test base image in it, removed at the end."""
+"""The second Docker daemon (devstack/second_docker.py) as a module fixture: a second worker
+host's daemon with the test base image in it, removed at the module's end.
+
+Module-scoped: each module that imports the fixture gets a daemon of its own (pytest makes one
+per importing module whatever the scope), and a session scope held every one of them, each in
+one of the machine's SLOTS, until the session ended: a fifth module waited for a slot."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import pytest
 from devstack.second_docker import SecondDocker
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def second_docker(base_image):
     """A second Docker daemon with the test base image in it."""
     daemon = SecondDocker()
