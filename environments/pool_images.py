@@ -83,7 +83,7 @@ def build_or_pull(
     if not lock.acquire(wait=timeout):
         raise TimeoutError(f"waited {timeout:g} s for another host's build of {digest[:12]} (held by {lock.owner()})")
     with lock:
-        if _pulled_quietly(registry, refs, by_service, digest):  # built by the host that held the lock
+        if _quietly(pull_all, registry, refs, by_service, digest):  # built by the host that held the lock
             return PULLED
         return _build_and_push(registry, refs, by_service, build, cfg, pool)
 
@@ -144,11 +144,12 @@ def _still_that_image(local: str, ref: str) -> bool:
     return labels.get(CONTENT_LABEL) == split_ref(ref)[1]
 
 
-def _pulled_quietly(registry: Registry, refs: dict, by_service: dict, digest: str) -> bool:
+def _quietly(pull, registry: Registry, *args) -> bool:
+    """A pull from the registry; False (logged) when the registry cannot say: build or fetch here."""
     try:
-        return pull_all(registry, refs, by_service, digest)
+        return pull(registry, *args)
     except RegistryUnavailable as exc:
-        log.warning("%s; building on this host", exc)
+        log.warning("%s; going on without the pool's registry", exc)
         return False
 
 
@@ -172,7 +173,7 @@ def pull_all(registry: Registry, refs: dict[str, str], by_service: dict[str, str
                 (image.labels or {}).get(CONTENT_LABEL),
                 digest,
             )
-            _remove(client, ref)
+            registry.untag(client, ref)
             return False
         image.tag(*split_ref(by_service[service]))
     return True
@@ -199,7 +200,7 @@ def fetch_named(cfg: Settings, image: str, timeout: float, pool: Store | None) -
     if lock is not None and not lock.acquire(wait=timeout):
         raise TimeoutError(f"waited {timeout:g} s for another host's fetch of {image} (held by {lock.owner()})")
     try:
-        if lock is not None and _pulled_mirror_quietly(registry, mirror, image):
+        if lock is not None and _quietly(_pull_mirror, registry, mirror, image):
             return PULLED
         _pull_upstream(image)
         registry.push(docker_client(), image, mirror)  # a failure is logged: the next host fetches it again
@@ -213,18 +214,7 @@ def _pull_mirror(registry: Registry, mirror: str, image: str) -> bool:
     expected = registry.digest(mirror)
     if not expected:
         return False
-    pulled = registry.pull(docker_client(), mirror, expected)
-    if pulled is None:
-        return False
-    pulled.tag(*split_ref(image))
-    return True
-
-
-def _pulled_mirror_quietly(registry: Registry, mirror: str, image: str) -> bool:
-    try:
-        return _pull_mirror(registry, mirror, image)
-    except RegistryUnavailable:
-        return False
+    return registry.pull(docker_client(), mirror, expected, tag_as=image) is not None
 
 
 def _pull_upstream(image: str) -> None:
@@ -241,10 +231,3 @@ def _pull_upstream(image: str) -> None:
         raise TaskBuildFailed(
             f"image {image} is not on this host and could not be pulled: {exc.explanation or exc}"
         ) from None
-
-
-def _remove(client, ref: str) -> None:
-    try:
-        client.images.remove(ref)
-    except docker.errors.DockerException as exc:
-        log.warning("could not remove %s: %s", ref, exc)

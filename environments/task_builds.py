@@ -21,8 +21,7 @@ import requests
 import urllib3
 
 from environments import container_spec, pool_images, task_images
-from environments.compose_config import build_env, client_image, client_service
-from environments.compose_config import service_images as compose_service_images
+from environments.compose_config import build_env, client_image, client_service, service_images
 from environments.docker_client import MAX_OUTPUT, ComposeError, docker_client, run_compose
 from environments.image_digest import CONTENT_LABEL, environment_digest
 from environments.lifecycle import BUILD_CLIENT_NAME, build_context, compose_files, is_template, load_compose
@@ -63,9 +62,7 @@ def ensure_images(
         if image_current(image, None):
             return image, PRESENT
         return image, pool_images.fetch_named(cfg, image, timeout, pool)
-    template = is_template(compose, cfg, task_dir, task_name)
-    needed = [image] if template else built_images(task_name, compose, cfg)
-    digest = environment_digest(compose)
+    template, needed, digest = _wanted(task_name, task_dir, compose, cfg)
     if all(image_current(i, digest) for i in needed):
         return image, PRESENT
     lock = build_lock(image)  # expires within seconds of its holder's death
@@ -79,7 +76,7 @@ def ensure_images(
             build = functools.partial(_build_with_sdk, task_dir, compose, image, labels, cfg, timeout)
         else:
             build = functools.partial(_build_with_compose, task_name, task_dir, compose, labels, cfg, timeout)
-        by_service = service_images(task_name, compose, cfg, template)
+        by_service = built_by_service(task_name, compose, cfg, template)
         return image, pool_images.build_or_pull(cfg, digest, by_service, build, timeout, pool)
 
 
@@ -89,16 +86,23 @@ def images_current(task_name: str, task_dir: Path, cfg: Settings, timeout: float
     image = client_image(task_name, cfg, task_dir)
     if cfg.image_source == "pull":
         return image_current(image, None)
-    needed = [image] if is_template(compose, cfg, task_dir, task_name) else built_images(task_name, compose, cfg)
-    digest = environment_digest(compose)
+    _, needed, digest = _wanted(task_name, task_dir, compose, cfg)
     return all(image_current(i, digest) for i in needed)
 
 
-def service_images(task_name: str, compose: dict, cfg: Settings, template: bool) -> dict[str, str]:
+def _wanted(task_name: str, task_dir: Path, compose: dict, cfg: Settings) -> tuple[bool, list[str], str]:
+    """What build mode wants on the host: (whether the SDK builds the one service, the images a
+    build makes, the environment's content digest)."""
+    template = is_template(compose, cfg, task_dir, task_name)
+    needed = [client_image(task_name, cfg, task_dir)] if template else built_images(task_name, compose, cfg)
+    return template, needed, environment_digest(compose)
+
+
+def built_by_service(task_name: str, compose: dict, cfg: Settings, template: bool) -> dict[str, str]:
     """The image each service of the task builds, by service name (the agent's included)."""
     if template:
         return {next(iter(compose["services"])): client_image(task_name, cfg)}
-    generated = compose_service_images(task_name, compose)
+    generated = service_images(task_name, compose)
     return {
         name: generated.get(name) or svc.get("image", "")
         for name, svc in compose["services"].items()
@@ -108,12 +112,8 @@ def service_images(task_name: str, compose: dict, cfg: Settings, template: bool)
 
 def built_images(task_name: str, compose: dict, cfg: Settings) -> list[str]:
     """Every image a compose build produces (client first), as compose resolved their names."""
-    generated = compose_service_images(task_name, compose)
-    images = [client_image(task_name, cfg)]  # build mode: task_dir changes nothing
-    images += [
-        generated.get(name) or svc.get("image", "") for name, svc in compose["services"].items() if "build" in svc
-    ]
-    return list(dict.fromkeys(i for i in images if i))
+    images = [client_image(task_name, cfg), *built_by_service(task_name, compose, cfg, False).values()]
+    return list(dict.fromkeys(images))  # build mode: task_dir changes nothing of the client's name
 
 
 def image_current(image: str, digest: str | None) -> bool:
