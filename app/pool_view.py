@@ -33,7 +33,8 @@ def _engine():
 @bp.get("")
 def page():
     tenant = tenancy.current()
-    return render_template("pool/dashboard.html", poll=POLL_SECONDS, scope=tenant.name if tenant else "")
+    scope = tenant.name if tenant else ""
+    return render_template("pool/dashboard.html", poll=POLL_SECONDS, scope=scope, kinds=QUEUE_KINDS)
 
 
 @bp.get("/data")
@@ -51,11 +52,7 @@ def _whole_pool() -> dict:
         "scope": "",
         "hosts": [_host_row(host, status["hosts"][host]) for host in hosts],
         "tenants": _tenant_rows(list(engine.cfg.tenants.by_name.values())),
-        "queues": [
-            {"host": host, "kind": kind, "waiting": depths[queue_name(host, kind)]}
-            for host in hosts
-            for kind in QUEUE_KINDS
-        ],
+        "queues": [{"host": host, **{kind: depths[queue_name(host, kind)] for kind in QUEUE_KINDS}} for host in hosts],
         "builds": engine.store.builds_in_progress(),
         **engine.store.recent_activity(),
     }
@@ -97,9 +94,12 @@ def _tenant_slice(tenant) -> dict:
     return {
         "scope": tenant.name,
         "hosts": [
-            {"host": host, "state": overview.get(host, {}).get("state", "not reporting"), "live_runs": mine}
+            {
+                "host": host,
+                "state": overview.get(host, {}).get("state", "not reporting"),
+                "live_runs": own.get(host, {}).get("total_active_runs", 0),
+            }
             for host in sorted(set(overview) | set(own))
-            for mine in [own.get(host, {}).get("total_active_runs", 0)]
         ],
         "tenants": _tenant_rows([tenant]),
         "queues": [],

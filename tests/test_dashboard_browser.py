@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from devstack import ROOT
+from termpool.config import QUEUE_KINDS
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_metrics import parse, value
 
@@ -112,7 +113,8 @@ def test_the_operator_sees_the_whole_pool_live(pool, runs, browser, tmp_path):
         expect(row.locator("td.runs")).to_contain_text(" / 16")  # runs used of 4 x 4
     expect(runs_cell(page, "tenants", "team-a")).to_have_text("2", timeout=SLOW)
     expect(runs_cell(page, "tenants", "team-b")).to_have_text("2")
-    expect(page.locator("#queues tr", has_text="exec")).to_have_count(2)  # one per host
+    for host in (pool.host_id, pool.host_b):  # each host's queue of each kind
+        expect(page.locator(f"#queues tr[data-key='{host}'] td.num")).to_have_count(len(QUEUE_KINDS))
 
     # The charts are drawn from the last hour's record: both tenants' allocates and resets.
     page.wait_for_function(

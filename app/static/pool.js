@@ -10,6 +10,9 @@
     return;
   }
   const state = { polls: 0, charts: {} };
+  const queues = document.getElementById("queues");
+  // the queue kinds, in the order of the table's header (after its host column)
+  const KINDS = queues ? Array.from(queues.tHead.rows[0].cells).slice(1).map(function (th) { return th.textContent; }) : [];
   window.termpoolPool = state;
 
   function cell(row, text, cls) {
@@ -116,8 +119,7 @@
     fill("tenants", data.tenants, drawTenant, "no tenants file: every request is the operator's");
     fill("queues", data.queues, function (row, q) {
       cell(row, q.host);
-      cell(row, q.kind);
-      cell(row, q.waiting, "num");
+      KINDS.forEach(function (kind) { cell(row, q[kind], "num " + kind); });
     }, "no queues");
     fill("builds", data.builds, function (row, b) {
       cell(row, b.host || "(pool-wide)");
