@@ -16,7 +16,10 @@ Two kinds of series:
 
 Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is
-``unmatched``.
+``unmatched``; and by tenant: a name of the tenants file, or ``-`` (app/tenancy.py `label`).
+
+Each request is also added to the pool dashboard's record of the last hour in Redis
+(termpool/state/recent.py, one pipelined write), which /metrics's cumulative series cannot give.
 """
 
 from __future__ import annotations
@@ -157,19 +160,19 @@ def _instrument(app: Flask, metrics: RequestMetrics) -> None:
             return response
         started = g.get("_termpool_started")
         seconds = time.perf_counter() - started if started is not None else None
-        tenant, status = tenancy.label(), response.status_code
-        code = _error_code(response) if status >= 400 else ""
         try:
+            tenant, status = tenancy.label(), response.status_code
+            code = _error_code(response) if status >= 400 else ""
             method = request.method if request.method in _METHODS else "other"
             if seconds is not None:
                 metrics.latency.labels(endpoint, method, tenant).observe(seconds)
             metrics.requests.labels(endpoint, method, str(status), tenant).inc()
             if code:
                 metrics.errors.labels(endpoint, f"{status // 100}xx", code, tenant).inc()
+            if seconds is not None and not endpoint.startswith(UNRECORDED_PREFIXES):
+                _record_recent(app, tenant, endpoint, seconds, code)
         except Exception:  # metrics must never break a reply
             log.exception("recording request metrics failed")
-        if seconds is not None and not endpoint.startswith(UNRECORDED_PREFIXES):
-            _record_recent(app, tenant, endpoint, seconds, code)
         return response
 
 
