@@ -7,7 +7,7 @@ import ipaddress
 from celery import Celery
 from flask import Flask, g, request
 
-from app import errors, tenancy, viewer
+from app import errors, pool_view, tenancy, viewer
 from app.engine import Engine
 from app.http import fail
 from app.models import MAX_BODY_BYTES
@@ -27,6 +27,7 @@ def celery_init_app(app: Flask, cfg: Settings) -> Celery:
 
 
 PROBES = ("/healthz", "/readyz")  # what an orchestrator asks, without a token
+BROWSER_PAGES = ("viewer", "pool_view")  # blueprints a browser signs in to (app/viewer.py)
 
 
 def _guard(app: Flask, cfg: Settings) -> None:
@@ -42,7 +43,7 @@ def _guard(app: Flask, cfg: Settings) -> None:
         if networks and not _allowed(_client_address(), networks):
             return fail("FORBIDDEN", "client address not allowed", 403)
         who = tenancy.identify(cfg, request.headers.get("Authorization", ""))
-        if who is tenancy.NOBODY and request.blueprint == "viewer":  # a browser: the login form
+        if who is tenancy.NOBODY and request.blueprint in BROWSER_PAGES:  # a browser: the login form
             who, login = viewer.browser_gate(cfg)  # and its cookie (app/viewer.py)
             if login is not None:
                 return login
@@ -92,6 +93,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.register_blueprint(commands_bp)
     app.register_blueprint(archives_bp)
     app.register_blueprint(viewer.bp)
+    app.register_blueprint(pool_view.bp)
     init_metrics(app)
     apidoc.register(app)
 

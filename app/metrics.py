@@ -16,7 +16,10 @@ Two kinds of series:
 
 Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is
-``unmatched``.
+``unmatched``; and by tenant: a name of the tenants file, or ``-`` (app/tenancy.py `label`).
+
+Each request is also added to the pool dashboard's record of the last hour in Redis
+(termpool/state/recent.py, one pipelined write), which /metrics's cumulative series cannot give.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from app import tenancy
 from termpool.config import QUEUE_KINDS, Settings
 from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from termpool.state import UNAVAILABLE, Store
@@ -60,6 +64,8 @@ LATENCY_BUCKETS = (
 )
 UNMATCHED = "unmatched"
 SKIPPED_ENDPOINTS = {"metrics"}  # scrapes would only measure themselves
+# Not in the dashboard's record of the last hour: the pages and their polls, the probes.
+UNRECORDED_PREFIXES = ("viewer.", "pool_view.", "pool.healthz", "pool.readyz", UNMATCHED)
 SCRAPE_REDIS_TIMEOUT = 2.0
 
 
@@ -91,22 +97,22 @@ def request_metrics() -> RequestMetrics:
         _REQUEST_METRICS = RequestMetrics(
             latency=Histogram(
                 "termpool_http_request_duration_seconds",
-                "Time to answer a request, by Flask endpoint (the pool or runs API operation).",
-                ["endpoint", "method"],
+                "Time to answer a request, by Flask endpoint (the pool or runs API operation) and tenant.",
+                ["endpoint", "method", "tenant"],
                 buckets=LATENCY_BUCKETS,
                 registry=None,
             ),
             requests=Counter(
                 "termpool_http_requests",
-                "Requests answered, by Flask endpoint and exact status code.",
-                ["endpoint", "method", "status"],
+                "Requests answered, by Flask endpoint, exact status code and tenant.",
+                ["endpoint", "method", "status", "tenant"],
                 registry=None,
             ),
             errors=Counter(
                 "termpool_http_errors",
                 "Error replies (status >= 400) by endpoint, status class and the reply's "
-                "`code` field (none when it has none).",
-                ["endpoint", "status_class", "code"],
+                "`code` field (none when it has none), and tenant.",
+                ["endpoint", "status_class", "code", "tenant"],
                 registry=None,
             ),
         )
@@ -153,20 +159,33 @@ def _instrument(app: Flask, metrics: RequestMetrics) -> None:
         if endpoint in SKIPPED_ENDPOINTS:
             return response
         started = g.get("_termpool_started")
+        seconds = time.perf_counter() - started if started is not None else None
         try:
+            tenant, status = tenancy.label(), response.status_code
+            code = _error_code(response) if status >= 400 else ""
             method = request.method if request.method in _METHODS else "other"
-            if started is not None:
-                metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
-            status = response.status_code
-            metrics.requests.labels(endpoint, method, str(status)).inc()
-            if status >= 400:
-                metrics.errors.labels(endpoint, f"{status // 100}xx", _error_code(response)).inc()
+            if seconds is not None:
+                metrics.latency.labels(endpoint, method, tenant).observe(seconds)
+            metrics.requests.labels(endpoint, method, str(status), tenant).inc()
+            if code:
+                metrics.errors.labels(endpoint, f"{status // 100}xx", code, tenant).inc()
+            if seconds is not None and not endpoint.startswith(UNRECORDED_PREFIXES):
+                _record_recent(app, tenant, endpoint, seconds, code)
         except Exception:  # metrics must never break a reply
             log.exception("recording request metrics failed")
         return response
 
 
 _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
+
+
+def _record_recent(app: Flask, tenant: str, endpoint: str, seconds: float, code: str) -> None:
+    """The dashboard's last hour (termpool/state/recent.py): one pipelined write, on the
+    scrape's store (short timeouts, no waiting out an outage: /metrics reports Redis away)."""
+    try:
+        app.extensions["termpool_metrics"]["pool"].store.record_request(tenant, endpoint, seconds, code)
+    except UNAVAILABLE:
+        pass
 
 
 # ---- pool gauges from Redis ---------------------------------------------------------------

@@ -18,7 +18,7 @@ import uuid
 from flask import current_app, g, request
 
 from termpool.config import Settings
-from termpool.state import new_run_id
+from termpool.state import NO_TENANT, new_run_id
 from termpool.tenants import Tenant
 
 OPERATOR = None  # g.tenant of the operator (admin): every run is its own
@@ -43,6 +43,13 @@ def identify(cfg: Settings, header: str):
 def current() -> Tenant | None:
     """The request's tenant; None for the operator."""
     return g.get("tenant")
+
+
+def label() -> str:
+    """The request's tenant as a metrics label and in the dashboard's record: its name, or
+    NO_TENANT for the operator, a guest and a refused request (bounded: names come from the file)."""
+    tenant = g.get("tenant")
+    return tenant.name if isinstance(tenant, Tenant) and tenant is not GUEST else NO_TENANT
 
 
 def sees(run: dict | None) -> bool:

@@ -111,7 +111,8 @@ def login():
 
 
 @bp.after_request
-def _headers(reply):
+def page_headers(reply):
+    """The pages' security headers (this blueprint's and the pool dashboard's, app/pool_view.py)."""
     reply.headers.setdefault("Content-Security-Policy", CSP)  # a served file has its own, stricter one
     reply.headers["X-Content-Type-Options"] = "nosniff"
     reply.headers["Referrer-Policy"] = "same-origin"

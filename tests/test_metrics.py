@@ -10,7 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from termpool.config import load_settings
+from termpool.state import Store
 
+OPERATOR = "-"  # the tenant label of the operator's requests (and every request without a tenants file)
 SCRAPES = 6  # fresh connections, so both gunicorn worker processes answer some of them
 
 
@@ -19,8 +21,12 @@ def scrape(stack) -> dict:
     reply = requests.get(stack.url + "/metrics", timeout=30, headers={"Connection": "close"})
     assert reply.status_code == 200, reply.text
     assert reply.headers["Content-Type"].startswith("text/plain")
+    return parse(reply.text)
+
+
+def parse(text: str) -> dict:
     samples = {}
-    for family in text_string_to_metric_families(reply.text):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -31,11 +37,19 @@ def value(samples: dict, name: str, **labels) -> float:
 
 
 def allocate_count(samples):
-    return value(samples, "termpool_http_request_duration_seconds_count", endpoint="pool.allocate", method="POST")
+    return value(
+        samples,
+        "termpool_http_request_duration_seconds_count",
+        endpoint="pool.allocate",
+        method="POST",
+        tenant=OPERATOR,
+    )
 
 
 def errors(samples, code):
-    return value(samples, "termpool_http_errors_total", endpoint="pool.allocate", status_class="4xx", code=code)
+    return value(
+        samples, "termpool_http_errors_total", endpoint="pool.allocate", status_class="4xx", code=code, tenant=OPERATOR
+    )
 
 
 def test_metrics_follow_pool_calls(stack):
@@ -60,13 +74,16 @@ def test_metrics_follow_pool_calls(stack):
             after = scrape(stack)
             # Every worker process answers with the same, summed, totals.
             assert allocate_count(after) - allocate_count(before) == max_runs + 2
-            ok = ("termpool_http_requests_total", dict(endpoint="pool.allocate", method="POST", status="200"))
+            ok = (
+                "termpool_http_requests_total",
+                dict(endpoint="pool.allocate", method="POST", status="200", tenant=OPERATOR),
+            )
             assert value(after, ok[0], **ok[1]) - value(before, ok[0], **ok[1]) == max_runs
-            inf = dict(endpoint="pool.allocate", method="POST", le="+Inf")
+            inf = dict(endpoint="pool.allocate", method="POST", le="+Inf", tenant=OPERATOR)
             assert value(after, "termpool_http_request_duration_seconds_bucket", **inf) == allocate_count(after)
             assert errors(after, "BAD_REQUEST") - errors(before, "BAD_REQUEST") == 1
             assert errors(after, "RUN_SLOTS_EXHAUSTED") - errors(before, "RUN_SLOTS_EXHAUSTED") == 1
-            unknown_run = dict(endpoint="runs.get_run", status_class="4xx", code="UNKNOWN_RUN")
+            unknown_run = dict(endpoint="runs.get_run", status_class="4xx", code="UNKNOWN_RUN", tenant=OPERATOR)
             assert (
                 value(after, "termpool_http_errors_total", **unknown_run)
                 - value(before, "termpool_http_errors_total", **unknown_run)
@@ -89,10 +106,18 @@ def test_metrics_follow_pool_calls(stack):
 
     closed = scrape(stack)
     assert value(closed, "termpool_live_runs", host=stack.host_id, task_key=key) == 0
-    close_count = value(closed, "termpool_http_request_duration_seconds_count", endpoint="pool.close", method="POST")
+    close_count = value(
+        closed, "termpool_http_request_duration_seconds_count", endpoint="pool.close", method="POST", tenant=OPERATOR
+    )
     assert (
         close_count
-        - value(before, "termpool_http_request_duration_seconds_count", endpoint="pool.close", method="POST")
+        - value(
+            before,
+            "termpool_http_request_duration_seconds_count",
+            endpoint="pool.close",
+            method="POST",
+            tenant=OPERATOR,
+        )
         == max_runs
     )
 
@@ -117,7 +142,71 @@ def test_metrics_behind_the_token_and_without_redis():
     text = reply.get_data(as_text=True)
     assert "termpool_redis_up 0.0" in text
     # Refused requests are counted under their endpoint; scrapes are not counted at all.
-    assert 'termpool_http_requests_total{endpoint="pool.status",method="GET",status="401"}' in text
+    assert 'termpool_http_requests_total{endpoint="pool.status",method="GET",status="401",tenant="-"}' in text
     # ... and timed: the timer starts before the guard's before_request hook refuses them.
-    assert 'termpool_http_request_duration_seconds_count{endpoint="pool.status",method="GET"}' in text
+    assert 'termpool_http_request_duration_seconds_count{endpoint="pool.status",method="GET",tenant="-"}' in text
     assert 'endpoint="metrics"' not in text
+
+
+TENANTS = """\
+tenants:
+  team-a: {token: team-a-token-1111, max_runs: 4}
+  team-b: {token: team-b-token-2222}
+"""
+
+
+def test_tenant_label_and_the_last_hour(redis_server, tmp_path):
+    """In one process, on a bare redis-server: a tenant's requests carry its name as the tenant
+    label, the operator's `-`; each request also lands in the dashboard's record of the last
+    hour (termpool/state/recent.py), which a tenant reads only its own of."""
+    redis_server.flushdb()
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS)
+    port = redis_server.connection_pool.connection_kwargs["port"]
+    cfg = load_settings(
+        {
+            "POOL_API_TOKEN": "admin-0000",
+            "TENANTS_FILE": str(tenants),
+            "REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "POOL_HOST_ID": "metrics-tenants",
+            "DATASET_DIR": "/tmp",
+            "TBENCH_OUTPUT_ROOT": "/tmp",
+        }
+    )
+    client = create_app(cfg).test_client()
+    before = in_process_scrape(client)  # the request metrics are the process's: other tests' too
+    for token, n in (("team-a-token-1111", 3), ("team-b-token-2222", 1), ("admin-0000", 2)):
+        for _ in range(n):
+            assert client.get("/status", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert (
+        client.get("/v1/runs/run-0000000000000000", headers={"Authorization": "Bearer team-a-token-1111"}).status_code
+        == 404
+    )
+    assert client.get("/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+    after = in_process_scrape(client)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    count = "termpool_http_request_duration_seconds_count"
+    assert delta(count, endpoint="pool.status", method="GET", tenant="team-a") == 3
+    assert delta(count, endpoint="pool.status", method="GET", tenant="team-b") == 1
+    assert delta(count, endpoint="pool.status", method="GET", tenant=OPERATOR) == 3  # the refused one too
+    unknown = dict(endpoint="runs.get_run", status_class="4xx", code="UNKNOWN_RUN", tenant="team-a")
+    assert delta("termpool_http_errors_total", **unknown) == 1
+    tenants_seen = {dict(labels).get("tenant") for _, labels in after} - {None}
+    assert tenants_seen == {"team-a", "team-b", OPERATOR}  # bounded: the file's names and `-`
+
+    store = Store.from_url(f"redis://127.0.0.1:{port}/0")
+    everyone, team_a = store.recent_activity(), store.recent_activity("team-a")
+    assert everyone["latency"]["pool.status"]["requests"] == 7
+    assert team_a["latency"]["pool.status"]["requests"] == 3
+    assert team_a["errors"] == {"UNKNOWN_RUN": 1}
+    assert everyone["errors"] == {"UNKNOWN_RUN": 1, "UNAUTHORIZED": 1}
+    assert 0 < team_a["latency"]["pool.status"]["p50_ms"] <= team_a["latency"]["pool.status"]["p95_ms"]
+    assert "metrics" not in everyone["latency"]
+
+
+def in_process_scrape(client) -> dict:
+    return parse(client.get("/metrics", headers={"Authorization": "Bearer admin-0000"}).get_data(as_text=True))

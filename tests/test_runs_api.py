@@ -400,12 +400,13 @@ def _refs(node):
 
 
 def _served_routes() -> dict:
-    """Every route of the two JSON faces, in OpenAPI's path syntax (the HTML run viewer is not an API)."""
-    from app import create_app
+    """Every route of the two JSON faces, in OpenAPI's path syntax (the browser's pages, the
+    run viewer and the pool dashboard, are not an API)."""
+    from app import BROWSER_PAGES, create_app
 
     routes: dict = {}
     for rule in create_app().url_map.iter_rules():
-        if rule.endpoint.startswith("viewer."):
+        if rule.endpoint.partition(".")[0] in BROWSER_PAGES:
             continue
         path = rule.rule.replace("<", "{").replace(">", "}")
         routes.setdefault(path, set()).update(m.lower() for m in rule.methods - {"HEAD", "OPTIONS"})

@@ -64,6 +64,10 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   beat-lock                  string, LOCK_TTL renewed: one beat scheduler per deployment
   count:failures             hash: failure code -> failed jobs (for /metrics)
   count:retries              hash: "<task>|<reason code>" -> automatic retries (for /metrics)
+  recent:req:<minute>        hash, RECENT_TTL: "<tenant>|<endpoint>|<latency class>" -> requests
+                             answered that minute (recent.py: the pool dashboard's last hour)
+  recent:err:<minute>        hash, RECENT_TTL: "<tenant>|<code>" -> error replies that minute
+  recent:fail:<minute>       hash, RECENT_TTL: "<tenant>|<code>" -> failed jobs that minute
   blob:<id>                  string (raw bytes), with a TTL: an archive or task folder on its way
   blob:<id>:holders          set, the blob's TTL: tenants that uploaded the task folder (only with tenants)
                              between the facade and a worker host (blobs.py)
@@ -83,7 +87,8 @@ worker process), hosts.py (worker hosts and processes, images, placement, draini
 hosts), image_uses.py (when each host last used each task image: its image disk budget),
 forks.py (forks of a live run and their committed images), subnets.py (the blocks of a host's
 run-network range its runs hold), blobs.py (bytes on their way between the facade and a host),
-builds.py (a pool-wide prebuild's results), registry_uses.py (the pool registry's last uses), sessions.py, warm.py (the warm pool), locks.py
+builds.py (a pool-wide prebuild's results), registry_uses.py (the pool registry's last uses), recent.py (the last hour, per minute,
+for the pool dashboard), sessions.py, warm.py (the warm pool), locks.py
 (OwnedLock, the build locks of a host and of the pool, the beat lock) and
 counters.py (failure and retry counts, the monitor, queue depths). keys.py holds PREFIX, the TTLs
 and every key builder; codec.py how record fields are stored; connection.py where Redis is (one
@@ -163,6 +168,7 @@ from termpool.state.keys import (
     worker_key,
 )
 from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
+from termpool.state.recent import NO_TENANT, RecentState
 from termpool.state.registry_uses import RegistryUsesState
 from termpool.state.runs import (
     _IF_STATE,
@@ -213,6 +219,7 @@ class Store(
     BuildsState,
     ImageUsesState,
     RegistryUsesState,
+    RecentState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -325,6 +332,7 @@ __all__ = [
     "RESERVED",
     # here
     "RECENT_RUNS_KEPT",
+    "NO_TENANT",
     "UNAVAILABLE",
     "UNREACHABLE",
     "RecordLost",

@@ -13,6 +13,7 @@ import redis
 from termpool import failures
 from termpool.state import keys
 from termpool.state.codec import _decode, _encode
+from termpool.state.recent import NO_TENANT, minute
 
 # A worker process takes a job's message: a queued job starts (its first attempt); unless the
 # job is settled already, it is listed under the process (lost_jobs) with its node and, when
@@ -72,14 +73,22 @@ return attempt
 # under a job: RunsState.release's idle check). A tool call's run needs no other write: it
 # reads as busy only while the call's job has not ended (Store.shown_run).
 _FINISH_JOB = """
-local job, done, worker_jobs, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job, done, worker_jobs, counts, recent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local end_state, ttl, job_id, code, prefix, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local recent_ttl, no_tenant = ARGV[7], ARGV[8]
 local state, run_id = unpack(redis.call('HMGET', job, 'state', 'run_id'))
 if state == 'succeeded' or state == 'failed' then
   redis.call('HSET', job, 'late_state', end_state)
 else
-  redis.call('HSET', job, unpack(ARGV, 7))
-  if code ~= '' then redis.call('HINCRBY', counts, code, 1) end
+  redis.call('HSET', job, unpack(ARGV, 9))
+  if code ~= '' then
+    redis.call('HINCRBY', counts, code, 1)
+    -- the last hour's record (recent.py), by the run's tenant
+    local tenant = run_id and redis.call('HGET', prefix .. 'run:' .. run_id, 'tenant') or ''
+    if not tenant or tenant == '' then tenant = no_tenant end
+    redis.call('HINCRBY', recent, tenant .. '|' .. code, 1)
+    redis.call('EXPIRE', recent, recent_ttl)
+  end
 end
 if redis.call('LLEN', done) == 0 then redis.call('RPUSH', done, end_state) end  -- a wake-up, once
 redis.call('EXPIRE', job, ttl)
@@ -199,8 +208,12 @@ class JobsState:
                 keys.job_done_key(job_id),
                 keys.worker_jobs_key(worker) if worker else "",
                 keys.FAILURE_COUNTS,
+                keys.recent_failures_key(minute()),
             ],
-            args=[state, self.record_ttl, job_id, code if error and counted else "", keys.PREFIX, time.time(), *pairs],
+            args=[
+                *(state, self.record_ttl, job_id, code if error and counted else "", keys.PREFIX, time.time()),
+                *(keys.RECENT_TTL, NO_TENANT, *pairs),
+            ],
         )
 
     def request_cancel(self, job_id: str) -> str | None:

@@ -24,6 +24,7 @@ BEAT_LOCK = PREFIX + "beat-lock"
 LOCK_PATTERNS = (PREFIX + "build-lock:*", PREFIX + "pool-build-lock:*")
 PREBUILD_TTL = 86400  # seconds a prebuild's report is kept
 REGISTRY_USED = PREFIX + "registry:used"  # zset: last use of each tag of the pool's registry
+RECENT_TTL = 3900  # seconds a minute of the rolling record (recent.py) is kept: the hour and a margin
 
 
 def run_key(run_id: str) -> str:
@@ -205,3 +206,15 @@ def blob_key(blob_id: str) -> str:
 
 def blob_holders_key(blob_id: str) -> str:
     return f"{PREFIX}blob:{blob_id}:holders"  # the tenants that uploaded it (docs/tenants.md)
+
+
+def recent_requests_key(minute: int) -> str:
+    return f"{PREFIX}recent:req:{minute}"
+
+
+def recent_errors_key(minute: int) -> str:
+    return f"{PREFIX}recent:err:{minute}"
+
+
+def recent_failures_key(minute: int) -> str:
+    return f"{PREFIX}recent:fail:{minute}"

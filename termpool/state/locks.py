@@ -122,3 +122,16 @@ class LocksState:
             if ms != -2:  # -2: released since the scan
                 left[name] = math.inf if ms == -1 else ms / 1000
         return left
+
+    def builds_in_progress(self) -> list[dict]:
+        """The builds under way now, one per build lock held: a host's build of an image
+        ({"host", "image"}) or a pool-wide one of a task environment ({"host": "", "image": digest})."""
+        host_prefix, pool_prefix = keys.build_lock_key("", ""), keys.pool_build_lock_key("")
+        builds = []
+        for name in sorted(self.held_locks()):
+            if name.startswith(pool_prefix):
+                builds.append({"host": "", "image": name.removeprefix(pool_prefix)})
+            else:
+                host, _, image = name.removeprefix(host_prefix[:-1]).partition(":")
+                builds.append({"host": host, "image": image})
+        return builds

@@ -348,6 +348,13 @@ class RunsState:
         """The tenant's runs holding a slot (placement's count of it: docs/tenants.md)."""
         return sorted(self._r.smembers(keys.tenant_live_key(tenant)))
 
+    def tenant_live_counts(self, tenants: list[str]) -> dict[str, int]:
+        """Each tenant's runs holding a slot, counted in one round trip (the pool dashboard)."""
+        pipe = self._r.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.scard(keys.tenant_live_key(tenant))
+        return dict(zip(tenants, pipe.execute()))
+
     def closing_runs(self, host: str) -> list[str]:
         return list(self._r.smembers(keys.host_closing_key(host)))
 
