@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.command_models import MAX_ARG_BYTES, CommandRequest
-from app.models import explain
+from app.fields import explain
 from environments import commands
 from tasks.command_jobs import command_spec
 from termpool import failures

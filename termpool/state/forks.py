@@ -20,7 +20,7 @@ from termpool.state.runs import STARTED_STATES
 # recent-runs size, recent-runs TTL, the started states as JSON, the fork job, the max_runs of the
 # source's tenant (-1: none; docs/tenants.md), then the child ids. The children are the source's
 # tenant's, and join its live set (as _PLACE's runs do).
-_FORK_PLACE = """
+FORK_PLACE_LUA = """
 local p, src, now, max_depth = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local def_runs, cap, started = tonumber(ARGV[5]), tonumber(ARGV[6]), cjson.decode(ARGV[9])
 local run_key = p .. 'run:' .. src
@@ -69,7 +69,7 @@ return {'OK', host}
 
 # A run no longer needs its images (closed, or a child that was never made): the images no run
 # needs any more are returned, for the caller to remove. ARGV: prefix, run.
-_DROP_IMAGES = """
+DROP_IMAGES_LUA = """
 local p, run = ARGV[1], ARGV[2]
 local mine = p .. 'fork-images:' .. run
 local unused = {}

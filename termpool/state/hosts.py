@@ -71,8 +71,8 @@ class Placement:
 # when that leaves none, the refusal is HOST_DISK_LOW with each host's reason.
 # Tenants (docs/tenants.md; ARGV[18..20]: the tenant, '' for the operator; its max_runs, -1 for
 # none; every tenant's reserved_runs as JSON): each tenant's runs that hold a slot are the set
-# tenant:<t>:live, joined here and left by every script that frees the slot (_RELEASE,
-# _MARK_LOST, _MARK_RUN_LOST), so the count, the check and the take are one step. A tenant at
+# tenant:<t>:live, joined here and left by every script that frees the slot (RELEASE_LUA,
+# _MARK_LOST, MARK_RUN_LOST_LUA), so the count, the check and the take are one step. A tenant at
 # its max_runs is refused TENANT_QUOTA_EXCEEDED; one at or above its own reservation may only
 # take a slot the other tenants' unused reservations leave free, over the candidates' capacity.
 _PLACE = """
