@@ -119,6 +119,7 @@ from termpool.state.keys import (
     NODE_TTL,
     PREFIX,
     RECENT_RUNS,
+    RECENT_RUNS_KEPT,
     RECORD_TTL,
     RETRY_COUNTS,
     blob_key,
@@ -181,9 +182,6 @@ from termpool.state.sessions import SessionsState
 from termpool.state.subnets import RESERVED, SubnetsState
 from termpool.state.warm import WarmState
 
-# Owned here, not in keys.py: HostsState.place reads it from this module when it runs, so a
-# patch of termpool.state.RECENT_RUNS_KEPT (tests/test_viewer.py) trims the index.
-RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
@@ -215,6 +213,8 @@ class Store(
     RegistryUsesState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
+
+    recent_runs_kept = RECENT_RUNS_KEPT  # how many runs a placement keeps in the recent-runs index
 
     def __init__(self, client: redis.Redis, record_ttl: int = RECORD_TTL):
         self._r = client

@@ -9,7 +9,6 @@ import time
 
 import redis
 
-import termpool.state  # RECENT_RUNS_KEPT is read from the package when a fork is placed
 from termpool.state import keys
 from termpool.state.runs import STARTED_STATES
 
@@ -96,6 +95,7 @@ class ForksState:
     """Store's forks: placement of children and the committed images' reference counts."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    recent_runs_kept: int  # Store's
 
     def place_fork(
         self,
@@ -117,7 +117,7 @@ class ForksState:
                 max_depth,
                 default_runs,
                 cap,
-                termpool.state.RECENT_RUNS_KEPT,
+                self.recent_runs_kept,
                 keys.RECORD_TTL,
                 json.dumps(list(STARTED_STATES)),
                 job_id,
