@@ -103,7 +103,26 @@ def private_uses(module: str, tree: ast.Module) -> list[str]:
                 owner = ".".join([aliases[chain[0]], *chain[1:]])
                 if owner in MODULES and owner != module:
                     found.append(f"line {node.lineno}: {owner}.{node.attr}")
+        elif isinstance(node, ast.Call):
+            found += patched_private(module, node, aliases)
     return found
+
+
+def patched_private(module: str, call: ast.Call, aliases: dict[str, str]) -> list[str]:
+    """A private name of another module patched by name: `setattr(mod, "_y", ...)`,
+    `mock.patch.object(mod, "_y")`, `monkeypatch.setattr("pkg.mod._y", ...)`."""
+    args = call.args
+    if len(args) >= 2 and isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
+        chain = dotted(args[0])
+        if chain and chain[0] in aliases and private(args[1].value):
+            owner = ".".join([aliases[chain[0]], *chain[1:]])
+            if owner in MODULES and owner != module:
+                return [f"line {call.lineno}: {owner}.{args[1].value} (patched)"]
+    if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+        owner, _, name = args[0].value.rpartition(".")
+        if owner in MODULES and owner != module and private(name):
+            return [f"line {call.lineno}: {args[0].value} (patched)"]
+    return []
 
 
 def module_level_imports(module: str, tree: ast.Module) -> set[str]:
@@ -155,6 +174,11 @@ def test_the_checks_see_what_they_are_for():
         "line 3: termpool.dispatch._start_steps",
     ]
     assert private_uses("tasks.run_jobs", ast.parse("from tasks.run_jobs import _job\n")) == []
+    patched = 'from tasks import warm_pool\nmonkeypatch.setattr(warm_pool, "_x", 1)\nmock.patch("tasks.warm_pool._y")\n'
+    assert private_uses("tests.test_x", ast.parse(patched)) == [
+        "line 2: tasks.warm_pool._x (patched)",
+        "line 3: tasks.warm_pool._y (patched)",
+    ]
     nested = ast.parse("if True:\n    from termpool import config\ndef f():\n    import tasks.run_jobs\n")
     assert module_level_imports("termpool.dispatch", nested) == {"termpool.config"}
     assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
