@@ -9,8 +9,8 @@ from flask import Flask, g, request
 
 from app import errors, pool_view, tenancy, viewer
 from app.engine import Engine
+from app.fields import MAX_BODY_BYTES
 from app.http import fail
-from app.models import MAX_BODY_BYTES
 from termpool.config import Settings, settings
 from termpool.queues import follow_monitor
 from termpool.state import Store

@@ -1,8 +1,9 @@
 """The OpenAPI 3.1 document of both faces (docs/http-api.md), served at GET /openapi.json.
 
 Written from what the app serves: every route's `operation` declaration (app/http.py: its
-summary, body model, replies) and the JSON Schema of app/models.py's models. The failure
-codes' enum and `x-error-codes` come from termpool/failures.py via app/error_codes.py.
+summary, body model, replies) and the JSON Schema of the request and reply models
+(app/models.py, app/replies.py, ...). The failure codes' enum and `x-error-codes` come from
+termpool/failures.py via app/error_codes.py.
 tests/test_fuzz_openapi.py runs schemathesis to check that the document and the code agree
 on what is accepted and answered.
 """
@@ -13,26 +14,26 @@ from flask import Flask, current_app, jsonify
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-from app import error_codes, models
+from app import error_codes, fields, replies
 from app.http import Operation, operation
 
 JSON = "application/json"
 REF = "#/components/schemas/{model}"
-PATH_PARAMETERS = {"run_id": ("The run (lease) id.", models.RunId), "job_id": ("The job id.", models.JobId)}
+PATH_PARAMETERS = {"run_id": ("The run (lease) id.", fields.RunId), "job_id": ("The job id.", fields.JobId)}
 # Routes served by other modules that the document describes.
 OTHER_ROUTES = {
     "metrics": Operation("Prometheus metrics (text exposition format).", {200: ("Metrics", str)}, tag="meta"),
 }
 BAD_INPUT = (
     "Bad input (code BAD_REQUEST): a field is missing or malformed, or the body is not UTF-8, holds "
-    f"a lone surrogate, or nests deeper than {models.MAX_JSON_DEPTH}"
+    f"a lone surrogate, or nests deeper than {fields.MAX_JSON_DEPTH}"
 )
-TOO_LARGE = f"The body is larger than {models.MAX_BODY_BYTES} bytes (code PAYLOAD_TOO_LARGE)"
+TOO_LARGE = f"The body is larger than {fields.MAX_BODY_BYTES} bytes (code PAYLOAD_TOO_LARGE)"
 BACKEND_DOWN = "Redis or Docker is unreachable (code REDIS_UNAVAILABLE or BACKEND_UNAVAILABLE)"
 BODY_NOTE = (
     "A body that is not a JSON object counts as {}. Strings must be valid Unicode, numbers must fit a "
-    f"double, nesting is limited to {models.MAX_JSON_DEPTH} levels and the body to "
-    f"{models.MAX_BODY_BYTES} bytes."
+    f"double, nesting is limited to {fields.MAX_JSON_DEPTH} levels and the body to "
+    f"{fields.MAX_BODY_BYTES} bytes."
 )
 ARCHIVES = ("application/gzip", "application/x-tar", "application/octet-stream")  # POST /v1/tasks
 GUARD = {
@@ -101,7 +102,7 @@ def document(app: Flask) -> dict:
 
 def _schemas(ops: list[Operation]) -> tuple[dict, dict]:
     """Every body (validation) and reply model (serialization) as a component, with a $ref to each."""
-    wanted = {(models.Error, "serialization")}
+    wanted = {(replies.Error, "serialization")}
     for op in ops:
         if op.body is not None:
             wanted.add((op.body, "validation"))
@@ -144,7 +145,7 @@ def _operation(path: str, op: Operation, arguments: list[str], refs: dict) -> di
 
 def _reply(reply, refs: dict) -> dict:
     """(description, model or type or media type) or an Error's description -> an OpenAPI response."""
-    description, body = reply if isinstance(reply, tuple) else (reply, models.Error)
+    description, body = reply if isinstance(reply, tuple) else (reply, replies.Error)
     if body is str:
         return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
     if isinstance(body, str):  # a media type: a page the app does not write (gunicorn's own)

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StrictStr
 
-from app.models import CONTROL_CHARACTERS, PRINTABLE_PATTERN, JobId, Reply, refuse
+from app.fields import CONTROL_CHARACTERS, PRINTABLE_PATTERN, JobId, refuse
+from app.replies import Reply
 
 MAX_CONTAINER_PATH = 4096  # characters of a path in the container (Linux's PATH_MAX)
 # What /openapi.json says (the fuzzer reads it): absolute, no control characters. The validator

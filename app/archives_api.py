@@ -20,8 +20,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from app import error_codes
 from app.archive_models import ArchiveAccepted, ContainerPath, ExportRequest
+from app.fields import explain
 from app.http import BadRequest, engine, fail_on, ok, operation
-from app.models import explain
 from app.runs_api import UNKNOWN_RUN, WRONG_STATE, answer_run_errors
 from termpool import dispatch, tar_rules
 

@@ -13,7 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StrictInt, StrictStr, WithJsonSchema, field_validator
 
-from app.models import TEXT_PATTERN, JobId, JobState, Reply, _Body, _Out, refuse
+from app.fields import TEXT_PATTERN, JobId, refuse
+from app.models import RequestBody
+from app.replies import JobState, Reply, ReplyBody
 
 # One argv string may be at most 128 KiB including its NUL (Linux's MAX_ARG_STRLEN): the command
 # is one (bash -c COMMAND), and each env entry is one "NAME=VALUE" string.
@@ -95,7 +97,7 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Timeout = Annotated[Seconds | None, BeforeValidator(_timeout)]
 
 
-class CommandRequest(_Body):
+class CommandRequest(RequestBody):
     command: CommandText
     cwd: Cwd | None = None
     env: EnvMap | None = Field(
@@ -141,7 +143,7 @@ class CommandRequest(_Body):
         return value
 
 
-class CommandResult(_Out):
+class CommandResult(ReplyBody):
     """A command job's result (GET /v1/jobs/<id>): a non-zero exit is a result, not a failure."""
 
     return_code: int = Field(description="The exit status; 124 when timed out, 128+N when killed by signal N.")

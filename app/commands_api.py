@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app import command_models, error_codes, idempotency, models
+from app import command_models, error_codes, idempotency, replies
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
 from app.runs_api import answer_run_errors
@@ -30,7 +30,7 @@ fail = fail_on(error_codes.runs_status)
     "Queue a command (`bash -c`) in the run's agent container; its job's result has the exit status, stdout and "
     "stderr.",
     {
-        202: ("Accepted; poll the job", models.JobAccepted),
+        202: ("Accepted; poll the job", replies.JobAccepted),
         404: "Unknown run (code UNKNOWN_RUN)",
         409: "Run not started (RUN_NOT_READY) or closing/closed (RUN_CLOSED)",
     },
@@ -40,7 +40,7 @@ fail = fail_on(error_codes.runs_status)
 )
 def create_command(run_id: str, body: command_models.CommandRequest):
     job_id = job_once(run_id, lambda job: engine().command(run_id, body.model_dump(), job_id=job))
-    return ok(models.JobAccepted(job_id=job_id), 202)
+    return ok(replies.JobAccepted(job_id=job_id), 202)
 
 
 @bp.delete("/jobs/<job_id>")

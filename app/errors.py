@@ -13,8 +13,8 @@ import redis.exceptions
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from app.fields import MAX_BODY_BYTES
 from app.http import BadRequest, fail
-from app.models import MAX_BODY_BYTES
 from termpool.codes import HTTP_STATUS_CODES
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from app import tenancy
 from app.engine import Engine
-from app.models import MAX_JSON_DEPTH, Error, Reply, explain
+from app.fields import MAX_JSON_DEPTH, explain
+from app.replies import Error, Reply
 from termpool import failures
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")

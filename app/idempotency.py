@@ -13,8 +13,8 @@ from typing import Annotated
 from flask import request
 from pydantic import StringConstraints, TypeAdapter, ValidationError
 
+from app.fields import MAX_ID_LENGTH
 from app.http import BadRequest, engine
-from app.models import MAX_ID_LENGTH
 from termpool import dispatch
 
 HEADER = "Idempotency-Key"

@@ -1,9 +1,10 @@
-"""Request and reply bodies of both HTTP faces, declared once as pydantic models.
+"""Request bodies of both HTTP faces, declared once as pydantic models (replies: app/replies.py;
+field types and limits: app/fields.py).
 
 The routes validate every body with these models (app/http.py: `operation`) and
 app/apidoc.py builds /openapi.json from the same models, so the checks and the document
-cannot drift. A failed validation is answered 400 with one readable text made by `explain`
-from the first error ("task_meta.task_path is longer than 1024 characters").
+cannot drift. A failed validation is answered 400 with one readable text made by
+`fields.explain` from the first error.
 
 Paths (task_meta.task_path, run_ctx.log_dir) are resolved while validating: the validation
 context holds the settings (`{"cfg": Settings}`).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -21,204 +22,35 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    StrictBool,
     StrictInt,
     StrictStr,
-    ValidationError,
     ValidationInfo,
-    WrapValidator,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from termpool import uploaded_tasks
-from termpool.failures import CODES
-from termpool.paths import PathError, resolve_log_dir, resolve_task_path
-from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, is_task_dir
-
-# ---- limits -------------------------------------------------------------------------------------
-MAX_BODY_BYTES = 8 << 20  # Flask's MAX_CONTENT_LENGTH: a larger body is answered 413
-MAX_JSON_DEPTH = 64  # arrays and objects nested in a body, the body itself counting as 1
-MAX_ID_LENGTH = 256  # task_key, request_id, lease_id, tool names
-MAX_UID_LENGTH = 128  # run_ctx.uid, group_index, sample_index: uid is part of the run's log folder name
-MAX_PATH_LENGTH = 1024  # task_path, log_dir
-MAX_PATH_PART_BYTES = 255  # one component of a path (the file systems' NAME_MAX)
-MAX_TEXT_LENGTH = 1 << 20  # task_meta.instruction
-MIN_INTEGER, MAX_INTEGER = -(2**63), 2**63 - 1  # ids given as integers
-MAX_SCRIPT_STEPS = 1000  # each step of a Celery chain carries the rest of the chain in its message
-MAX_SCRIPT_BYTES = 1 << 20
-MAX_WAIT = 60.0  # ?wait of GET /v1/jobs/<id>
-CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"  # C0, DEL and C1: NUL, tab, newline, ESC, ...
-PRINTABLE_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
-TEXT_PATTERN = r"^[^\x00]*$"  # free text: newlines and tabs are fine, NUL is not
-RUN_ID_PATTERN = r"^run-[0-9a-f]{16}$"
-JOB_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-TASK_NAME_TEXT = (
-    f"must be letters and digits joined by '-', '.' or '_', at most {MAX_TASK_NAME_LENGTH} characters: "
-    "it names the task's Docker images and containers"
+from app.fields import (
+    MAX_PATH_PART_BYTES,
+    MAX_SCRIPT_BYTES,
+    MAX_SCRIPT_STEPS,
+    MAX_TEXT_LENGTH,
+    TEXT_PATTERN,
+    Flag,
+    Id,
+    LeaseId,
+    LogDir,
+    RunCtxId,
+    ScalarId,
+    Seconds,
+    TaskName,
+    TaskPath,
+    ToolName,
+    refuse,
+    text_id,
 )
-
-
-# ---- error texts --------------------------------------------------------------------------------
-def refuse(text: str) -> PydanticCustomError:
-    """A validation error whose text is ours, shown after the field's name (right after it when
-    the text starts with ':', as in "task_meta.task_path: no task.yaml in ...")."""
-    return PydanticCustomError("refused", "{text}", {"text": text})
-
-
-TEXTS = {  # pydantic error type -> the text after the field's name
-    "missing": "is required",
-    "string_type": "must be a string",
-    "string_too_short": "must not be empty",
-    "string_too_long": "is longer than {max_length} characters",
-    "model_type": "must be a dict",
-    "model_attributes_type": "must be a dict",
-    "dict_type": "must be a dict",
-    "list_type": "must be a list",
-    "too_long": "has {actual_length} items; at most {max_length} are allowed",
-    "bool_type": "must be true or false",
-    "int_type": "must be an integer",
-}
-PATTERN_TEXTS = {
-    PRINTABLE_PATTERN: "must not contain control characters",
-    TEXT_PATTERN: "must not contain a NUL character",
-}
-ITEM_NAMES = {"script": "tool_call"}  # what an item of a list field is called in a text
-
-
-def explain(exc: ValidationError, root: str = "") -> str:
-    """One text for the first error: where (the field, `root` for the body) and what."""
-    error = exc.errors(include_url=False)[0]
-    ctx = error.get("ctx") or {}
-    if error["type"] == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_TEXTS:
-        text = PATTERN_TEXTS[ctx["pattern"]]
-    elif error["type"] in TEXTS:
-        text = TEXTS[error["type"]].format(**ctx)
-    else:
-        text = error["msg"]
-    where = _where(error["loc"], root)
-    if not where:
-        return f"the request body {text}"
-    return f"{where}{'' if text.startswith(':') else ' '}{text}"
-
-
-def _where(loc: tuple, root: str) -> str:
-    """('script', 1, 'name') -> "script[1]: tool_call.name"; a list item takes its ITEM_NAMES name."""
-    parts = [root] if root else []
-    for item in loc:
-        if isinstance(item, int):
-            name = ITEM_NAMES.get(parts[-1], "item") if parts else "item"
-            parts = [f"{'.'.join(parts)}[{item}]:", name]
-        else:
-            parts.append(str(item))
-    return ".".join(parts).replace(":.", ": ")
-
-
-# ---- field types --------------------------------------------------------------------------------
-def _present(value):
-    """A required id: null and "" count as absent ("lease_id is required")."""
-    if value is None or value == "":
-        raise PydanticCustomError("missing", "Field required")
-    return value
-
-
-def _scalar_id(value, handler):
-    """A string or an integer; one error for the branch the value's type picks."""
-    if isinstance(value, float) and value.is_integer():  # JSON Schema's integers include 7.0
-        value = int(value)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
-        raise refuse("must be a string or an integer")
-    try:
-        return handler(value)
-    except ValidationError as exc:
-        if isinstance(value, int):
-            raise refuse("must be an integer of at most 64 bits") from None
-        branch = [e for e in exc.errors() if e["type"] != "int_type"][0]  # the string's own error
-        raise PydanticCustomError(branch["type"], branch["msg"], branch.get("ctx")) from None
-
-
-def _scalar(max_length: int):
-    """An optional id given as a string or an integer (request_id, run_ctx.uid)."""
-    text = Annotated[StrictStr, Field(max_length=max_length, pattern=PRINTABLE_PATTERN)]
-    number = Annotated[StrictInt, Field(ge=MIN_INTEGER, le=MAX_INTEGER)]
-    return Annotated[text | number | None, WrapValidator(_scalar_id)]
-
-
-def _path(min_length: int | None):
-    """A path inside a root folder (resolved by the model's validator): printable, short parts."""
-    constraints = Field(min_length=min_length, max_length=MAX_PATH_LENGTH, pattern=PRINTABLE_PATTERN)
-    return Annotated[StrictStr, constraints, AfterValidator(_path_parts)]
-
-
-def _task_name(value, handler):
-    _present(value)
-    try:
-        return handler(value)
-    except ValidationError as exc:
-        if exc.errors()[0]["type"] == "string_type":
-            raise
-        raise refuse(TASK_NAME_TEXT) from None
-
-
-def _tool_name(value):
-    if not isinstance(value, str) or not value:
-        raise refuse("must be a non-empty string")
-    return value
-
-
-def _path_parts(value: str) -> str:
-    if any(len(part.encode()) > MAX_PATH_PART_BYTES for part in value.split("/")):
-        raise refuse(f"has a component longer than {MAX_PATH_PART_BYTES} bytes")
-    return value
-
-
-Id = Annotated[
-    StrictStr,
-    Field(
-        min_length=1,
-        max_length=MAX_ID_LENGTH,
-        pattern=PRINTABLE_PATTERN,
-        description="Printable: no control characters.",
-    ),
-    BeforeValidator(_present),
-]
-LeaseId = Annotated[Id, Field(description="The run id from /allocate.")]
-ScalarId = _scalar(MAX_ID_LENGTH)
-RunCtxId = _scalar(MAX_UID_LENGTH)
-TaskName = Annotated[
-    StrictStr,
-    Field(
-        min_length=1,
-        max_length=MAX_TASK_NAME_LENGTH,
-        pattern=TASK_NAME_PATTERN,
-        description="Names the task's Docker images and containers: letters and digits joined by '-', '.' "
-        "or '_' (one or two).",
-    ),
-    WrapValidator(_task_name),
-]
-TaskPath = _path(min_length=1)
-LogDir = _path(min_length=None)  # "": the default folder
-ToolName = Annotated[
-    StrictStr,
-    Field(
-        min_length=1,
-        max_length=MAX_ID_LENGTH,
-        pattern=PRINTABLE_PATTERN,
-        description="Printable. An unknown name is not an HTTP error: the observation says so.",
-    ),
-    BeforeValidator(_tool_name),
-]
-RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
-JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN)]
-WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT, allow_inf_nan=False)]
-Flag = Annotated[StrictBool | None, AfterValidator(bool)]  # null: false
-Seconds = Annotated[Any, Field(description="Seconds; a value that is not a positive number is ignored.")]
-
-
-def text_id(value: str | int | None) -> str:
-    """A scalar id as the store keeps it: "" when absent."""
-    return "" if value is None else str(value)
+from termpool import uploaded_tasks
+from termpool.paths import PathError, resolve_log_dir, resolve_task_path
+from termpool.task_spec import is_task_dir
 
 
 def _resolve(value: str, resolve) -> Path:
@@ -339,7 +171,7 @@ class ToolCall(BaseModel):
         return value or {}
 
 
-class _Body(BaseModel):
+class RequestBody(BaseModel):
     """A request body (its fields in the order they are checked: the first error is answered)."""
 
     @model_validator(mode="before")
@@ -355,16 +187,16 @@ class _Body(BaseModel):
 RunCtxField = Annotated[RunCtx | None, BeforeValidator(lambda value: {} if value is None else value)]
 
 
-class AllocateRequest(_Body):
+class AllocateRequest(RequestBody):
     task_key: Id
     request_id: ScalarId = None
 
 
-class LeaseRequest(_Body):
+class LeaseRequest(RequestBody):
     lease_id: LeaseId
 
 
-class ResetRequest(_Body):
+class ResetRequest(RequestBody):
     lease_id: LeaseId
     task_meta: TaskMeta
     run_ctx: RunCtxField = Field(None, validate_default=True)
@@ -379,16 +211,16 @@ ForkCount = Annotated[
 ]
 
 
-class ForkRequest(_Body):
+class ForkRequest(RequestBody):
     count: ForkCount
 
 
-class PoolForkRequest(_Body):
+class PoolForkRequest(RequestBody):
     lease_id: LeaseId
     count: ForkCount
 
 
-class ExecToolRequest(_Body):
+class ExecToolRequest(RequestBody):
     lease_id: LeaseId
     tool_call: ToolCall
 
@@ -399,7 +231,7 @@ def _script_size(calls: list[ToolCall] | None) -> list[ToolCall] | None:
     return calls
 
 
-class RunRequest(_Body):
+class RunRequest(RequestBody):
     task_meta: TaskMeta
     run_ctx: RunCtxField = Field(None, validate_default=True)
     task_timeouts: TaskTimeouts = Field(default_factory=TaskTimeouts)
@@ -418,181 +250,3 @@ class RunRequest(_Body):
 
     def capacity_key(self) -> str:
         return text_id(self.task_key) or self.task_meta.task_name
-
-
-# ---- replies ------------------------------------------------------------------------------------
-Code = Annotated[
-    Literal[tuple(CODES)],
-    Field(description="Failure code; x-error-codes lists each with its kind, retryability and status per face."),
-]
-Retryable = Annotated[
-    bool,
-    Field(
-        description="True when running the episode again can help (an infrastructure error or full "
-        "capacity); false for client and task errors."
-    ),
-]
-# "lost": its worker host was lost, or its containers died with the host's last incarnation.
-RunState = Literal[
-    "allocated", "starting", "ready", "busy", "evaluating", "evaluated", "closing", "closed", "failed", "lost"
-]
-JobState = Literal["queued", "running", "succeeded", "failed"]
-
-
-class _Out(BaseModel):
-    """A reply body: every field is in the reply, defaults too (so the schema requires them)."""
-
-    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
-
-
-class Error(_Out):
-    ok: Literal[False] = False
-    error: str
-    code: Code
-    retryable: Retryable
-
-
-class Reply(_Out):
-    """A successful reply; app/http.py's `ok` puts `"ok": true` first."""
-
-    ok: Literal[True] = True
-
-
-class PoolStatus(_Out):
-    model_config = ConfigDict(extra="allow")  # what Engine.status adds is answered too
-
-    max_tasks: int
-    active_tasks: int
-    max_runs_per_task: int
-    total_active_runs: int
-    pending_closes: int
-    tasks: dict[str, dict]
-    hosts: dict[str, dict]
-
-
-class StatusReply(Reply):
-    pool: PoolStatus
-
-
-class AllocateReply(Reply):
-    lease_id: RunId
-    reused: bool
-
-
-class ResetReply(Reply):
-    user_msg: str | None
-    tool_schemas: list[dict] | None
-
-
-class ExecToolReply(Reply):
-    observation: str | None
-
-
-class EvaluateReply(Reply):
-    score: float | None
-
-
-class CloseReply(Reply):
-    found: bool = Field(description="False when unknown or already closed.")
-
-
-class EpisodeJobs(_Out):
-    start: JobId
-    tool_calls: list[JobId]
-    evaluation: JobId | None
-    close: JobId | None
-
-
-class Submitted(Reply):
-    model_config = ConfigDict(json_schema_serialization_defaults_required=False)  # jobs may be left out
-
-    run_id: RunId
-    job_id: JobId | None
-    state: RunState
-    reused: bool
-    jobs: EpisodeJobs | None = Field(None, description="Every step's job, when this request started the run.")
-
-
-class JobAccepted(Reply):
-    job_id: JobId
-
-
-class ForkAccepted(Reply):
-    job_id: JobId = Field(description="The fork job; it succeeds once every child is ready.")
-    run_ids: list[RunId] = Field(description="The children, state starting until the fork job ends.")
-
-
-class ForkReply(Reply):
-    lease_ids: list[RunId]
-
-
-class Released(Reply):
-    job_id: JobId
-    found: Literal[True]
-
-
-class AlreadyReleased(Reply):
-    job_id: JobId | None
-    found: Literal[False]
-    state: RunState
-
-
-class Run(_Out):
-    run_id: RunId
-    task_key: str
-    state: RunState
-    host: str
-    created_at: float
-    last_used_at: float | None = None
-    user_msg: str | None = None
-    tool_schemas: list[dict] | None = None
-    score: float | None = None
-    tests: dict[str, Literal["passed", "failed"]] | None = Field(None, description="Test name -> outcome.")
-    rewards: dict[str, float] | None = Field(
-        None, description="A Harbor task's named rewards (reward.json / reward.txt); score is `reward`."
-    )
-    disk_limit: int | None = Field(
-        None, description="Bytes the started run may hold on disk (CONTAINER_DISK_LIMIT or the task's own, the lower)."
-    )
-    error: str | None = None
-    code: Code | None = None
-    retryable: Retryable | None = None
-    jobs: list[JobId] = Field(description="Job ids, oldest first.")
-    parent: RunId | None = Field(None, description="The run this one was forked from.")
-    children: list[RunId] | None = Field(None, description="Runs forked from this one.")
-    fork_depth: int | None = Field(None, description="Forks between this run and a started one (1: a child).")
-    processes: Literal["restarted", "carried"] | None = Field(
-        None, description="A child's processes: restored from a checkpoint (carried) or started again (restarted)."
-    )
-    processes_reason: str | None = Field(None, description="Why a child's processes were restarted, not carried.")
-
-
-class Job(_Out):
-    job_id: JobId
-    run_id: RunId
-    kind: Literal["start", "tool_call", "evaluation", "close", "fork", "command", "put_archive", "get_archive"]
-    state: JobState
-    result: Any = Field(
-        None,
-        description="start: {user_msg, tool_schemas}; tool_call: the observation text; evaluation: "
-        "{score, tests} (and rewards, for a Harbor task); close: {containers_removed}; fork: {run_ids, "
-        "processes, processes_reason, sessions_restarted}; command: {return_code, stdout, stderr, stdout_truncated, "
-        "stderr_truncated, timed_out}; put_archive: {path, size}; get_archive: {size, path_type}.",
-    )
-    error: str | None = None
-    code: Code | None = None
-    retryable: Retryable | None = None
-    attempts: int | None = Field(
-        None, description="Tries so far: 1, plus one per automatic retry after a transient Docker failure."
-    )
-    queued_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-
-
-class RunReply(Reply):
-    run: Run
-
-
-class JobReply(Reply):
-    job: Job

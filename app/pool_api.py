@@ -2,14 +2,14 @@
 
 Every call blocks until its job has ended, then answers the way the reference does, plus
 `code` and `retryable` on every failure (statuses per code: app/error_codes.py). Bodies and
-replies are app/models.py's.
+replies are app/models.py's and app/replies.py's.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint
 
-from app import error_codes, idempotency, models, tenancy
+from app import error_codes, fields, idempotency, models, replies, tenancy
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -27,7 +27,7 @@ UNAVAILABLE = (
 UNKNOWN_LEASE = "Unknown run_lease_id (code UNKNOWN_LEASE)"
 
 
-def _job_reply(job: dict, success: type[models.Reply], **fields):
+def _job_reply(job: dict, success: type[replies.Reply], **fields):
     if job.get("state") == "succeeded":
         return ok(success(**fields))
     if job.get("state") in ("queued", "running"):
@@ -42,7 +42,7 @@ def _job_reply(job: dict, success: type[models.Reply], **fields):
 
 
 @bp.get("/healthz")
-@operation("Liveness.", {200: ("Alive", models.Reply)})
+@operation("Liveness.", {200: ("Alive", replies.Reply)})
 def healthz():
     return ok()
 
@@ -51,7 +51,10 @@ def healthz():
 @operation(
     "Readiness: 200 once a worker host serves every queue kind (an orchestrator's readiness "
     "probe; /healthz is liveness).",
-    {200: ("Ready", models.Reply), 503: "No worker host serves every queue kind yet (code NOT_READY), with the reason"},
+    {
+        200: ("Ready", replies.Reply),
+        503: "No worker host serves every queue kind yet (code NOT_READY), with the reason",
+    },
 )
 def readyz():
     ready, reason = engine().readiness()
@@ -61,19 +64,19 @@ def readyz():
 @bp.get("/status")
 @operation(
     "Capacity and live runs per task key.",
-    {200: ("Pool status", models.StatusReply), 500: "Internal error"},
+    {200: ("Pool status", replies.StatusReply), 500: "Internal error"},
 )
 def status():
     tenant = tenancy.current()
     pool = tenancy.tenant_status(engine(), tenant) if tenant else engine().status()
-    return ok(models.StatusReply(pool=pool))
+    return ok(replies.StatusReply(pool=pool))
 
 
 @bp.post("/allocate")
 @operation(
     "Lease a run slot for a task key.",
     {
-        200: ("Leased", models.AllocateReply),
+        200: ("Leased", replies.AllocateReply),
         400: "task_key is required, or a field is malformed (code BAD_REQUEST)",
         429: "No capacity; code TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED, HOST_DISK_LOW or TENANT_QUOTA_EXCEEDED",
     },
@@ -81,14 +84,14 @@ def status():
 )
 def allocate(body: models.AllocateRequest):
     try:
-        lease = engine().allocate(body.task_key, models.text_id(body.request_id), tenant=tenancy.current())
+        lease = engine().allocate(body.task_key, fields.text_id(body.request_id), tenant=tenancy.current())
     except CapacityError as exc:
         return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host, exc.reason))
-    return ok(models.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
+    return ok(replies.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
 
 
 @bp.post("/heartbeat")
-@operation("Mark the lease as used.", {200: ("Done", models.Reply), 500: UNKNOWN_LEASE}, models.LeaseRequest)
+@operation("Mark the lease as used.", {200: ("Done", replies.Reply), 500: UNKNOWN_LEASE}, models.LeaseRequest)
 def heartbeat(body: models.LeaseRequest):
     engine().lease(body.lease_id)
     return ok()
@@ -98,7 +101,7 @@ def heartbeat(body: models.LeaseRequest):
 @operation(
     "Start (or restart) the run's environment and wait for it.",
     {
-        200: ("Started", models.ResetReply),
+        200: ("Started", replies.ResetReply),
         500: "Unknown lease, or the start failed; error says why, code what kind of failure",
         503: UNAVAILABLE,
     },
@@ -110,14 +113,14 @@ def reset(body: models.ResetRequest):
     job_id = engine().start(run, body.task_meta.model_dump(), body.run_ctx.model_dump(), timeouts)
     job = engine().wait(job_id, engine().start_wait_limit(timeouts))
     result = job.get("result") or {}
-    return _job_reply(job, models.ResetReply, user_msg=result.get("user_msg"), tool_schemas=result.get("tool_schemas"))
+    return _job_reply(job, replies.ResetReply, user_msg=result.get("user_msg"), tool_schemas=result.get("tool_schemas"))
 
 
 @bp.post("/exec_tool")
 @operation(
     "Run one tool call and wait for its observation.",
     {
-        200: ("Done", models.ExecToolReply),
+        200: ("Done", replies.ExecToolReply),
         500: "Unknown lease or run not reset; code says which",
         503: UNAVAILABLE,
     },
@@ -128,14 +131,14 @@ def exec_tool(body: models.ExecToolRequest):
     call = body.tool_call.model_dump()
     job_id = job_once(body.lease_id, lambda job: engine().tool_call(body.lease_id, call, job_id=job))
     job = engine().wait(job_id, engine().tool_wait_limit(call))
-    return _job_reply(job, models.ExecToolReply, observation=job.get("result"))
+    return _job_reply(job, replies.ExecToolReply, observation=job.get("result"))
 
 
 @bp.post("/evaluate")
 @operation(
     "Run the task's tests and wait for the score.",
     {
-        200: ("Done", models.EvaluateReply),
+        200: ("Done", replies.EvaluateReply),
         500: "Tests timed out (TESTS_TIMEOUT), output unparsable (TESTS_UNPARSABLE), no reward file (REWARD_MISSING), or run not reset",
         503: UNAVAILABLE,
     },
@@ -145,17 +148,17 @@ def evaluate(body: models.LeaseRequest):
     run = engine().lease(body.lease_id)
     job_id = engine().evaluation(run)
     job = engine().wait(job_id, engine().eval_wait_limit(run))
-    return _job_reply(job, models.EvaluateReply, score=(job.get("result") or {}).get("score"))
+    return _job_reply(job, replies.EvaluateReply, score=(job.get("result") or {}).get("score"))
 
 
 @bp.post("/close")
 @operation(
     "Release the lease; the teardown may finish after the reply.",
-    {200: ("Done", models.CloseReply)},
+    {200: ("Done", replies.CloseReply)},
     models.LeaseRequest,
 )
 def close(body: models.LeaseRequest):
-    return ok(models.CloseReply(found=engine().close(body.lease_id) is not None))
+    return ok(replies.CloseReply(found=engine().close(body.lease_id) is not None))
 
 
 @bp.post("/fork")
@@ -163,7 +166,7 @@ def close(body: models.LeaseRequest):
     "Fork a reset lease into `count` new leases on its host, started from its files as they are now "
     "(an addition to the reference's API).",
     {
-        200: ("Forked; the new leases are reset already", models.ForkReply),
+        200: ("Forked; the new leases are reset already", replies.ForkReply),
         409: "Forked FORK_MAX_DEPTH deep (FORK_TOO_DEEP)",
         429: "Fewer free run slots of its task key on its host than count (RUN_SLOTS_EXHAUSTED)",
         500: "Unknown lease, lease not reset or closed, or the fork failed; code says which",
@@ -175,7 +178,7 @@ def fork(body: models.PoolForkRequest):
     run = engine().lease(body.lease_id)
     job_id, children = engine().fork(run["run_id"], body.count)
     job = engine().wait(job_id, engine().start_wait_limit(run.get("task_timeouts") or {}))
-    return _job_reply(job, models.ForkReply, lease_ids=children)
+    return _job_reply(job, replies.ForkReply, lease_ids=children)
 
 
 @bp.errorhandler(UnknownLease)

@@ -39,7 +39,7 @@ Decisions where the spec is silent:
     can wait on the last one. A repeat may briefly name a start job whose record is still
     being written (a 404 for a few milliseconds).
   * ``script`` holds at most MAX_SCRIPT_STEPS tool calls and MAX_SCRIPT_BYTES of JSON: each
-    step of a Celery chain carries the rest of the chain in its message (app/models.py).
+    step of a Celery chain carries the rest of the chain in its message (app/fields.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from pydantic import TypeAdapter, ValidationError
 
-from app import error_codes, idempotency, models, tenancy
+from app import error_codes, fields, idempotency, models, replies, tenancy
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.idempotency import job_once
@@ -56,10 +56,10 @@ from termpool.state import CapacityError
 bp = Blueprint("runs", __name__, url_prefix="/v1")
 fail = fail_on(error_codes.runs_status)
 
-WAIT = TypeAdapter(models.WaitSeconds)
+WAIT = TypeAdapter(fields.WaitSeconds)
 UNKNOWN_RUN = "Unknown run (code UNKNOWN_RUN)"
 WRONG_STATE = "Run not started (RUN_NOT_READY) or closing/closed (RUN_CLOSED)"
-ACCEPTED = ("Accepted; poll the job", models.JobAccepted)
+ACCEPTED = ("Accepted; poll the job", replies.JobAccepted)
 
 
 def _wait_seconds() -> float:
@@ -69,7 +69,7 @@ def _wait_seconds() -> float:
     try:
         return WAIT.validate_python(raw)
     except ValidationError:
-        raise BadRequest(f"wait must be a number of seconds from 0 to {models.MAX_WAIT:g}") from None
+        raise BadRequest(f"wait must be a number of seconds from 0 to {fields.MAX_WAIT:g}") from None
 
 
 # ---- replies --------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def _submission_reply(sub: Submission):
     fields = {"run_id": sub.run_id, "job_id": sub.job_id, "state": sub.state, "reused": sub.reused}
     if sub.jobs is not None:  # only when this request started the run
         fields["jobs"] = sub.jobs
-    return ok(models.Submitted(**fields), 202)
+    return ok(replies.Submitted(**fields), 202)
 
 
 # ---- endpoints ------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def _submission_reply(sub: Submission):
 @operation(
     "Allocate and start a run; optionally a whole episode in one request.",
     {
-        202: ("Accepted; job_id is the start job, jobs lists every step", models.Submitted),
+        202: ("Accepted; job_id is the start job, jobs lists every step", replies.Submitted),
         429: "No capacity, as /allocate",
     },
     models.RunRequest,
@@ -112,21 +112,21 @@ def create_run(body: models.RunRequest):
     episode = {"script": script, "evaluate": body.evaluate, "close": body.close}
     task_key = body.capacity_key()
     try:
-        sub = engine().submit(task_key, models.text_id(body.request_id), start, episode, tenancy.current())
+        sub = engine().submit(task_key, fields.text_id(body.request_id), start, episode, tenancy.current())
     except CapacityError as exc:
         return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host, exc.reason))
     return _submission_reply(sub)
 
 
 @bp.get("/runs/<run_id>")
-@operation("A run's record.", {200: ("The run", models.RunReply), 404: UNKNOWN_RUN}, tag="runs")
+@operation("A run's record.", {200: ("The run", replies.RunReply), 404: UNKNOWN_RUN}, tag="runs")
 def get_run(run_id: str):
     run = engine().store.shown_run(run_id)
     if run is None:
         raise UnknownLease(run_id)
     engine().store.touch(run_id)
     jobs = engine().store.run_jobs(run_id)
-    return ok(models.RunReply(run=_view(models.Run, run, jobs=jobs)))
+    return ok(replies.RunReply(run=_view(replies.Run, run, jobs=jobs)))
 
 
 @bp.post("/runs/<run_id>/tool_calls")
@@ -140,7 +140,7 @@ def get_run(run_id: str):
 )
 def create_tool_call(run_id: str, body: models.ToolCall):
     job_id = job_once(run_id, lambda job: engine().tool_call(run_id, body.model_dump(), runs_api=True, job_id=job))
-    return ok(models.JobAccepted(job_id=job_id), 202)
+    return ok(replies.JobAccepted(job_id=job_id), 202)
 
 
 @bp.post("/runs/<run_id>/evaluation")
@@ -152,14 +152,14 @@ def create_tool_call(run_id: str, body: models.ToolCall):
 )
 def create_evaluation(run_id: str):
     job_id = job_once(run_id, lambda job: engine().evaluation(engine().live_run(run_id), job_id=job))
-    return ok(models.JobAccepted(job_id=job_id), 202)
+    return ok(replies.JobAccepted(job_id=job_id), 202)
 
 
 @bp.post("/runs/<run_id>/fork")
 @operation(
     "Fork a started run: `count` new runs on its host whose services start from its files as they are now.",
     {
-        202: ("Accepted; the children are starting until the fork job ends", models.ForkAccepted),
+        202: ("Accepted; the children are starting until the fork job ends", replies.ForkAccepted),
         404: UNKNOWN_RUN,
         409: "Run not started (RUN_NOT_READY), closing/closed (RUN_CLOSED), or forked FORK_MAX_DEPTH deep "
         "(FORK_TOO_DEEP)",
@@ -178,15 +178,15 @@ def fork_run(run_id: str, body: models.ForkRequest):
 
     job_id = job_once(run_id, fork)
     children = forked.get("children") or (engine().store.get_job(job_id) or {}).get("children") or []
-    return ok(models.ForkAccepted(job_id=job_id, run_ids=children), 202)
+    return ok(replies.ForkAccepted(job_id=job_id, run_ids=children), 202)
 
 
 @bp.delete("/runs/<run_id>")
 @operation(
     "Release the run and tear it down (idempotent).",
     {
-        202: ("Released; job_id is the teardown", models.Released),
-        200: ("Already closing or closed; job_id is the newest close job", models.AlreadyReleased),
+        202: ("Released; job_id is the teardown", replies.Released),
+        200: ("Already closing or closed; job_id is the newest close job", replies.AlreadyReleased),
         404: UNKNOWN_RUN,
     },
     tag="runs",
@@ -198,18 +198,18 @@ def delete_run(run_id: str):
         raise UnknownLease(run_id)
     job_id = engine().close(run_id)
     if job_id is not None:
-        return ok(models.Released(job_id=job_id, found=True), 202)
+        return ok(replies.Released(job_id=job_id, found=True), 202)
     run = engine().store.require_run(run_id)
     last = engine().last_job(run_id, "close")
-    return ok(models.AlreadyReleased(job_id=last, found=False, state=run["state"]))
+    return ok(replies.AlreadyReleased(job_id=last, found=False, state=run["state"]))
 
 
 @bp.get("/jobs/<job_id>")
 @operation(
     "A job's record, optionally long-polled.",
     {
-        200: ("The job (maybe still queued or running when wait ran out)", models.JobReply),
-        400: f"wait is not a number from 0 to {models.MAX_WAIT:g} (code BAD_REQUEST)",
+        200: ("The job (maybe still queued or running when wait ran out)", replies.JobReply),
+        400: f"wait is not a number from 0 to {fields.MAX_WAIT:g} (code BAD_REQUEST)",
         404: "Unknown job (code UNKNOWN_JOB)",
     },
     query={"wait": ("Hold the request until the job has ended or this many seconds have passed.", WAIT)},
@@ -223,7 +223,7 @@ def get_job(job_id: str):
         return fail("UNKNOWN_JOB", f"unknown job: {job_id}")
     engine().store.touch(job["run_id"])
     job = engine().poll(job_id, seconds) or job  # settles a job whose host is lost
-    return ok(models.JobReply(job=_view(models.Job, job)))
+    return ok(replies.JobReply(job=_view(replies.Job, job)))
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.models import Reply
+from app.replies import Reply
 
 
 class TaskUploaded(Reply):

@@ -29,7 +29,7 @@ import docker
 import psutil
 import requests
 
-from bench import report, stack_floor, warm
+from bench import report, report_chart, stack_floor, warm
 from bench.episodes import TASK, BenchClient, Floor, pool_episode, run_phase, runs_api_available, runs_episode
 from bench.monitor import Monitor
 from bench.stats import Recorder
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"{stamp}-samples.json").write_text(json.dumps(samples))
     shutil.copyfile(json_path, out_dir / "latest.json")
     try:
-        png = report.chart(result, out_dir / f"{stamp}.png")
+        png = report_chart.chart(result, out_dir / f"{stamp}.png")
         shutil.copyfile(png, out_dir / "latest.png")
     except Exception as exc:  # a chart failure must not hide the figures
         log(f"chart failed: {type(exc).__name__}: {exc}")

@@ -219,7 +219,7 @@ def _start(api, container: str, command: Command, output_limit: int) -> _Exec:
         workdir=command.cwd,
         user=command.user or "",
     )["Id"]
-    stream, first = _open_stream(api, exec_id)
+    stream, first = open_exec_stream(api, exec_id)
     started = _Exec(
         api, container, exec_id, stream, CappedBuffer(output_limit), CappedBuffer(output_limit), FrameReader()
     )
@@ -227,13 +227,13 @@ def _start(api, container: str, command: Command, output_limit: int) -> _Exec:
     return started
 
 
-def _open_stream(api, exec_id: str) -> tuple[socket.socket, bytes]:
+def open_exec_stream(api, exec_id: str) -> tuple[socket.socket, bytes]:
     """Start the exec on a connection of our own (POST /exec/<id>/start, upgraded to the raw
     stream): the connection and the stream's bytes that came with the reply's head. The SDK's
     exec_start(socket=True) hands over the socket under its HTTP client, which may already have
     buffered (and so dropped) the first frames: all the output of an exec Docker refuses at
     once, such as an unknown user's."""
-    conn = _connect(api)
+    conn = connect_engine(api)
     body = b'{"Detach": false, "Tty": false}'
     request = (
         f"POST /v{api.api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
@@ -260,7 +260,7 @@ def _open_stream(api, exec_id: str) -> tuple[socket.socket, bytes]:
     return conn, first
 
 
-def _connect(api) -> socket.socket:
+def connect_engine(api) -> socket.socket:
     """A new connection to the Docker engine `api` talks to: its unix socket, or a plain TCP
     address (a TLS or SSH engine is not supported here)."""
     socket_path = getattr(api.get_adapter(api.base_url), "socket_path", None)

@@ -146,7 +146,7 @@ def _inside(address: str, subnets: tuple[str, ...]) -> bool:
 
 
 # ---- running it -----------------------------------------------------------------------------
-def _run_local(text: str) -> None:
+def run_local(text: str) -> None:
     proc = subprocess.run(["sh", "-c", text], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"installing packet-filter rules failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -165,7 +165,7 @@ def _own_container():
         return None
 
 
-def _run_on_host(text: str, image: str) -> None:
+def run_on_host(text: str, image: str) -> None:
     """Run the script in a container of `image` (which has iptables) on the host's network:
     NET_ADMIN there changes the host's packet filter and nothing else."""
     from environments.docker_client import docker_client
@@ -221,9 +221,9 @@ def execute(text: str, lock_dir: Path, container=None) -> None:
     with open(lock_dir / LOCK_NAME, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if container is None:
-            _run_local(text)
+            run_local(text)
         else:
-            _run_on_host(text, container.image.id)
+            run_on_host(text, container.image.id)
 
 
 def install(cfg: Settings) -> Guard | None:

@@ -170,13 +170,13 @@ def start(
     ctl = make_ctl_dir(cfg, run["run_id"])
     try:
         mounts = [f"{ctl}:{CTL_MOUNT}:rw", helper_mount(ctl)]
-        boot = _boot_server(resolved, client, task_name)
+        boot = boot_server(resolved, client, task_name)
         if not force_compose and is_template(resolved, cfg, task_dir, task_name, name):
             options = container_spec.direct_options(resolved, client, cfg, mounts, engine_cpus())
             options["network"] = networks.isolated_network(cfg.isolated_bridge_size)
             if quota:
                 options["storage_opt"] = quota
-            container = _start_direct(images.get("", image), {**options, **boot}, labels, name, starter)
+            container = start_direct(images.get("", image), {**options, **boot}, labels, name, starter)
             mode = "direct"
         else:
             needed = container_spec.networks_needing_subnets(resolved) if subnets else []
@@ -229,7 +229,7 @@ def _raise_if_held(exc: BaseException, task_dir: Path, task_name: str) -> None:
         ) from exc
 
 
-def _boot_server(resolved: dict, client: str, task_name: str) -> dict:
+def boot_server(resolved: dict, client: str, task_name: str) -> dict:
     """The client's entrypoint and command when it runs as root: tp-session boot starts the
     tool server, then becomes the container's own command, exactly as Docker would have run
     it. One docker exec less per start, and the server listens before the task's command
@@ -281,7 +281,7 @@ def client_if_running(name: str):
     return container if container.status == "running" else None
 
 
-def _start_direct(image: str, options: dict, labels: dict, name: str, starter=None):
+def start_direct(image: str, options: dict, labels: dict, name: str, starter=None):
     # create + start, not run(): run() would try to pull a missing image from a registry.
     container = docker_client().containers.create(image, name=name, labels=labels, **options)
     if starter:

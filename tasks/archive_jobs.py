@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from environments import archives
-from tasks.run_jobs import _client_container, _job, _live_run, _started_env
+from tasks.job_context import client_container, live_run, recorded_job, started_env
 from tasks.runtime import store
 from termpool import failures
 from termpool.config import settings
@@ -19,11 +19,11 @@ from termpool.config import settings
 
 def _container(run_id: str):
     """The agent's container of a started run (the one its tool calls use)."""
-    return _client_container(_started_env(_live_run(run_id)))
+    return client_container(started_env(live_run(run_id)))
 
 
 @shared_task(name="pool.put_archive", bind=True)
-@_job
+@recorded_job
 def put_archive(self, *, host, run_id, job_id, path, ttl):
     """Extract the uploaded archive into `path` (made if missing), merging with what is there."""
     try:
@@ -40,7 +40,7 @@ def put_archive(self, *, host, run_id, job_id, path, ttl):
 
 
 @shared_task(name="pool.get_archive", bind=True)
-@_job
+@recorded_job
 def get_archive(self, *, host, run_id, job_id, path, max_bytes, ttl, timeout=None):
     """Read `path` as a tar (at most max_bytes, within `timeout` seconds: a message from a
     facade that sent none gets this host's ARCHIVE_READ_TIMEOUT) and keep it `ttl` seconds

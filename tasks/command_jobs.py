@@ -17,7 +17,7 @@ from celery import shared_task
 
 from environments import commands
 from environments.docker_client import docker_client
-from tasks.run_jobs import _job, _live_run, _started_env
+from tasks.job_context import live_run, recorded_job, started_env
 from tasks.runtime import store
 from termpool.config import settings
 from termpool.state import UNAVAILABLE
@@ -64,12 +64,12 @@ def command_spec(command: dict, marker: str, max_timeout: float) -> commands.Com
 
 
 @shared_task(name="pool.run_command", bind=True)
-@_job
+@recorded_job
 def run_command(self, *, host, run_id, job_id, command, env=None):
     """`env` is the run's environment as the facade read it (as exec_tool's). Never retried:
     a command may have had effects."""
     given = env is not None
-    env = env or _started_env(_live_run(run_id, call_job=job_id))
+    env = env or started_env(live_run(run_id, call_job=job_id))
     watch = _Watch(job_id)
     if watch():  # cancelled while it was being taken off the queue
         raise commands.Cancelled("cancelled by its client before it started")
@@ -81,5 +81,5 @@ def run_command(self, *, host, run_id, job_id, command, env=None):
         raise
     except Exception:
         if given:  # a run closed meanwhile answers that, whatever Docker said of its container
-            _live_run(run_id)
+            live_run(run_id)
         raise

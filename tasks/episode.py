@@ -12,7 +12,8 @@ import logging
 
 from celery import shared_task
 
-from tasks.run_jobs import _job, store
+from tasks.job_context import recorded_job
+from tasks.runtime import store
 from termpool import failures
 from termpool.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=RELEASE_TASK, bind=True)
-@_job
+@recorded_job
 def release_run(self, *, host, run_id, job_id):
     """Free the run's capacity slot before its teardown, as the facade does for /close.
 
@@ -59,7 +60,7 @@ def _settle_failed_step(jobs: list[dict]) -> tuple[str, str]:
     a record.
 
     A step killed from outside (a hard time limit, a lost worker process) fails the chain
-    without its `_job` wrapper recording the end, so it is still ``running`` here.
+    without its `recorded_job` wrapper recording the end, so it is still ``running`` here.
     """
     for job in jobs:
         if job["state"] == "running":

@@ -23,7 +23,7 @@ from celery import shared_task
 
 from environments import checkpoints, forking, lifecycle
 from environments.session_helper import CTL_SOCKET, prepare_container, start_server
-from tasks.run_jobs import RunNotStarted, _job, _live_run, _run_path, _task_dir, _timeouts
+from tasks.job_context import RunNotStarted, artifacts_dir, live_run, recorded_job, run_task_dir, run_timeouts
 from tasks.runtime import remove_env, store, subnet_taker
 from termpool import failures
 from termpool.config import settings
@@ -38,7 +38,7 @@ CHECKPOINT_PREFIX = "termpool-fork-"  # a fork's checkpoint of its source (envir
 
 
 @shared_task(name="pool.fork_run", bind=True)
-@_job
+@recorded_job
 def fork_run(self, *, host, run_id, job_id, children):
     """The source goes on as it was whatever happens; a failed fork closes its children."""
     made: dict = {}
@@ -52,7 +52,7 @@ def fork_run(self, *, host, run_id, job_id, children):
 
 
 def _fork(run_id: str, job_id: str, host: str, children: list, made: dict) -> dict:
-    source = _live_run(run_id)
+    source = live_run(run_id)
     if source["state"] not in STARTED_STATES or not source.get("env"):
         raise RunNotStarted(f"run {run_id} is {source['state']}: only a started run can be forked")
     env = source["env"]
@@ -152,16 +152,16 @@ def _start_child(source: dict, names: dict, captured: dict, carry: Carry, child_
     """One child's services from the committed images (its processes from the checkpoint where
     the fork carries them), its tool server, its sessions; ready."""
     child = store().require_run(child_id)
-    task_dir = _task_dir(child)
+    task_dir = run_task_dir(child)
     cfg = settings()
     force_compose = source["env"].get("mode") == "compose"
     disk_limit = int(source.get("disk_limit") or 0)  # a child is held to its source's disk limit
     env, container = lifecycle.start(
         child,
         task_dir,
-        _run_path(child),
+        artifacts_dir(child),
         cfg,
-        _timeouts(child).reset_session,
+        run_timeouts(child).reset_session,
         force_compose,
         disk_limit=disk_limit,
         images=names,

@@ -8,7 +8,7 @@ A job is lost in one of two ways:
   killed for its hard time limit reaches `task_failure` too (code TIMEOUT).
 * A whole worker process dies (kill -9, OOM): nothing in it can act. Every worker process
   registers itself under a random token with the facts needed to check its pid, beats every
-  SCAN_SECONDS, and lists the jobs it runs while it runs them (run_jobs._job). Every worker
+  SCAN_SECONDS, and lists the jobs it runs while it runs them (job_context.recorded_job). Every worker
   process of the host scans the others on each beat; one whose pid is gone (same pid
   namespace: at once, and only then: a live pid is a hung process, not a dead one) or whose
   beat is older than state.NODE_TTL (elsewhere, judged only after NODE_TTL seconds of unbroken
@@ -69,7 +69,7 @@ _stop = threading.Event()
 
 
 # ---- which process runs which job ---------------------------------------------------------
-# The jobs wrapper (run_jobs._job) lists a job under this process as it begins (Store.begin_job,
+# The jobs wrapper (job_context.recorded_job) lists a job under this process as it begins (Store.begin_job,
 # with resendable()) and takes it off as it ends (job_finished / job_left).
 def resendable(task) -> dict | None:
     """How to send the running step again if its process dies: its message as a signature

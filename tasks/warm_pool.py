@@ -86,7 +86,7 @@ def demanded(app, run: dict, host: str, served: bool) -> None:
     app.send_task("pool.refill_warm", kwargs={"host": host, "task_path": meta["task_path"]})
 
 
-_NOT_POOLED: set[str] = set()  # tasks this process logged as never pooled (one run per host)
+NOT_POOLED: set[str] = set()  # tasks this process logged as never pooled (one run per host)
 
 
 def target_size(host: str, task_path: str) -> int:
@@ -96,8 +96,8 @@ def target_size(host: str, task_path: str) -> int:
     cfg = settings()
     reasons = _one_per_host(cfg, task_path)
     if reasons:
-        if task_path not in _NOT_POOLED:
-            _NOT_POOLED.add(task_path)
+        if task_path not in NOT_POOLED:
+            NOT_POOLED.add(task_path)
             log.info("no warm spares of %s: it allows one live run per host (%s)", task_path, "; ".join(reasons))
         return 0
     facts = store().warm_facts(host, task_path)

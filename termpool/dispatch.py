@@ -32,7 +32,7 @@ def _kwargs_repr(kwargs: dict) -> str:
     return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
-def _signature(celery: Celery, name: str, shown: dict | None = None, **kwargs):
+def job_signature(celery: Celery, name: str, shown: dict | None = None, **kwargs):
     """`shown`: what Flower shows of kwargs in their place (nothing secret)."""
     return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr({**kwargs, **(shown or {})}))
 
@@ -64,20 +64,20 @@ def recorded_call(tool_call: dict) -> dict:
     }
 
 
-def _start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
+def start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
     """Make sure the task's images exist (build queue), then start the run (lifecycle). Once
     this host has built the task's images the build step is skipped: one queue hop less."""
     ids = dict(host=host, run_id=run_id, job_id=job_id)
-    start = _signature(celery, "pool.start_run", **ids).set(task_id=job_id)
+    start = job_signature(celery, "pool.start_run", **ids).set(task_id=job_id)
     if store.image_ready(host, task_path):
         return [start]
-    return [_signature(celery, "pool.ensure_image", final=False, **ids).set(task_id=f"{job_id}.image"), start]
+    return [job_signature(celery, "pool.ensure_image", final=False, **ids).set(task_id=f"{job_id}.image"), start]
 
 
 def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_path: str) -> str:
     """Reset: images, then the run's services; one job for the client."""
     job_id = new_job(store, run_id, "start")
-    chain(*_start_steps(celery, store, run_id, host, job_id, task_path), app=celery).apply_async()
+    chain(*start_steps(celery, store, run_id, host, job_id, task_path), app=celery).apply_async()
     return job_id
 
 
@@ -101,7 +101,7 @@ def send_job(
     """Record and send a job whose id the caller chose (an archive job keys its blob by it)."""
     store.create_job(job_id, run_id, kind, **(job_fields or {}))
     try:
-        _signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
+        job_signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     except BaseException:
         store.discard_job(job_id, run_id)  # never sent: no job left queued for nothing
         raise
@@ -114,7 +114,9 @@ def send_tool_call(
     """Send a tool call whose job is recorded already (Store.use_run); with `env` (the run's
     environment as the caller read it) its worker reads nothing of the run."""
     kwargs = {"tool_call": tool_call, **({"env": env} if env else {})}
-    _signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
+    job_signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
+        task_id=job_id
+    )
 
 
 def recorded_command(command: dict) -> dict:
@@ -135,7 +137,7 @@ def send_command(
     """Send a command whose job is recorded already (Store.use_run), as send_tool_call does."""
     kwargs = {"command": command, **({"env": env} if env else {})}
     shown = {"command": recorded_command(command)}  # env values may be secrets (API keys): names only
-    _signature(celery, "pool.run_command", shown, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
+    job_signature(celery, "pool.run_command", shown, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
         task_id=job_id
     )
 
@@ -147,7 +149,7 @@ def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str, job
 def enqueue_fork(celery: Celery, store: Store, run_id: str, host: str, job_id: str, children: list) -> str:
     """The fork job of children already placed (Store.place_fork), on the source's host."""
     store.create_job(job_id, run_id, "fork", children=children)
-    _signature(celery, "pool.fork_run", host=host, run_id=run_id, job_id=job_id, children=children).apply_async(
+    job_signature(celery, "pool.fork_run", host=host, run_id=run_id, job_id=job_id, children=children).apply_async(
         task_id=job_id
     )
     return job_id
@@ -164,7 +166,7 @@ RELEASE_TASK = "pool.release_run"
 
 def close_signature(celery: Celery, run_id: str, host: str, job_id: str):
     """The teardown step of an existing close job (also used by the episode's error callback)."""
-    return _signature(celery, "pool.close_run", host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
+    return job_signature(celery, "pool.close_run", host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
 
 
 def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evaluate: bool, close: bool) -> dict:
@@ -183,16 +185,18 @@ def _episode_steps(
 ) -> list:
     ids = dict(host=host, run_id=run_id)
     start = jobs["start"]
-    steps = _start_steps(celery, store, run_id, host, start, task_path)
+    steps = start_steps(celery, store, run_id, host, start, task_path)
     for job_id, call in zip(jobs["tool_calls"], script):
-        steps.append(_signature(celery, "pool.exec_tool", job_id=job_id, tool_call=call, **ids).set(task_id=job_id))
+        steps.append(job_signature(celery, "pool.exec_tool", job_id=job_id, tool_call=call, **ids).set(task_id=job_id))
     if jobs["evaluation"]:
         evaluation = jobs["evaluation"]
-        steps.append(_signature(celery, "pool.evaluate", job_id=evaluation, **ids).set(task_id=evaluation))
+        steps.append(job_signature(celery, "pool.evaluate", job_id=evaluation, **ids).set(task_id=evaluation))
     if jobs["close"]:
         # The capacity slot is freed by a release step that opens the close job, as /close does.
         close = jobs["close"]
-        steps.append(_signature(celery, RELEASE_TASK, final=False, job_id=close, **ids).set(task_id=f"{close}.release"))
+        steps.append(
+            job_signature(celery, RELEASE_TASK, final=False, job_id=close, **ids).set(task_id=f"{close}.release")
+        )
         steps.append(close_signature(celery, run_id, host, close))
     return steps
 

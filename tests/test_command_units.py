@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.command_models import MAX_ARG_BYTES, CommandRequest
-from app.models import explain
+from app.fields import explain
 from environments import commands
 from tasks.command_jobs import command_spec
 from termpool import failures
@@ -102,7 +102,7 @@ class FakeApi:
 @pytest.fixture(autouse=True)
 def fake_stream(monkeypatch):
     """The exec's stream is the FakeApi's socket pair (the real one: test_the_stream_starts_...)."""
-    monkeypatch.setattr(commands, "_open_stream", lambda api, exec_id: (api.ours, b""))
+    monkeypatch.setattr(commands, "open_exec_stream", lambda api, exec_id: (api.ours, b""))
 
 
 def spec(**extra) -> commands.Command:
@@ -184,9 +184,9 @@ def test_an_exec_docker_could_not_start_for_another_reason_is_a_result_on_stderr
 
 def test_the_stream_starts_with_the_bytes_that_came_with_the_replys_head(monkeypatch):
     """Docker's refusal of an exec comes in the same read as the reply's head: it is kept."""
-    monkeypatch.undo()  # the real _open_stream
+    monkeypatch.undo()  # the real open_exec_stream
     ours, engine = socket.socketpair()
-    monkeypatch.setattr(commands, "_connect", lambda api: ours)
+    monkeypatch.setattr(commands, "connect_engine", lambda api: ours)
     refusal = frame(1, b"unable to find user x\r\n")
 
     def answer():
@@ -195,17 +195,17 @@ def test_the_stream_starts_with_the_bytes_that_came_with_the_replys_head(monkeyp
         engine.sendall(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n" + refusal)
 
     threading.Thread(target=answer).start()
-    conn, first = commands._open_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
+    conn, first = commands.open_exec_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
     assert conn is ours and first == refusal
 
 
 def test_a_refused_exec_start_is_a_docker_error(monkeypatch):
     monkeypatch.undo()
     ours, engine = socket.socketpair()
-    monkeypatch.setattr(commands, "_connect", lambda api: ours)
+    monkeypatch.setattr(commands, "connect_engine", lambda api: ours)
     engine.sendall(b'HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\n\r\n{"message": "not running"}')
     with pytest.raises(failures.DockerError, match="409 Conflict"):
-        commands._open_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
+        commands.open_exec_stream(type("Api", (), {"api_version": "1.41"})(), "abc")
 
 
 # ---- the kill script, on this machine's processes --------------------------------------------
@@ -363,7 +363,7 @@ def test_what_flower_shows_of_a_command_names_its_env_but_not_the_values():
 
     celery = make_celery(CFG)  # a signature is only made, never sent
     command = {"command": "ls", "env": {"API_KEY": "secret-value"}, "cwd": None, "user": None, "timeout_sec": None}
-    signature = dispatch._signature(
+    signature = dispatch.job_signature(
         celery,
         "pool.run_command",
         {"command": dispatch.recorded_command(command)},

@@ -478,7 +478,7 @@ def test_a_start_that_meets_the_engine_away_leaves_no_socket_folder(tmp_path, mo
     cfg = settings(tmp_path)
     monkeypatch.setattr(lifecycle, "engine_cpus", lambda: 2.0)
     monkeypatch.setattr(networks, "isolated_network", lambda size: "termpool-isolated-0")
-    monkeypatch.setattr(lifecycle, "_start_direct", away)
+    monkeypatch.setattr(lifecycle, "start_direct", away)
     monkeypatch.setattr(lifecycle, "remove_run_resources", away)
     run = {"run_id": "run-away", "task_key": "hello-file", "task_meta": {"task_name": "hello-file"}}
     with pytest.raises(requests.exceptions.ConnectionError):

@@ -360,11 +360,11 @@ def test_a_worker_in_a_container_installs_rules_through_the_host(image_with_ipta
 
     try:
         for _ in range(2):  # the second time replaces the first's rules
-            containment._run_on_host(containment.script(guard, guard.comment), image_with_iptables)
+            containment.run_on_host(containment.script(guard, guard.comment), image_with_iptables)
             assert listed().count(guard.comment) == len(containment.rules(guard, "iptables"))
             assert f"--dport {port} " in listed()
     finally:
-        containment._run_on_host(containment.script(None, guard.comment), image_with_iptables)
+        containment.run_on_host(containment.script(None, guard.comment), image_with_iptables)
     assert guard.comment not in listed()
 
 
@@ -405,15 +405,15 @@ def test_rules_of_a_pool_whose_bridge_is_gone_are_collected():
         return subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
 
     try:
-        containment._run_local(containment.script(gone, gone.comment))
+        containment.run_local(containment.script(gone, gone.comment))
         assert listed().count(gone.comment) == len(containment.rules(gone, "iptables"))
-        containment._run_local(containment.script(kept, kept.comment))
+        containment.run_local(containment.script(kept, kept.comment))
         assert gone.comment not in listed()
-        containment._run_local(containment.script(kept, kept.comment))  # a pool on the host is kept
+        containment.run_local(containment.script(kept, kept.comment))  # a pool on the host is kept
         assert listed().count(kept.comment) == len(containment.rules(kept, "iptables"))
     finally:
         for guard in (gone, kept):
-            containment._run_local(containment.script(None, guard.comment))
+            containment.run_local(containment.script(None, guard.comment))
 
 
 def test_pools_sharing_the_chains_keep_every_opening_above_every_reject():
@@ -438,13 +438,13 @@ def test_pools_sharing_the_chains_keep_every_opening_above_every_reject():
 
     try:
         for guard in (first, second, first):  # the last: a re-apply of a pool below another
-            containment._run_local(containment.script(guard, guard.comment))
+            containment.run_local(containment.script(guard, guard.comment))
             assert openings_first("TERMPOOL-INPUT") and openings_first("TERMPOOL-FORWARD")
         assert any(f"-i tpprobe+ -p tcp -m tcp --dport {port} " in line for line in chain("TERMPOOL-INPUT"))
-        containment._run_local(containment.script(None, first.comment))
+        containment.run_local(containment.script(None, first.comment))
         left = chain("TERMPOOL-INPUT") + chain("TERMPOOL-FORWARD")
         assert not any(first.comment in line for line in left)
         assert len(left) == len(containment.rules(second, "iptables"))
     finally:
         for guard in (first, second):
-            containment._run_local(containment.script(None, guard.comment))
+            containment.run_local(containment.script(None, guard.comment))

@@ -66,7 +66,7 @@ def test_error_texts_are_capped():
 
 @pytest.mark.unit
 def test_only_transient_docker_failures_are_retried():
-    from tasks.run_jobs import transient
+    from tasks.job_context import transient
 
     assert transient(docker.errors.APIError("boom", response=_response(500)))
     assert transient(docker.errors.APIError("busy", response=_response(503)))

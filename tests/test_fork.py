@@ -17,7 +17,7 @@ from termpool.config import load_settings
 from termpool.queues import make_celery
 from termpool.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
-from tests.test_harbor_tasks import STACK_ENV, _close, _reset, _sh, _solve
+from tests.test_harbor_tasks import STACK_ENV, harbor_close, harbor_reset, harbor_sh, harbor_solve
 from tests.test_runs_api import (
     assert_error,
     delete,
@@ -244,21 +244,21 @@ def hstack(base_image, docker_client):
 
 
 def test_fork_a_harbor_task_through_the_pool_api(hstack, docker_client):
-    lease, _ = _reset(hstack, "harbor-hello")
-    _sh(hstack, lease, "echo from-parent > /tmp/carried.txt")
+    lease, _ = harbor_reset(hstack, "harbor-hello")
+    harbor_sh(hstack, lease, "echo from-parent > /tmp/carried.txt")
     reply = hstack.client.request("POST", "/fork", json={"lease_id": lease, "count": 1})
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["ok"] is True and len(body["lease_ids"]) == 1, body
     [child] = body["lease_ids"]
-    assert _sh(hstack, child, "cat /tmp/carried.txt").strip() == "from-parent"
-    _solve(hstack, child, "harbor-hello")
+    assert harbor_sh(hstack, child, "cat /tmp/carried.txt").strip() == "from-parent"
+    harbor_solve(hstack, child, "harbor-hello")
     evaluated = hstack.client.request("POST", "/evaluate", json={"lease_id": child})
     assert evaluated.status_code == 200 and evaluated.json()["score"] == 1.0, evaluated.text
     bad = hstack.client.request("POST", "/fork", json={"lease_id": lease, "count": 0})
     assert bad.status_code == 400 and bad.json()["code"] == "BAD_REQUEST", bad.text
-    _close(hstack, docker_client, lease)
-    _close(hstack, docker_client, child)
+    harbor_close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, child)
     assert wait_for(lambda: not fork_images(docker_client, hstack, lease), 30)
 
 
@@ -267,8 +267,8 @@ def test_a_worker_killed_during_a_fork_leaves_nothing(hstack, docker_client):
     host's reconcile (as beat sends it) closes the children still starting and removes the
     images no run needs, whatever step the fork had reached."""
     store = Store.from_url(hstack.env["REDIS_URL"])
-    lease, _ = _reset(hstack, "harbor-hello")
-    _sh(hstack, lease, "head -c 300000000 /dev/zero > /tmp/big.bin")  # a commit that takes a while
+    lease, _ = harbor_reset(hstack, "harbor-hello")
+    harbor_sh(hstack, lease, "head -c 300000000 /dev/zero > /tmp/big.bin")  # a commit that takes a while
     reply = hstack.post(f"/v1/runs/{lease}/fork", {"count": 2})
     assert reply.status_code == 202, reply.text
     job_id, children = reply.json()["job_id"], reply.json()["run_ids"]
@@ -284,8 +284,8 @@ def test_a_worker_killed_during_a_fork_leaves_nothing(hstack, docker_client):
     assert wait_for(lambda: not fork_images(docker_client, hstack, lease), 60), fork_images(
         docker_client, hstack, lease
     )
-    assert _sh(hstack, lease, "ls /tmp/big.bin").strip() == "/tmp/big.bin"  # the source goes on
-    _close(hstack, docker_client, lease)
+    assert harbor_sh(hstack, lease, "ls /tmp/big.bin").strip() == "/tmp/big.bin"  # the source goes on
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_a_forged_session_pid_file_is_not_followed(stack, docker_client):

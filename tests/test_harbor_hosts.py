@@ -9,7 +9,7 @@ import pytest
 from termpool.state import Store
 from tests.conftest import run_containers
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
-from tests.test_harbor_tasks import STACK_ENV, _close, _reset, _sh, _solve
+from tests.test_harbor_tasks import STACK_ENV, harbor_close, harbor_reset, harbor_sh, harbor_solve
 from tests.test_many_hosts import hosts_cli
 
 TASK = "harbor-compose-sidecar"
@@ -26,7 +26,7 @@ def test_a_harbor_episode_on_each_host(two_hosts, side):
     other = two_hosts.host_b if side == "a" else two_hosts.host_id
     hosts_cli(two_hosts, "drain", other)  # placement then has one host to choose
     try:
-        lease, _ = _reset(two_hosts, TASK)
+        lease, _ = harbor_reset(two_hosts, TASK)
     finally:
         hosts_cli(two_hosts, "undrain", other)
     store = Store(two_hosts.redis)
@@ -34,8 +34,8 @@ def test_a_harbor_episode_on_each_host(two_hosts, side):
     for daemon_host, client in two_hosts.daemons.items():
         services = {c.labels.get("com.docker.compose.service") for c in run_containers(client, store, lease)}
         assert services == ({"main", "kv"} if daemon_host == host else set()), (daemon_host, services)
-    assert _sh(two_hosts, lease, "hostname >/dev/null && echo ok").strip() == "ok"
-    _solve(two_hosts, lease, TASK)
+    assert harbor_sh(two_hosts, lease, "hostname >/dev/null && echo ok").strip() == "ok"
+    harbor_solve(two_hosts, lease, TASK)
     reply = two_hosts.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
-    _close(two_hosts, two_hosts.daemons[host], lease)
+    harbor_close(two_hosts, two_hosts.daemons[host], lease)

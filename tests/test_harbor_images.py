@@ -10,7 +10,7 @@ import pytest
 
 from termpool.state import Store
 from tests.conftest import BASE_IMAGE, private_stack, run_containers
-from tests.test_harbor_tasks import FIXTURES_ROOT, _close, _reset, _sh, _solve
+from tests.test_harbor_tasks import FIXTURES_ROOT, harbor_close, harbor_reset, harbor_sh, harbor_solve
 
 PREBUILT = "termpool-harbor-prebuilt:fixture"  # harbor-prebuilt's docker_image
 
@@ -35,12 +35,12 @@ def pull_stack(prebuilt, docker_client):
 
 
 def test_docker_image_without_dockerfile_in_pull_mode(pull_stack, docker_client):
-    lease, _ = _reset(pull_stack, "harbor-prebuilt")
+    lease, _ = harbor_reset(pull_stack, "harbor-prebuilt")
     [main] = run_containers(docker_client, Store(pull_stack.redis), lease)
     assert PREBUILT in main.image.tags and main.labels["termpool.task"] == "harbor-prebuilt"
-    assert _sh(pull_stack, lease, "cat /etc/prebuilt-marker").strip() == "prebuilt"
-    assert "No such file" in _sh(pull_stack, lease, "ls /tests 2>&1")
-    _solve(pull_stack, lease, "harbor-prebuilt")  # from the image's WORKDIR, /srv/prebuilt
+    assert harbor_sh(pull_stack, lease, "cat /etc/prebuilt-marker").strip() == "prebuilt"
+    assert "No such file" in harbor_sh(pull_stack, lease, "ls /tests 2>&1")
+    harbor_solve(pull_stack, lease, "harbor-prebuilt")  # from the image's WORKDIR, /srv/prebuilt
     reply = pull_stack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
-    _close(pull_stack, docker_client, lease)
+    harbor_close(pull_stack, docker_client, lease)

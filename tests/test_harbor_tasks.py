@@ -135,23 +135,23 @@ def hstack(base_image, docker_client):
     yield from private_stack(docker_client, STACK_ENV)
 
 
-def _try_reset(s, task: str):
+def harbor_try_reset(s, task: str):
     lease = s.client.allocate(task).id
     meta = task_meta(task, f"harbor/{task}")
     return lease, s.client.request("POST", "/reset", json={"lease_id": lease, "task_meta": meta})
 
 
-def _reset(s, task: str) -> tuple[str, dict]:
-    lease, reply = _try_reset(s, task)
+def harbor_reset(s, task: str) -> tuple[str, dict]:
+    lease, reply = harbor_try_reset(s, task)
     assert reply.status_code == 200, reply.text
     return lease, reply.json()
 
 
-def _sh(s, lease: str, command: str) -> str:
+def harbor_sh(s, lease: str, command: str) -> str:
     return s.client.lease(lease).tool("shell_exec", id="main", command=command, block=True, timeout=60)
 
 
-def _solve(s, lease: str, task: str) -> str:
+def harbor_solve(s, lease: str, task: str) -> str:
     """`dataset oracle`'s script (Harbor's oracle agent: solution/ at /solution, solve.sh with
     the [solution] env from the container's working directory) through the pool API; its output."""
     env = resolve_env(load_task(HARBOR / task).harbor.solution_env, s.env, (HOST_VAR,))
@@ -161,7 +161,7 @@ def _solve(s, lease: str, task: str) -> str:
     return outputs[-1]
 
 
-def _close(s, docker_client, lease: str) -> None:
+def harbor_close(s, docker_client, lease: str) -> None:
     assert s.client.request("POST", "/close", json={"lease_id": lease}).status_code == 200
     assert wait_for(lambda: not run_containers(docker_client, Store(s.redis), lease), 60), "teardown left containers"
 
@@ -171,9 +171,9 @@ def _run_dir(s, lease: str) -> Path:
 
 
 def test_dockerfile_task_with_limits_and_hidden_tests(hstack, docker_client):
-    lease, body = _reset(hstack, "harbor-hello")
+    lease, body = harbor_reset(hstack, "harbor-hello")
     assert body["user_msg"].endswith((HARBOR / "harbor-hello" / "instruction.md").read_text())
-    assert _sh(hstack, lease, "ls /tests 2>&1; ls /solution 2>&1; pwd").count("No such file") == 2
+    assert harbor_sh(hstack, lease, "ls /tests 2>&1; ls /solution 2>&1; pwd").count("No such file") == 2
     [main] = run_containers(docker_client, Store(hstack.redis), lease)
     assert main.attrs["HostConfig"]["Memory"] == 512 * 1024**2  # task.toml's 512 MB < CONTAINER_MEMORY_LIMIT
     assert main.attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
@@ -181,49 +181,49 @@ def test_dockerfile_task_with_limits_and_hidden_tests(hstack, docker_client):
     assert Store(hstack.redis).get_run(lease)["env"]["mode"] == "direct"
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 0.0
-    _solve(hstack, lease, "harbor-hello")
+    harbor_solve(hstack, lease, "harbor-hello")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0
     verifier = _run_dir(hstack, lease) / "sessions"
     assert (verifier / "reward.txt").read_text().strip() == "1"
     assert "checked from /app as root; GREETING=hi" in (verifier / "test-stdout.txt").read_text()
     assert json.loads((_run_dir(hstack, lease) / "results.json").read_text())["rewards"] == {"reward": 1.0}
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_reward_json_non_binary(hstack, docker_client):
-    lease, _ = _reset(hstack, "harbor-partial")
-    _solve(hstack, lease, "harbor-partial")
+    lease, _ = harbor_reset(hstack, "harbor-partial")
+    harbor_solve(hstack, lease, "harbor-partial")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200, reply.text
     assert reply.json()["score"] == pytest.approx(2 / 3)  # test.sh exits 1: ignored
     record = Store(hstack.redis).get_run(lease)
     assert record["rewards"] == {"reward": pytest.approx(2 / 3), "lines": 3.0}
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_no_reward_file_is_reward_missing(hstack, docker_client):
-    lease, _ = _reset(hstack, "harbor-no-reward")
-    assert _sh(hstack, lease, "echo hi").strip() == "hi"
-    _solve(hstack, lease, "harbor-no-reward")
+    lease, _ = harbor_reset(hstack, "harbor-no-reward")
+    assert harbor_sh(hstack, lease, "echo hi").strip() == "hi"
+    harbor_solve(hstack, lease, "harbor-no-reward")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 500
     body = reply.json()
     assert (body["code"], body["retryable"]) == ("REWARD_MISSING", False)
     assert "forgets" in (_run_dir(hstack, lease) / "tests.log").read_text()
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_compose_task_with_sidecar(hstack, docker_client):
-    lease, _ = _reset(hstack, "harbor-compose-sidecar")
+    lease, _ = harbor_reset(hstack, "harbor-compose-sidecar")
     services = {
         c.labels.get("com.docker.compose.service") for c in run_containers(docker_client, Store(hstack.redis), lease)
     }
     assert services == {"main", "kv"}
-    _solve(hstack, lease, "harbor-compose-sidecar")
+    harbor_solve(hstack, lease, "harbor-compose-sidecar")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 PROBE = (
@@ -235,29 +235,29 @@ PROBE = (
 def test_no_internet_episode(hstack, docker_client):
     """allow_internet = false: main has no network (Harbor's no-network file); an ordinary
     Harbor task's container reaches the same outside address."""
-    online, _ = _reset(hstack, "harbor-hello")
-    assert _sh(hstack, online, PROBE).strip() == "reached"  # the control: the address answers
-    _close(hstack, docker_client, online)
-    lease, _ = _reset(hstack, "harbor-no-internet")
-    assert _sh(hstack, lease, PROBE).strip() == "unreachable"
-    assert _sh(hstack, lease, "ls /sys/class/net").split() == ["lo"]
+    online, _ = harbor_reset(hstack, "harbor-hello")
+    assert harbor_sh(hstack, online, PROBE).strip() == "reached"  # the control: the address answers
+    harbor_close(hstack, docker_client, online)
+    lease, _ = harbor_reset(hstack, "harbor-no-internet")
+    assert harbor_sh(hstack, lease, PROBE).strip() == "unreachable"
+    assert harbor_sh(hstack, lease, "ls /sys/class/net").split() == ["lo"]
     [main] = run_containers(docker_client, Store(hstack.redis), lease)
     assert main.attrs["HostConfig"]["NetworkMode"] == "none"
-    _solve(hstack, lease, "harbor-no-internet")
+    harbor_solve(hstack, lease, "harbor-no-internet")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_build_past_build_timeout_sec(hstack, docker_client):
     started = time.monotonic()
     since = time.time()
-    lease, reply = _try_reset(hstack, "harbor-slow-build")  # RUN sleep 120, build_timeout_sec = 3
+    lease, reply = harbor_try_reset(hstack, "harbor-slow-build")  # RUN sleep 120, build_timeout_sec = 3
     assert reply.status_code == 500, reply.text
     body = reply.json()
     assert (body["code"], body["retryable"]) == ("TASK_BUILD_FAILED", False), body
     assert "build_timeout_sec" in body["error"] and time.monotonic() - started < 60
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
     assert wait_for(lambda: not _builds_since(docker_client, since), 15), "the abandoned build runs on"
 
 
@@ -278,45 +278,45 @@ def _builds_since(docker_client, since: float) -> list[str]:
 )
 def test_refused_with_task_unsupported(hstack, docker_client, task, words):
     """steps/ (multi-step tasks), and a docker_image without a Dockerfile in a pool that builds."""
-    lease, reply = _try_reset(hstack, task)
+    lease, reply = harbor_try_reset(hstack, task)
     body = reply.json()
     assert reply.status_code in (400, 500) and body["code"] == "TASK_UNSUPPORTED", reply.text
     assert words in body["error"] and body["retryable"] is False
     assert run_containers(docker_client, Store(hstack.redis), lease) == []
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_env_templates(hstack, docker_client):
     """${VAR} from an allowed host variable, ${VAR:-default} for any other (REDIS_URL is the
     worker's own), a template inside a longer value literal; [solution] env as the oracle's."""
-    lease, _ = _reset(hstack, "harbor-env")
-    _solve(hstack, lease, "harbor-env")
+    lease, _ = harbor_reset(hstack, "harbor-env")
+    harbor_solve(hstack, lease, "harbor-env")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
     out = (_run_dir(hstack, lease) / "sessions" / "test-stdout.txt").read_text()
     assert out.strip() == "FROM_HOST=from-host LEAK=not passed PLAIN=a ${X} b ANSWER=from-host"
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_shell_sessions_start_where_harbor_exec_starts(hstack, docker_client):
     """A Harbor task's shell sessions start where Harbor's exec does: [environment] workdir, else
     the image's WORKDIR; relative file paths lead there too. The original format keeps /workspace."""
-    lease, _ = _reset(hstack, "harbor-workdir")
-    assert _sh(hstack, lease, "pwd").strip() == "/srv/task"
+    lease, _ = harbor_reset(hstack, "harbor-workdir")
+    assert harbor_sh(hstack, lease, "pwd").strip() == "/srv/task"
     hstack.client.lease(lease).tool("shell_write_content_to_file", content="x", file_path="note.txt")
-    assert _sh(hstack, lease, "cat /srv/task/note.txt").strip() == "x"
-    _solve(hstack, lease, "harbor-workdir")  # solve.sh writes result.txt relative to where it runs
+    assert harbor_sh(hstack, lease, "cat /srv/task/note.txt").strip() == "x"
+    harbor_solve(hstack, lease, "harbor-workdir")  # solve.sh writes result.txt relative to where it runs
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
-    _close(hstack, docker_client, lease)
-    lease, _ = _reset(hstack, "harbor-hello")  # no workdir: the image's WORKDIR
-    assert _sh(hstack, lease, "pwd").strip() == "/app"
-    _close(hstack, docker_client, lease)
+    harbor_close(hstack, docker_client, lease)
+    lease, _ = harbor_reset(hstack, "harbor-hello")  # no workdir: the image's WORKDIR
+    assert harbor_sh(hstack, lease, "pwd").strip() == "/app"
+    harbor_close(hstack, docker_client, lease)
     lease = hstack.client.allocate("hello-file").id  # the original format: the reference's /workspace
     meta = task_meta("hello-file", "tasks/hello-file")
     assert hstack.client.request("POST", "/reset", json={"lease_id": lease, "task_meta": meta}).status_code == 200
-    assert _sh(hstack, lease, "pwd").strip() == "/workspace"
-    _close(hstack, docker_client, lease)
+    assert harbor_sh(hstack, lease, "pwd").strip() == "/workspace"
+    harbor_close(hstack, docker_client, lease)
 
 
 def test_oracle_over_a_mixed_dataset(hstack, tmp_path, monkeypatch):
@@ -343,23 +343,23 @@ def test_warm_spares_of_a_dockerfile_task(hstack, docker_client):
     """A Harbor task with only a Dockerfile is pooled like an original one-service task: a
     reset asks for a spare, the next reset takes it, and the run on it is a whole episode
     (limits, hidden tests, the reward file among the run's artifacts). A compose task is not."""
-    first, _ = _reset(hstack, "harbor-hello")
+    first, _ = harbor_reset(hstack, "harbor-hello")
     key = warm_key(hstack.host_id, "harbor/harbor-hello")
     assert wait_for(lambda: hstack.redis.llen(key) >= 1, 90), "a reset left no spare"
-    lease, _ = _reset(hstack, "harbor-hello")
+    lease, _ = harbor_reset(hstack, "harbor-hello")
     env = Store(hstack.redis).get_run(lease)["env"]
     assert env["warm_id"] and env["mode"] == "direct", env
     [main] = run_containers(docker_client, Store(hstack.redis), lease)
     assert main.labels["termpool.run"] == env["warm_id"]
     assert (main.attrs["HostConfig"]["Memory"], main.attrs["HostConfig"]["NanoCpus"]) == (512 * 1024**2, 10**9)
-    assert _sh(hstack, lease, "ls /tests 2>&1").count("No such file") == 1
-    _solve(hstack, lease, "harbor-hello")
+    assert harbor_sh(hstack, lease, "ls /tests 2>&1").count("No such file") == 1
+    harbor_solve(hstack, lease, "harbor-hello")
     reply = hstack.client.request("POST", "/evaluate", json={"lease_id": lease})
     assert reply.status_code == 200 and reply.json()["score"] == 1.0, reply.text
     assert (_run_dir(hstack, lease) / "sessions" / "reward.txt").read_text().strip() == "1"
     for done in (first, lease):
-        _close(hstack, docker_client, done)
-    sidecar, _ = _reset(hstack, "harbor-compose-sidecar")
+        harbor_close(hstack, docker_client, done)
+    sidecar, _ = harbor_reset(hstack, "harbor-compose-sidecar")
     time.sleep(5)  # a refill would have been sent with the reset
     assert hstack.redis.llen(warm_key(hstack.host_id, "harbor/harbor-compose-sidecar")) == 0
-    _close(hstack, docker_client, sidecar)
+    harbor_close(hstack, docker_client, sidecar)

@@ -31,7 +31,7 @@ from environments.session_helper import (
 from environments.tools import run_tool, server_socket
 from tests.conftest import wait_for
 from tests.test_compose_fidelity import build_locks, settings
-from tests.test_output_caps import OLD_HELPER_COMMIT, OLD_HELPER_SOURCE, _Sessions
+from tests.test_output_caps import OLD_HELPER_COMMIT, OLD_HELPER_SOURCE, MemorySessions
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def images(cfg, redis_server, base_image):
 def unbooted(monkeypatch):
     """Root containers started as before tp-session boot (an older worker's): the server is
     started by an exec."""
-    monkeypatch.setattr(lifecycle, "_boot_server", lambda resolved, client, task_name: {})
+    monkeypatch.setattr(lifecycle, "boot_server", lambda resolved, client, task_name: {})
 
 
 def start(cfg, task: str, tmp_path: Path):
@@ -71,7 +71,7 @@ def shell(env, container, command: str, sessions=None) -> str:
         model,
         "shell_exec",
         {"id": "t", "command": command},
-        sessions if sessions is not None else _Sessions(),
+        sessions if sessions is not None else MemorySessions(),
         ctl_socket=lifecycle.ctl_socket(env.to_dict()),
     )
 
@@ -218,7 +218,7 @@ def test_a_call_right_after_the_start_is_served_by_the_booted_server(cfg, images
     try:
         assert shell(env, container, "echo first") == "first\n"
         # served by the server: the fallback (docker exec) would have asked for a restart
-        assert lifecycle.ctl_socket(env.to_dict()) not in server_socket._restarts
+        assert lifecycle.ctl_socket(env.to_dict()) not in server_socket.restarts_asked
         container.reload()
         assert not container.attrs["ExecIDs"]
     finally:

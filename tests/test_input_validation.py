@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from app import create_app, models
+from app import create_app, fields
 from app.http import BadRequest, check_json_tree
 from devstack import FIXTURES, free_port
 from termpool.config import load_settings
@@ -50,7 +50,7 @@ def reset_body(**meta) -> dict:
 # ---- the body -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["/allocate", "/reset", "/exec_tool", "/v1/runs", f"/v1/runs/{RUN}/tool_calls"])
 def test_deep_body_is_a_400(client, path):
-    for depth in (models.MAX_JSON_DEPTH + 1, 100_000):
+    for depth in (fields.MAX_JSON_DEPTH + 1, 100_000):
         data = '{"a": ' * depth + "1" + "}" * depth
         refused(client.post(path, data=data), 400, "BAD_REQUEST", "nests deeper")
     data = "[" * 100_000 + "]" * 100_000
@@ -58,7 +58,7 @@ def test_deep_body_is_a_400(client, path):
 
 
 def test_depth_limit_is_inclusive(client):
-    data = '{"task_key": ' + "[" * (models.MAX_JSON_DEPTH - 1) + "]" * (models.MAX_JSON_DEPTH - 1) + "}"
+    data = '{"task_key": ' + "[" * (fields.MAX_JSON_DEPTH - 1) + "]" * (fields.MAX_JSON_DEPTH - 1) + "}"
     refused(client.post("/allocate", data=data), 400, "BAD_REQUEST", "task_key must be a string")
 
 
@@ -86,8 +86,8 @@ def test_non_object_bodies_still_count_as_empty(client, data):
 
 
 def test_body_size_is_capped(client):
-    data = json.dumps({"task_key": "x" * models.MAX_BODY_BYTES})
-    refused(client.post("/allocate", data=data), 413, "PAYLOAD_TOO_LARGE", str(models.MAX_BODY_BYTES))
+    data = json.dumps({"task_key": "x" * fields.MAX_BODY_BYTES})
+    refused(client.post("/allocate", data=data), 413, "PAYLOAD_TOO_LARGE", str(fields.MAX_BODY_BYTES))
 
 
 def test_check_json_tree_needs_no_recursion():
@@ -103,7 +103,7 @@ def test_check_json_tree_needs_no_recursion():
 @pytest.mark.parametrize(
     "value, text",
     [
-        ("x" * (models.MAX_ID_LENGTH + 1), "longer than"),
+        ("x" * (fields.MAX_ID_LENGTH + 1), "longer than"),
         ("x" * 1_000_000, "longer than"),
         ("a\x00b", "control characters"),
         ("line\n", "control characters"),
@@ -184,7 +184,7 @@ def test_task_names_that_make_docker_names(name):
         ({"task_path": "hello-file/" + "ü" * 200}, "component longer than 255 bytes"),
         ({"task_path": "hello\x00file"}, "control characters"),
         ({"task_path": ""}, "must not be empty"),
-        ({"instruction": "x" * (models.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
+        ({"instruction": "x" * (fields.MAX_TEXT_LENGTH + 1)}, "instruction is longer than"),
         ({"instruction": "a\x00b"}, "NUL"),
     ],
 )
@@ -198,7 +198,7 @@ def test_task_meta_bounds(client, meta, text):
         ({"log_dir": "a" * 1_000_000}, "log_dir is longer than"),
         ({"log_dir": "x/" + "b" * 256}, "component longer than 255 bytes"),
         ({"log_dir": "a\nb"}, "control characters"),
-        ({"uid": "u" * (models.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
+        ({"uid": "u" * (fields.MAX_UID_LENGTH + 1)}, "run_ctx.uid is longer than"),
         ({"uid": {"a": 1}}, "run_ctx.uid must be a string or an integer"),
         ({"group_index": [1]}, "run_ctx.group_index"),
         ({"sample_index": "a\x00"}, "run_ctx.sample_index"),

@@ -1,4 +1,4 @@
-"""The request and reply models (app/models.py) and the document made from them (app/apidoc.py),
+"""The request and reply models (app/models.py, app/replies.py, app/fields.py) and the document made from them (app/apidoc.py),
 validated directly: no Docker, no Redis, no HTTP.
 
 The texts checked here are the ones both faces answer with a 400 (app/http.py `parse`).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from app import create_app, error_codes, models
+from app import create_app, error_codes, fields, models, replies
 from app.apidoc import document
 from devstack import FIXTURES
 from termpool import failures
@@ -32,7 +32,7 @@ def valid(model: type[BaseModel], body: dict, cfg=None):
 def refused(model: type[BaseModel], body: dict, cfg=None, root: str = "") -> str:
     with pytest.raises(ValidationError) as caught:
         model.model_validate(body, context={"cfg": cfg})
-    return models.explain(caught.value, root)
+    return fields.explain(caught.value, root)
 
 
 def meta(**fields) -> dict:
@@ -63,12 +63,12 @@ def test_allocate_texts(body, text):
 
 def test_scalar_ids_accept_strings_integers_and_null():
     def request_id(value):
-        return models.text_id(valid(models.AllocateRequest, {"task_key": "k", "request_id": value}).request_id)
+        return fields.text_id(valid(models.AllocateRequest, {"task_key": "k", "request_id": value}).request_id)
 
     assert request_id("ep-1") == "ep-1"
     assert request_id(7) == "7"
     assert request_id(-7.0) == "-7"  # JSON Schema counts 7.0 as an integer
-    assert request_id(None) == models.text_id(valid(models.AllocateRequest, {"task_key": "k"}).request_id) == ""
+    assert request_id(None) == fields.text_id(valid(models.AllocateRequest, {"task_key": "k"}).request_id) == ""
     assert request_id("../../etc/passwd ü") == "../../etc/passwd ü"  # a key, never a path
 
 
@@ -99,7 +99,7 @@ def test_lease_id_comes_first(cfg, model):
         (meta(task_path="hello-file/" + "ü" * 200), "task_meta.task_path has a component longer than 255 bytes"),
         (meta(instruction=5), "task_meta.instruction must be a string"),
         (meta(instruction="a\x00b"), "task_meta.instruction must not contain a NUL character"),
-        (meta(instruction="x" * (models.MAX_TEXT_LENGTH + 1)), "task_meta.instruction is longer than"),
+        (meta(instruction="x" * (fields.MAX_TEXT_LENGTH + 1)), "task_meta.instruction is longer than"),
     ],
 )
 def test_task_meta_texts(cfg, task_meta, text):
@@ -227,10 +227,10 @@ def test_wait_must_be_a_number_from_0_to_60(value):
 
 # ---- replies and the document -------------------------------------------------------------------
 def test_error_reply_has_every_code():
-    error = models.Error(error="x", **failures.fields("HOST_LOST"))
+    error = replies.Error(error="x", **failures.fields("HOST_LOST"))
     assert error.model_dump() == {"ok": False, "error": "x", "code": "HOST_LOST", "retryable": True}
     with pytest.raises(ValidationError):
-        models.Error(error="x", code="NO_SUCH_CODE", retryable=False)
+        replies.Error(error="x", code="NO_SUCH_CODE", retryable=False)
 
 
 @pytest.fixture(scope="module")
@@ -256,11 +256,11 @@ def test_openapi_document_carries_the_codes(doc):
 def test_openapi_document_states_the_limits(doc):
     schemas = doc["components"]["schemas"]
     lease_id = schemas["LeaseRequest"]["properties"]["lease_id"]
-    assert (lease_id["maxLength"], lease_id["pattern"]) == (models.MAX_ID_LENGTH, models.PRINTABLE_PATTERN)
-    assert schemas["RunRequest"]["properties"]["script"]["anyOf"][0]["maxItems"] == models.MAX_SCRIPT_STEPS
+    assert (lease_id["maxLength"], lease_id["pattern"]) == (fields.MAX_ID_LENGTH, fields.PRINTABLE_PATTERN)
+    assert schemas["RunRequest"]["properties"]["script"]["anyOf"][0]["maxItems"] == fields.MAX_SCRIPT_STEPS
     assert "type" not in schemas["TaskTimeouts"]  # anything is taken; what is not a timeout is ignored
     wait = doc["paths"]["/v1/jobs/{job_id}"]["get"]["parameters"][1]
-    assert (wait["name"], wait["schema"]["maximum"]) == ("wait", models.MAX_WAIT)
+    assert (wait["name"], wait["schema"]["maximum"]) == ("wait", fields.MAX_WAIT)
     assert "POOL_API_TOKEN" in doc["components"]["securitySchemes"]["bearer"]["description"]
     assert "API_TOKEN is set" not in doc["components"]["securitySchemes"]["bearer"]["description"].replace(
         "POOL_API_TOKEN", ""

@@ -171,7 +171,7 @@ def test_the_429_says_why():
 def test_the_warm_pool_keeps_no_spares_of_such_a_task(monkeypatch, caplog):
     monkeypatch.setattr(warm_pool, "settings", lambda: load_settings({"DATASET_DIR": str(FIXTURES)}))
     monkeypatch.setattr(warm_pool, "store", lambda: pytest.fail("sized without Redis"))
-    warm_pool._NOT_POOLED.discard(TASK)
+    warm_pool.NOT_POOLED.discard(TASK)
     with caplog.at_level("INFO", logger=warm_pool.log.name):
         assert warm_pool.target_size("h", TASK) == 0
         assert warm_pool.target_size("h", TASK) == 0

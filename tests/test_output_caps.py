@@ -128,7 +128,7 @@ def test_background_job_may_write_after_a_blocking_call(capped_stack, lease):
     assert router.tool(lease, "shell_exec", id="j", command="ls /tmp/alive", block=True, timeout=30) == "/tmp/alive\n"
 
 
-class _Sessions(dict):
+class MemorySessions(dict):
     """run_tool's session store, in memory."""
 
     def set(self, sid, **fields):
@@ -158,7 +158,7 @@ def test_a_helper_from_before_the_limits_is_replaced(base_image, docker_client, 
             tar.add(tmp_path / "tp-session", arcname=HELPER_PATH.lstrip("/"))
         assert container.put_archive("/", archive.getvalue())
         limits = OutputLimits(SESSION_LIMIT, OBSERVATION_LIMIT)
-        reply = run_tool(container, "shell_exec", {"id": "a", "command": "echo hi"}, _Sessions(), limits=limits)
+        reply = run_tool(container, "shell_exec", {"id": "a", "command": "echo hi"}, MemorySessions(), limits=limits)
         assert reply == "hi\n"
     finally:
         container.remove(force=True)

@@ -69,7 +69,7 @@ def test_hostile_bodies_are_400_and_take_no_slot(stack):
 
 
 def test_body_size_is_capped(stack):
-    from app.models import MAX_BODY_BYTES
+    from app.fields import MAX_BODY_BYTES
 
     body = b'{"task_key": "' + b"x" * MAX_BODY_BYTES + b'"}'
     assert_error(post_raw(stack, "/allocate", body), 413, str(MAX_BODY_BYTES), "PAYLOAD_TOO_LARGE")

@@ -67,12 +67,12 @@ def _jobs():
 @pytest.mark.unit
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_redis_timeout_inside_a_job_is_redis_s(redis_server, monkeypatch, kind):
-    from tasks import run_jobs
+    from tasks import job_context, run_jobs
 
     module, task, extra = _jobs()[kind]
     real = Store(redis_server)
     partitioned = PartitionedStore(redis_server)
-    for mod in {run_jobs, module}:
+    for mod in {job_context, run_jobs, module}:
         monkeypatch.setattr(mod, "store", lambda: partitioned)
     redis_server.flushdb()  # a job is recorded once: each kind's job-1 is a new one
     real.create_job("job-1", "run-1", kind)
@@ -87,10 +87,11 @@ def test_a_redis_timeout_inside_a_job_is_redis_s(redis_server, monkeypatch, kind
 @pytest.mark.unit
 def test_a_teardown_waits_out_a_redis_timeout(redis_server, monkeypatch):
     """A close's Redis calls are tried again until Redis answers: it finishes, not fails."""
-    from tasks import run_jobs
+    from tasks import job_context, run_jobs
 
     real, partitioned = Store(redis_server), PartitionedStore(redis_server)
-    monkeypatch.setattr(run_jobs, "store", lambda: partitioned)
+    for mod in (job_context, run_jobs):
+        monkeypatch.setattr(mod, "store", lambda: partitioned)
     redis_server.flushdb()
     real.create_job("job-1", "run-1", "close_run")
     run_jobs.close_run.run(host="h1", run_id="run-1", job_id="job-1")

@@ -87,16 +87,16 @@ def sent(celery) -> list[dict]:
 
 def test_start_builds_the_image_until_the_host_has_it(celery, store):
     ids = {"host": HOST, "run_id": "run-1", "job_id": "job-1"}
-    steps = dispatch._start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
+    steps = dispatch.start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
     assert [(s.task, s.id, s.kwargs) for s in steps] == [
         ("pool.ensure_image", "job-1.image", {**ids, "final": False}),
         ("pool.start_run", "job-1", ids),
     ]
     store.mark_image_ready(HOST, TASK_PATH)
-    steps = dispatch._start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
+    steps = dispatch.start_steps(celery, store, "run-1", HOST, "job-1", TASK_PATH)
     assert [(s.task, s.id) for s in steps] == [("pool.start_run", "job-1")]
     store.mark_image_ready(HOST, "another-task")  # another task's image is no help
-    assert len(dispatch._start_steps(celery, store, "run-1", HOST, "job-1", "other")) == 2
+    assert len(dispatch.start_steps(celery, store, "run-1", HOST, "job-1", "other")) == 2
 
 
 def test_reset_is_sent_to_the_build_queue_then_to_the_lifecycle_queue(celery, store):

@@ -1,5 +1,5 @@
 """Tenant quotas in the state store's scripts alone (a private Redis, no Docker): max_runs and
-reserved_runs decided where a slot is taken (_PLACE, _FORK_PLACE), the tenant's count left by
+reserved_runs decided where a slot is taken (_PLACE, FORK_PLACE_LUA), the tenant's count left by
 every script that frees a slot (release, a lost run, a lost host). docs/tenants.md."""
 
 from __future__ import annotations

@@ -191,10 +191,10 @@ def test_token_gate(guarded):
 
 # ---- the recent-runs index and the recorded call (Redis alone) -------------------------------
 @pytest.mark.unit
-def test_recent_runs_index(redis_server, monkeypatch):
+def test_recent_runs_index(redis_server):
     redis_server.flushdb()
     store = Store(redis_server)
-    monkeypatch.setattr(state_module, "RECENT_RUNS_KEPT", 5)
+    store.recent_runs_kept = 5
     ids = []
     for i in range(7):
         ids.append(allocate(store, f"task-{i % 2}", "", "h", max_tasks=100, max_runs=100).run_id)

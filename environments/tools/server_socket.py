@@ -121,7 +121,7 @@ def unprepared(out: bytes) -> bool:
 
 
 _restart_lock = threading.Lock()
-_restarts: dict[str, float] = {}
+restarts_asked: dict[str, float] = {}
 
 
 def restart_server(container, path: str) -> None:
@@ -129,12 +129,12 @@ def restart_server(container, path: str) -> None:
     socket: the call that found it gone has already been served by docker exec."""
     now = time.monotonic()
     with _restart_lock:
-        if now - _restarts.get(path, -math.inf) < RESTART_EVERY:
+        if now - restarts_asked.get(path, -math.inf) < RESTART_EVERY:
             return
-        if len(_restarts) > 1000:  # one entry per socket ever restarted: forget the old ones
-            for key in [k for k, t in _restarts.items() if now - t >= RESTART_EVERY]:
-                del _restarts[key]
-        _restarts[path] = now
+        if len(restarts_asked) > 1000:  # one entry per socket ever restarted: forget the old ones
+            for key in [k for k, t in restarts_asked.items() if now - t >= RESTART_EVERY]:
+                del restarts_asked[key]
+        restarts_asked[path] = now
 
     def restart():
         try:

@@ -28,10 +28,11 @@ failed job raises its typed error for the caller to decide (an infrastructure er
 episode again).
 
 The package needs only httpx and termpool/codes.py (pure data): nothing of the server's.
-errors.py: the exceptions; calls.py: tool calls and results; ops.py, pool_ops.py: the
-protocol as sans-IO operations (commands.py: Run.command, mixed into the runs'); drivers.py:
-how both clients run them; sync.py: Pool, Run, Lease, Job; aio.py: AsyncPool, AsyncRun,
-AsyncLease, AsyncJob.
+errors.py: the exceptions; calls.py: tool calls and results; protocol.py: the request
+machinery every operation uses; ops.py, pool_ops.py: the protocol as sans-IO operations
+(commands.py: Run.command, archives.py: file transfers, both mixed into the runs');
+drivers.py: how both clients run them; sync.py: Pool, Run, Lease, Job; aio.py: AsyncPool,
+AsyncRun, AsyncLease, AsyncJob.
 """
 
 from termpool.client.aio import AsyncJob, AsyncLease, AsyncPool, AsyncRun

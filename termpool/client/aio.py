@@ -5,27 +5,27 @@ from __future__ import annotations
 import httpx
 
 from termpool.client.drivers import awaitable
-from termpool.client.ops import _JobOps, _LeaseOps, _RunOps
-from termpool.client.pool_ops import DEFAULT_URL, _PoolOps
+from termpool.client.ops import JobOps, LeaseOps, RunOps
+from termpool.client.pool_ops import DEFAULT_URL, PoolOps
 
 
 @awaitable
-class AsyncJob(_JobOps):
+class AsyncJob(JobOps):
     """A submitted operation: await wait() for its result, record() for its state."""
 
 
 @awaitable
-class AsyncRun(_RunOps):
+class AsyncRun(RunOps):
     """One leased task environment; `async with` closes it on exit."""
 
 
 @awaitable
-class AsyncLease(_LeaseOps):
+class AsyncLease(LeaseOps):
     """One lease of the blocking pool API (AsyncPool.allocate); `async with` closes it on exit."""
 
 
 @awaitable
-class AsyncPool(_PoolOps):
+class AsyncPool(PoolOps):
     """A termpool service for asyncio: many episodes from one process and one event loop.
     Same methods as Pool, as coroutines; `async with AsyncPool(url) as pool:`."""
 

@@ -1,5 +1,5 @@
 """Files into and out of a run's container (the runs API's archive routes), mixed into the runs
-of both clients (ops._RunOps): raw tar archives (put_archive, get_archive) and, built on
+of both clients (ops.RunOps): raw tar archives (put_archive, get_archive) and, built on
 them, Harbor's four transfers (upload_file, upload_dir, download_file, download_dir).
 
 Each is a job like a tool call: the archive goes up in the PUT and is extracted by the run's
@@ -15,6 +15,7 @@ import posixpath
 from pathlib import Path
 
 from termpool.client import tarballs
+from termpool.client.protocol import wait_job
 
 
 def _split(remote: str) -> tuple[str, str]:
@@ -31,13 +32,11 @@ def _below_top(name: str) -> str | None:
     return rest or None
 
 
-class _ArchiveOps:
+class ArchiveOps:
     """The archive operations of a run (self.id) driven by its pool (self._pool)."""
 
     def _wait_for(self, job_id: str):
-        from termpool.client.ops import _wait_job  # ops.py mixes this class in: imported at use
-
-        return (yield from _wait_job(self._pool, job_id, self._pool.job_timeout))
+        return (yield from wait_job(self._pool, job_id, self._pool.job_timeout))
 
     def _put(self, path: str, data: bytes):
         params = {"path": path}

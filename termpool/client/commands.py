@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from termpool.client import ops  # ops imports this module: its names are read when a command runs
 from termpool.client.errors import TermpoolError, WaitTimeout
+from termpool.client.protocol import Call, OnCancel, Op, queuing, request_op, wait_job
 
 WAIT_MARGIN = 60.0  # on top of a command's timeout_sec, for its queueing and its kill
 
@@ -36,8 +36,8 @@ class CommandResult:
         return cls(**{field.name: result[field.name] for field in dataclasses.fields(cls) if field.name in result})
 
 
-class _CommandOps:
-    """Mixed into _RunOps (ops.py), whose `id`, `_pool` and `_call` it uses."""
+class CommandOps:
+    """Mixed into RunOps (ops.py), whose `id`, `_pool` and `_call` it uses."""
 
     def command(
         self,
@@ -47,22 +47,22 @@ class _CommandOps:
         env: dict[str, str] | None = None,
         user: str | int | None = None,
         timeout_sec: float | None = None,
-    ) -> ops.Op:
+    ) -> Op:
         """Run `command` with `bash -c` in the run's agent container: a CommandResult once it
         has ended, whatever its exit status. cwd (absolute), env (over the container's), user
         (a name or uid) and timeout_sec default to the container's own and the service's
         COMMAND_MAX_TIMEOUT. Raises UnknownUser for a user the container lacks, BadRequest
         for bad input; abandoning the call cancels the command (module docstring)."""
         body = {"command": command, "cwd": cwd, "env": env, "user": user, "timeout_sec": timeout_sec}
-        reply = yield from ops._request(self._pool, ops._queuing("POST", f"/v1/runs/{self.id}/commands", body))
-        cancel = ops._Call("DELETE", f"/v1/jobs/{reply['job_id']}", idempotent=True)
-        yield ops._OnCancel(cancel)
+        reply = yield from request_op(self._pool, queuing("POST", f"/v1/runs/{self.id}/commands", body))
+        cancel = Call("DELETE", f"/v1/jobs/{reply['job_id']}", idempotent=True)
+        yield OnCancel(cancel)
         try:
-            job = yield from ops._wait_job(self._pool, reply["job_id"], self._command_wait(timeout_sec))
+            job = yield from wait_job(self._pool, reply["job_id"], self._command_wait(timeout_sec))
         except WaitTimeout:
             yield from _cancel_quietly(self._pool, cancel)
             raise
-        yield ops._OnCancel(None)
+        yield OnCancel(None)
         return CommandResult.from_job(job["result"])
 
     def _command_wait(self, timeout_sec: float | None) -> float | None:
@@ -73,8 +73,8 @@ class _CommandOps:
         return max(limit, timeout_sec + WAIT_MARGIN)
 
 
-def _cancel_quietly(pool, cancel) -> ops.Op:
+def _cancel_quietly(pool, cancel) -> Op:
     try:
-        yield from ops._request(pool, cancel)
+        yield from request_op(pool, cancel)
     except TermpoolError:
         pass  # the job may have ended meanwhile, or the service be away: the wait's error is the one raised

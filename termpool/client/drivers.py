@@ -18,29 +18,29 @@ import time
 
 import httpx
 
-from termpool.client.ops import Op, _Call, _Hangup, _OnCancel
+from termpool.client.protocol import Call, Hangup, OnCancel, Op
 
-CANCEL_SECONDS = 5.0  # the most an abandoned operation's _OnCancel request may take
+CANCEL_SECONDS = 5.0  # the most an abandoned operation's OnCancel request may take
 
 
 async def _drive(driver: _Driver, pool, op: Op):
     """Run operation `op` to its end: do each step it yields with the driver's I/O and send
     it the outcome (throw in a transport error); the operation's return value. When its
-    caller abandons it (driver.abandoned), the request its last _OnCancel named is sent first."""
+    caller abandons it (driver.abandoned), the request its last OnCancel named is sent first."""
     on_cancel = None
     try:
         step = next(op)
         while True:
-            if isinstance(step, _OnCancel):
+            if isinstance(step, OnCancel):
                 on_cancel = step.call
                 step = op.send(None)
-            elif isinstance(step, _Call):
+            elif isinstance(step, Call):
                 try:
                     step = op.send(await driver.request(pool._http, pool._request_args(step)))
                 except httpx.TransportError as exc:
                     step = op.throw(exc)
             else:
-                await (driver.close(pool._http) if isinstance(step, _Hangup) else driver.sleep(step))
+                await (driver.close(pool._http) if isinstance(step, Hangup) else driver.sleep(step))
                 step = op.send(None)
     except StopIteration as stop:
         return stop.value
@@ -81,12 +81,12 @@ class _Driver:
     async def close(self, http) -> None:
         raise NotImplementedError
 
-    async def abandon(self, pool, call: _Call) -> None:
+    async def abandon(self, pool, call: Call) -> None:
         """Send `call` for an abandoned operation: best effort, within CANCEL_SECONDS."""
         raise NotImplementedError
 
 
-def _short(pool, call: _Call) -> dict:
+def _short(pool, call: Call) -> dict:
     return {**pool._request_args(call), "timeout": CANCEL_SECONDS}
 
 
@@ -116,7 +116,7 @@ class _Blocking(_Driver):
     async def close(self, http: httpx.Client) -> None:
         http.close()
 
-    async def abandon(self, pool, call: _Call) -> None:
+    async def abandon(self, pool, call: Call) -> None:
         with contextlib.suppress(httpx.HTTPError):
             pool._http.request(**_short(pool, call))
 
@@ -142,7 +142,7 @@ class _Awaitable(_Driver):
     async def close(self, http: httpx.AsyncClient) -> None:
         await http.aclose()
 
-    async def abandon(self, pool, call: _Call) -> None:
+    async def abandon(self, pool, call: Call) -> None:
         """Shielded: cancelled again meanwhile, the request still goes out (in the background)."""
         sending = asyncio.ensure_future(asyncio.wait_for(pool._http.request(**_short(pool, call)), CANCEL_SECONDS))
         self._sending.add(sending)

@@ -299,14 +299,14 @@ def error_class(code: str) -> type[TermpoolError]:
     return _KIND_BASES.get(known.kind, TermpoolError) if known else TermpoolError
 
 
-def _reply_error(status: int, body: Any) -> TermpoolError:
+def reply_error(status: int, body: Any) -> TermpoolError:
     body = body if isinstance(body, dict) else {}
     code = body.get("code") or _STATUS_CODES.get(status, "INTERNAL")
     message = str(body.get("error") or f"HTTP {status}")
     return error_class(code)(message, code=code, retryable=body.get("retryable"), status=status, reply=body)
 
 
-def _job_error(job: dict) -> TermpoolError:
+def job_error(job: dict) -> TermpoolError:
     code = job.get("code") or "INTERNAL"
     message = f"{job.get('kind') or 'job'} job {job.get('job_id')} failed: {job.get('error') or 'no reason given'}"
     return error_class(code)(message, code=code, retryable=job.get("retryable"), job=job)

@@ -1,129 +1,20 @@
 """The protocol, written once for both drivers (drivers.py): each operation of a job, a run or a
 lease is a generator that says what I/O it needs and is sent the outcome, so it does no I/O
-itself (pool_ops.py has the pool's own operations and its retry policy)."""
+itself (protocol.py: the request machinery; pool_ops.py: the pool's own operations and its
+retry policy; commands.py and archives.py: operations mixed into a run's)."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Generator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from termpool.client.archives import _ArchiveOps
+from termpool.client.archives import ArchiveOps
 from termpool.client.calls import Evaluation, exec_call, task_meta, tool_call, write_file_call
-from termpool.client.commands import _CommandOps
-from termpool.client.errors import TermpoolError, WaitTimeout, _job_error
-
-if TYPE_CHECKING:
-    from termpool.client.pool_ops import _PoolOps
-
-MAX_LONG_POLL = 60.0  # the runs API's upper bound for ?wait=
-JOB_ENDED = ("succeeded", "failed")
+from termpool.client.commands import CommandOps
+from termpool.client.errors import TermpoolError
+from termpool.client.protocol import Op, Operations, queuing, request_op, start_options, wait_job
 
 
-@dataclass(frozen=True)
-class _Call:
-    """One HTTP request. `idempotent`: sending it twice does the work once."""
-
-    method: str
-    path: str
-    body: dict | None = None
-    params: dict | None = None
-    idempotent: bool = False
-    long_poll: float | None = 0.0  # seconds the server may hold the reply (None: no limit)
-    content: bytes | None = None  # a raw body in place of `body`'s JSON (a tar archive)
-    content_type: str = "application/x-tar"
-    raw_reply: bool = False  # a successful reply is its bytes (a tar archive), not JSON
-    key: str | None = None  # an Idempotency-Key: the request queues its job once, however often sent
-
-
-def _queuing(method: str, path: str, body: dict | None = None) -> _Call:
-    """A request that queues a job, made safe to send again by its own Idempotency-Key: a retry
-    after a lost reply (pool._retry_delay) answers the first request's job."""
-    return _Call(method, path, body=body, key=uuid.uuid4().hex)
-
-
-@dataclass(frozen=True)
-class _Hangup:
-    """Close the pool's HTTP connections (not its runs)."""
-
-
-@dataclass(frozen=True)
-class _OnCancel:
-    """From here on, should its caller abandon the operation (an asyncio task cancelled, Ctrl-C
-    in a blocking call), send `call` before the cancellation goes on: shielded, best effort,
-    within CANCEL_SECONDS (drivers.py). None: nothing any more."""
-
-    call: _Call | None
-
-
-# An operation is a generator that yields what to do (an HTTP request: a _Call; a pause: a
-# number of seconds; closing the connections: a _Hangup; what to send if it is abandoned: an
-# _OnCancel) and is sent the outcome (an httpx.Response, or has the transport error thrown
-# in; None for the others); it returns its result. Pool drives
-# operations with blocking I/O, AsyncPool with awaited I/O (drivers.py), so the protocol,
-# retries included, is written once.
-Op = Generator[Any, Any, Any]
-
-
-def _request(pool: _PoolOps, call: _Call) -> Op:
-    """One request, sent again after retryable failures (pool._retry_delay); its JSON reply."""
-    attempt = 0
-    while True:
-        try:
-            outcome = pool._outcome(call, (yield call))
-        except httpx.TransportError as exc:
-            outcome = pool._unreachable(call, exc)
-        if not isinstance(outcome, TermpoolError):
-            return outcome
-        delay = pool._retry_delay(call, outcome, attempt)
-        if delay is None:
-            raise outcome
-        yield delay
-        attempt += 1
-
-
-def _wait_job(pool: _PoolOps, job_id: str, timeout: float | None, raise_failed: bool = True) -> Op:
-    """Long-poll a job until it ends; its record. A failed job raises its typed error."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = MAX_LONG_POLL if deadline is None else deadline - time.monotonic()
-        wait = round(max(0.0, min(MAX_LONG_POLL, left)), 1)
-        reply = yield from _request(
-            pool, _Call("GET", f"/v1/jobs/{job_id}", params={"wait": wait}, idempotent=True, long_poll=wait)
-        )
-        job = reply["job"]
-        if job.get("state") == "failed" and raise_failed:
-            raise _job_error(job)
-        if job.get("state") in JOB_ENDED:
-            return job
-        if left <= 0:
-            raise WaitTimeout(f"job {job_id} ({job.get('kind')}) is still {job.get('state')} after {timeout:g} s")
-
-
-def _options(run_ctx: dict | None, task_timeouts: dict | None) -> dict:
-    """A start's optional fields, when given (both faces take them the same way)."""
-    return {k: v for k, v in (("run_ctx", run_ctx), ("task_timeouts", task_timeouts)) if v}
-
-
-class _Ops:
-    """Base of the objects whose methods are operations; `_pool` drives them."""
-
-    _pool: _PoolOps
-
-    def _call(self, method: str, path: str, **options) -> Op:
-        return (yield from _request(self._pool, _Call(method, path, **options)))
-
-    def _enter(self) -> Op:
-        """Entering a `with` (`async with`) block: no I/O, the object itself."""
-        yield from ()
-        return self
-
-
-class _JobOps(_Ops):
+class JobOps(Operations):
     def __init__(self, pool, job_id: str):
         self._pool = pool
         self.id = job_id
@@ -135,7 +26,7 @@ class _JobOps(_Ops):
         """The job's result once it has succeeded (observation text, {score, tests}, ...);
         raises its typed error when it failed, WaitTimeout after `timeout` (default: the
         pool's job_timeout)."""
-        job = yield from _wait_job(self._pool, self.id, self._pool.job_timeout if timeout is None else timeout)
+        job = yield from wait_job(self._pool, self.id, self._pool.job_timeout if timeout is None else timeout)
         return job.get("result")
 
     def record(self) -> Op:
@@ -143,7 +34,7 @@ class _JobOps(_Ops):
         return (yield from self._call("GET", f"/v1/jobs/{self.id}", idempotent=True))["job"]
 
 
-class _SessionOps(_Ops):
+class SessionOps(Operations):
     """The tools of one task environment, whichever face carries them (`_tool`)."""
 
     id: str
@@ -189,7 +80,7 @@ class _SessionOps(_Ops):
         return (yield from self._tool(write_file_call(path, content)))
 
 
-class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
+class RunOps(ArchiveOps, SessionOps, CommandOps):
     def __init__(self, pool, run_id: str, start_job: str | None = None, start: dict | None = None):
         self._pool = pool
         self.id = run_id
@@ -199,7 +90,7 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
         self.tool_schemas: list | None = start.get("tool_schemas")  # the four tools' schemas
 
     def _submit(self, call: dict) -> Op:
-        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/tool_calls", call))
+        reply = yield from request_op(self._pool, queuing("POST", f"/v1/runs/{self.id}/tool_calls", call))
         return self._pool._job_class(self._pool, reply["job_id"])
 
     def submit(self, name: str, **arguments) -> Op:
@@ -208,12 +99,12 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
 
     def _tool(self, call: dict) -> Op:
         job = yield from self._submit(call)
-        return (yield from _wait_job(self._pool, job.id, self._pool.job_timeout))["result"]
+        return (yield from wait_job(self._pool, job.id, self._pool.job_timeout))["result"]
 
     def evaluate(self) -> Op:
         """Run the task's tests: an Evaluation (score, per-test results)."""
-        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/evaluation"))
-        result = (yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout))["result"] or {}
+        reply = yield from request_op(self._pool, queuing("POST", f"/v1/runs/{self.id}/evaluation"))
+        result = (yield from wait_job(self._pool, reply["job_id"], self._pool.job_timeout))["result"] or {}
         return Evaluation(
             score=float(result.get("score") or 0.0),
             tests=result.get("tests") or {},
@@ -222,7 +113,7 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
 
     def wait_ready(self) -> Op:
         """Wait for the start job (after Pool.start(wait=False)); raises its error if it failed."""
-        result = (yield from _wait_job(self._pool, self.start_job, self._pool.job_timeout))["result"] or {}
+        result = (yield from wait_job(self._pool, self.start_job, self._pool.job_timeout))["result"] or {}
         self.user_msg, self.tool_schemas = result.get("user_msg"), result.get("tool_schemas")
         return self
 
@@ -230,9 +121,9 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
         """`count` new runs on this run's host whose services start from its files as they are
         now (POST /v1/runs/<id>/fork); this run goes on unchanged. Returns the children (Runs to
         close like any other), ready unless wait=False (then wait_ready() each)."""
-        reply = yield from _request(self._pool, _queuing("POST", f"/v1/runs/{self.id}/fork", {"count": count}))
+        reply = yield from request_op(self._pool, queuing("POST", f"/v1/runs/{self.id}/fork", {"count": count}))
         if wait:
-            yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout)
+            yield from wait_job(self._pool, reply["job_id"], self._pool.job_timeout)
         start = {"user_msg": self.user_msg, "tool_schemas": self.tool_schemas}
         return [self._pool._run_class(self._pool, run_id, reply["job_id"], start) for run_id in reply["run_ids"]]
 
@@ -245,12 +136,12 @@ class _RunOps(_ArchiveOps, _SessionOps, _CommandOps):
         wait=True, return only once its containers are gone. Closing twice is harmless."""
         reply = yield from self._call("DELETE", f"/v1/runs/{self.id}", idempotent=True)
         if wait and reply.get("job_id"):
-            yield from _wait_job(self._pool, reply["job_id"], self._pool.job_timeout, raise_failed=False)
+            yield from wait_job(self._pool, reply["job_id"], self._pool.job_timeout, raise_failed=False)
 
     _close = close
 
 
-class _LeaseOps(_SessionOps):
+class LeaseOps(SessionOps):
     """One lease of the blocking pool API: each call is one request that returns when its job
     is done (so its reply may take up to the pool's job_timeout, a reset with a build)."""
 
@@ -277,7 +168,7 @@ class _LeaseOps(_SessionOps):
     ) -> Op:
         """(Re)start the lease's environment for `task` (POST /reset; a second reset replaces
         the first environment); the lease, with user_msg and tool_schemas set."""
-        fields = {"task_meta": task_meta(task, task_path, instruction), **_options(run_ctx, task_timeouts)}
+        fields = {"task_meta": task_meta(task, task_path, instruction), **start_options(run_ctx, task_timeouts)}
         reply = yield from self._post("/reset", fields)
         self.user_msg, self.tool_schemas = reply.get("user_msg"), reply.get("tool_schemas")
         return self

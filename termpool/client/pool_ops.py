@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 
 from termpool.client.calls import Episode, task_meta
-from termpool.client.errors import ServiceUnreachable, TermpoolError, WaitTimeout, _job_error, _reply_error
-from termpool.client.ops import Op, _Call, _Hangup, _Ops, _options, _RunOps, _wait_job
+from termpool.client.errors import ServiceUnreachable, TermpoolError, WaitTimeout, job_error, reply_error
+from termpool.client.ops import RunOps
+from termpool.client.protocol import Call, Hangup, Op, Operations, start_options, wait_job
 from termpool.client.task_tar import TAR_GZ, folder_archive
 
 DEFAULT_URL = "http://127.0.0.1:18081"
@@ -33,7 +34,7 @@ def _run_body(
         "task_meta": task_meta(task, task_path, instruction),
         "request_id": request_id or uuid.uuid4().hex,
     }
-    return {**body, **_options(run_ctx, task_timeouts)}
+    return {**body, **start_options(run_ctx, task_timeouts)}
 
 
 def _episode(run_id: str, run: dict, jobs: list[dict]) -> Episode:
@@ -48,11 +49,11 @@ def _episode(run_id: str, run: dict, jobs: list[dict]) -> Episode:
         tests=run.get("tests") or {},
         score=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
         observations=[job.get("result") if job.get("state") == "succeeded" else None for job in tool_jobs],
-        failure=_job_error(failed[0]) if failed else None,
+        failure=job_error(failed[0]) if failed else None,
     )
 
 
-class _PoolOps(_Ops):
+class PoolOps(Operations):
     """What Pool and AsyncPool share: settings, the retry policy and the pool-level operations."""
 
     _pool = property(lambda self: self)  # the pool drives its own operations
@@ -87,7 +88,7 @@ class _PoolOps(_Ops):
     def _http_options(self) -> dict:
         return {"base_url": self.url, "headers": self._headers, "timeout": self._timeout}
 
-    def _request_args(self, call: _Call) -> dict:
+    def _request_args(self, call: Call) -> dict:
         body = (
             {"json": call.body}
             if call.content is None
@@ -105,7 +106,7 @@ class _PoolOps(_Ops):
             ),
         }
 
-    def _retry_delay(self, call: _Call, error: TermpoolError, attempt: int) -> float | None:
+    def _retry_delay(self, call: Call, error: TermpoolError, attempt: int) -> float | None:
         """Seconds to wait before sending `call` again, or None to give up."""
         refused = error.status == 429 or isinstance(error.__cause__, httpx.ConnectError)
         # A request with an Idempotency-Key does its work once however often it is sent: one
@@ -116,7 +117,7 @@ class _PoolOps(_Ops):
         return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
 
     @staticmethod
-    def _outcome(call: _Call, response: httpx.Response) -> dict | bytes | TermpoolError:
+    def _outcome(call: Call, response: httpx.Response) -> dict | bytes | TermpoolError:
         if call.raw_reply and response.status_code == 200:
             return response.content
         try:
@@ -125,9 +126,9 @@ class _PoolOps(_Ops):
             body = {"error": f"{call.method} {call.path}: HTTP {response.status_code}: {response.text[:300]}"}
         if response.status_code in (200, 201, 202) and isinstance(body, dict) and body.get("ok") is not False:
             return body
-        return _reply_error(response.status_code, body)
+        return reply_error(response.status_code, body)
 
-    def _unreachable(self, call: _Call, exc: httpx.TransportError) -> ServiceUnreachable:
+    def _unreachable(self, call: Call, exc: httpx.TransportError) -> ServiceUnreachable:
         error = ServiceUnreachable(f"{call.method} {self.url}{call.path}: {type(exc).__name__}: {exc}")
         error.__cause__ = exc
         return error
@@ -155,10 +156,10 @@ class _PoolOps(_Ops):
         if not wait:
             return run
         try:
-            result = (yield from _wait_job(self, reply["job_id"], self.job_timeout))["result"] or {}
+            result = (yield from wait_job(self, reply["job_id"], self.job_timeout))["result"] or {}
         except TermpoolError as error:
             try:
-                yield from _RunOps.close(run)  # free the slot of the failed start
+                yield from RunOps.close(run)  # free the slot of the failed start
             except TermpoolError:
                 pass
             raise error
@@ -201,7 +202,7 @@ class _PoolOps(_Ops):
         try:
             for job_id in order:  # in chain order: the current step first
                 left = self.job_timeout if deadline is None else max(0.0, deadline - time.monotonic())
-                jobs.append((yield from _wait_job(self, job_id, left, raise_failed=False)))
+                jobs.append((yield from wait_job(self, job_id, left, raise_failed=False)))
         except WaitTimeout as error:
             yield from self._call("DELETE", f"/v1/runs/{run_id}", idempotent=True)
             error.run_id = run_id
@@ -248,7 +249,7 @@ class _PoolOps(_Ops):
         read may take job_timeout on top, as a pool-API call does): the httpx.Response, whatever
         its status, for callers that check the reply itself (its status code, headers, bytes).
         No retries and no typed errors: a failed connection raises httpx.TransportError."""
-        return (yield _Call(method, path, body=json, params=params, long_poll=self.job_timeout))
+        return (yield Call(method, path, body=json, params=params, long_poll=self.job_timeout))
 
     def status(self) -> Op:
         """The pool's capacity and live runs (GET /status)."""
@@ -266,15 +267,15 @@ class _PoolOps(_Ops):
         """True when /readyz answers 200: a worker host serves every queue kind. Asked once,
         without retries, as a probe asks. Work sent before is not refused: it waits in its queue."""
         try:
-            reply = yield _Call("GET", "/readyz")
+            reply = yield Call("GET", "/readyz")
         except httpx.TransportError:
             return False
         return reply.status_code == 200
 
     def close(self) -> Op:
         """Close the HTTP connections (not the runs)."""
-        yield _Hangup()
+        yield Hangup()
 
     def _exit(self, exc_type, exc, tb) -> Op:
         """Leaving a `with` (`async with`) block: close the connections."""
-        yield _Hangup()
+        yield Hangup()

@@ -5,27 +5,27 @@ from __future__ import annotations
 import httpx
 
 from termpool.client.drivers import blocking
-from termpool.client.ops import _JobOps, _LeaseOps, _RunOps
-from termpool.client.pool_ops import DEFAULT_URL, _PoolOps
+from termpool.client.ops import JobOps, LeaseOps, RunOps
+from termpool.client.pool_ops import DEFAULT_URL, PoolOps
 
 
 @blocking
-class Job(_JobOps):
+class Job(JobOps):
     """A submitted operation: wait() for its result, record() for its state."""
 
 
 @blocking
-class Run(_RunOps):
+class Run(RunOps):
     """One leased task environment. A context manager: closed (released) on exit."""
 
 
 @blocking
-class Lease(_LeaseOps):
+class Lease(LeaseOps):
     """One lease of the blocking pool API (Pool.allocate). A context manager: closed on exit."""
 
 
 @blocking
-class Pool(_PoolOps):
+class Pool(PoolOps):
     """A termpool service, driven with blocking calls (thread-safe: httpx.Client is)."""
 
     _run_class = Run
@@ -36,4 +36,4 @@ class Pool(_PoolOps):
         super().__init__(url, **options)
         self._http = httpx.Client(**self._http_options())
 
-    __init__.__doc__ = _PoolOps.__init__.__doc__
+    __init__.__doc__ = PoolOps.__init__.__doc__

@@ -107,10 +107,10 @@ from termpool.state.builds import BuildsState
 from termpool.state.codec import INT_FIELDS, JSON_FIELDS
 from termpool.state.counters import CountersState
 from termpool.state.folders import FoldersState
-from termpool.state.forks import _DROP_IMAGES, _FORK_PLACE, ForkRefused, ForksState
+from termpool.state.forks import DROP_IMAGES_LUA, FORK_PLACE_LUA, ForkRefused, ForksState
 from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
 from termpool.state.image_uses import ImageUsesState
-from termpool.state.jobs import _BEGIN_JOB, _CANCEL_JOB, _FINISH_JOB, JobsState
+from termpool.state.jobs import BEGIN_JOB_LUA, CANCEL_JOB_LUA, FINISH_JOB_LUA, JobsState
 from termpool.state.keys import (
     BEAT_LOCK,
     DRAINING,
@@ -124,6 +124,7 @@ from termpool.state.keys import (
     NODE_TTL,
     PREFIX,
     RECENT_RUNS,
+    RECENT_RUNS_KEPT,
     RECORD_TTL,
     RETRY_COUNTS,
     blob_key,
@@ -171,14 +172,14 @@ from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
 from termpool.state.recent import NO_TENANT, RecentState
 from termpool.state.registry_uses import RegistryUsesState
 from termpool.state.runs import (
-    _IF_STATE,
-    _MARK_RUN_LOST,
-    _RELEASE,
-    _SET_IF_LIVE,
-    _TRANSITION,
-    _USE_RUN,
+    IF_STATE_LUA,
+    MARK_RUN_LOST_LUA,
     NO_FAILURE,
+    RELEASE_LUA,
+    SET_IF_LIVE_LUA,
     STARTED_STATES,
+    TRANSITION_LUA,
+    USE_RUN_LUA,
     RunsState,
     UnknownRun,
     new_run_id,
@@ -187,9 +188,6 @@ from termpool.state.sessions import SessionsState
 from termpool.state.subnets import RESERVED, SubnetsState
 from termpool.state.warm import WarmState
 
-# Owned here, not in keys.py: HostsState.place reads it from this module when it runs, so a
-# patch of termpool.state.RECENT_RUNS_KEPT (tests/test_viewer.py) trims the index.
-RECENT_RUNS_KEPT = 5000
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing
 FULL = redis.exceptions.OutOfMemoryError  # at maxmemory (noeviction): reads and deletes go on, writes are refused
@@ -223,20 +221,22 @@ class Store(
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
+    recent_runs_kept = RECENT_RUNS_KEPT  # how many runs a placement keeps in the recent-runs index
+
     def __init__(self, client: redis.Redis, record_ttl: int = RECORD_TTL):
         self._r = client
         self.record_ttl = record_ttl  # seconds closed runs and ended jobs stay (the RECORD_TTL setting)
-        self._release = client.register_script(_RELEASE)
-        self._mark_run_lost = client.register_script(_MARK_RUN_LOST)
-        self._transition = client.register_script(_TRANSITION)
-        self._if_state = client.register_script(_IF_STATE)
-        self._set_if_live = client.register_script(_SET_IF_LIVE)
-        self._use_run = client.register_script(_USE_RUN)
-        self._begin_job = client.register_script(_BEGIN_JOB)
-        self._finish_job = client.register_script(_FINISH_JOB)
-        self._cancel_job = client.register_script(_CANCEL_JOB)
-        self._fork_place = client.register_script(_FORK_PLACE)
-        self._drop_images = client.register_script(_DROP_IMAGES)
+        self._release = client.register_script(RELEASE_LUA)
+        self._mark_run_lost = client.register_script(MARK_RUN_LOST_LUA)
+        self._transition = client.register_script(TRANSITION_LUA)
+        self._if_state = client.register_script(IF_STATE_LUA)
+        self._set_if_live = client.register_script(SET_IF_LIVE_LUA)
+        self._use_run = client.register_script(USE_RUN_LUA)
+        self._begin_job = client.register_script(BEGIN_JOB_LUA)
+        self._finish_job = client.register_script(FINISH_JOB_LUA)
+        self._cancel_job = client.register_script(CANCEL_JOB_LUA)
+        self._fork_place = client.register_script(FORK_PLACE_LUA)
+        self._drop_images = client.register_script(DROP_IMAGES_LUA)
 
     @classmethod
     def connect(cls, cfg: Settings, timeout: float = 30, wait_out: bool = True) -> Store:

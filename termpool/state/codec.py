@@ -24,7 +24,8 @@ JSON_FIELDS = (
 INT_FIELDS = ("attempts", "disk_limit")
 
 
-def _encode(fields: dict) -> dict:
+def encode(fields: dict) -> dict:
+    """A record's fields as the hash stores them."""
     out = {}
     for key, value in fields.items():
         if key in JSON_FIELDS:
@@ -34,7 +35,8 @@ def _encode(fields: dict) -> dict:
     return out
 
 
-def _decode(raw: dict) -> dict:
+def decode(raw: dict) -> dict:
+    """A hash's fields as the record they store (JSON parsed, numbers and times typed)."""
     out = {}
     for key, value in raw.items():
         if key in JSON_FIELDS:

@@ -9,7 +9,6 @@ import time
 
 import redis
 
-import termpool.state  # RECENT_RUNS_KEPT is read from the package when a fork is placed
 from termpool.state import keys
 from termpool.state.runs import STARTED_STATES
 
@@ -20,7 +19,7 @@ from termpool.state.runs import STARTED_STATES
 # recent-runs size, recent-runs TTL, the started states as JSON, the fork job, the max_runs of the
 # source's tenant (-1: none; docs/tenants.md), then the child ids. The children are the source's
 # tenant's, and join its live set (as _PLACE's runs do).
-_FORK_PLACE = """
+FORK_PLACE_LUA = """
 local p, src, now, max_depth = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local def_runs, cap, started = tonumber(ARGV[5]), tonumber(ARGV[6]), cjson.decode(ARGV[9])
 local run_key = p .. 'run:' .. src
@@ -69,7 +68,7 @@ return {'OK', host}
 
 # A run no longer needs its images (closed, or a child that was never made): the images no run
 # needs any more are returned, for the caller to remove. ARGV: prefix, run.
-_DROP_IMAGES = """
+DROP_IMAGES_LUA = """
 local p, run = ARGV[1], ARGV[2]
 local mine = p .. 'fork-images:' .. run
 local unused = {}
@@ -96,6 +95,7 @@ class ForksState:
     """Store's forks: placement of children and the committed images' reference counts."""
 
     _r: redis.Redis  # Store.__init__ sets it
+    recent_runs_kept: int  # Store's
 
     def place_fork(
         self,
@@ -117,7 +117,7 @@ class ForksState:
                 max_depth,
                 default_runs,
                 cap,
-                termpool.state.RECENT_RUNS_KEPT,
+                self.recent_runs_kept,
                 keys.RECORD_TTL,
                 json.dumps(list(STARTED_STATES)),
                 job_id,

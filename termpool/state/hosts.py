@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import redis
 
-import termpool.state  # RECENT_RUNS_KEPT is read from the package when a run is placed (see place)
 from termpool import failures
 from termpool.state import keys
 from termpool.state.runs import new_run_id
@@ -71,8 +70,8 @@ class Placement:
 # when that leaves none, the refusal is HOST_DISK_LOW with each host's reason.
 # Tenants (docs/tenants.md; ARGV[18..20]: the tenant, '' for the operator; its max_runs, -1 for
 # none; every tenant's reserved_runs as JSON): each tenant's runs that hold a slot are the set
-# tenant:<t>:live, joined here and left by every script that frees the slot (_RELEASE,
-# _MARK_LOST, _MARK_RUN_LOST), so the count, the check and the take are one step. A tenant at
+# tenant:<t>:live, joined here and left by every script that frees the slot (RELEASE_LUA,
+# _MARK_LOST, MARK_RUN_LOST_LUA), so the count, the check and the take are one step. A tenant at
 # its max_runs is refused TENANT_QUOTA_EXCEEDED; one at or above its own reservation may only
 # take a slot the other tenants' unused reservations leave free, over the candidates' capacity.
 _PLACE = """
@@ -230,6 +229,7 @@ class HostsState:
 
     _r: redis.Redis  # Store.__init__ sets it
     record_ttl: int  # and this (RECORD_TTL)
+    recent_runs_kept: int  # Store's
 
     # ---- worker hosts -------------------------------------------------------------------
     def live_hosts(self) -> list[str]:
@@ -343,7 +343,7 @@ class HostsState:
         preferred, excluded = json.dumps(rule.preferred), json.dumps(rule.excluded)
         args = [keys.PREFIX, task_key, new_run_id(), now, req_key, request_id, preferred, affinity]
         args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
-        args += [termpool.state.RECENT_RUNS_KEPT, self.record_ttl, rule.runs_per_host]
+        args += [self.recent_runs_kept, self.record_ttl, rule.runs_per_host]
         args += [rule.tenant, -1 if rule.max_runs is None else rule.max_runs, json.dumps(rule.reservations)]
         reply = self._place(args=args)
         if reply[0] == "full":

@@ -12,7 +12,7 @@ import redis
 
 from termpool import failures
 from termpool.state import keys
-from termpool.state.codec import _decode, _encode
+from termpool.state.codec import decode, encode
 from termpool.state.recent import NO_TENANT, minute
 
 # A worker process takes a job's message: a queued job starts (its first attempt); unless the
@@ -23,7 +23,7 @@ from termpool.state.recent import NO_TENANT, minute
 # that a publish retry or a redelivery made) gets 'duplicate'. The same taker sending this
 # script again (Redis's client resends a command whose reply was lost) goes on: a retry of the
 # job (Celery's, or lost_jobs' after its process died) is a new delivery.
-_BEGIN_JOB = """
+BEGIN_JOB_LUA = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'succeeded' or state == 'failed' then return state end
 local mark = 'taken:' .. ARGV[6]
@@ -72,7 +72,7 @@ return attempt
 # as used now: its idle clock starts when its last job ends (the reaper never closes a run
 # under a job: RunsState.release's idle check). A tool call's run needs no other write: it
 # reads as busy only while the call's job has not ended (Store.shown_run).
-_FINISH_JOB = """
+FINISH_JOB_LUA = """
 local job, done, worker_jobs, counts, recent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local end_state, ttl, job_id, code, prefix, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local recent_ttl, no_tenant = ARGV[7], ARGV[8]
@@ -108,7 +108,7 @@ return 1
 
 # A client cancels a job (a command: app/commands_api.py): an unfinished job gets the cancel
 # mark its worker watches for (tasks/command_jobs.py); the job's state before is returned.
-_CANCEL_JOB = """
+CANCEL_JOB_LUA = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'queued' or state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[1]) end
 return state
@@ -136,7 +136,7 @@ class JobsState:
 
     def create_job(self, job_id: str, run_id: str, kind: str, **extra) -> None:
         """Record a queued job under its run (once: _CREATE_JOB)."""
-        pairs = [item for pair in _encode(self.job_fields(job_id, run_id, kind, **extra)).items() for item in pair]
+        pairs = [item for pair in encode(self.job_fields(job_id, run_id, kind, **extra)).items() for item in pair]
         keys_ = [keys.job_key(job_id), keys.run_jobs_key(run_id), keys.run_working_key(run_id)]
         self._create_job(keys=keys_, args=[job_id, *pairs])
 
@@ -201,7 +201,7 @@ class JobsState:
         if error:
             code = code or "INTERNAL"
             fields.update(failures.fields(code))
-        pairs = [item for pair in _encode(fields).items() for item in pair]
+        pairs = [item for pair in encode(fields).items() for item in pair]
         self._finish_job(
             keys=[
                 keys.job_key(job_id),
@@ -230,19 +230,19 @@ class JobsState:
 
     def get_job(self, job_id: str) -> dict | None:
         raw = self._r.hgetall(keys.job_key(job_id)) if job_id else {}
-        return _decode(raw) if raw else None
+        return decode(raw) if raw else None
 
     def job_run(self, job_id: str) -> str:
         """The run a job belongs to ("" for no such job): whose it is (app/tenancy.py)."""
         raw = self._r.hget(keys.job_key(job_id), "run_id") if job_id else None
-        return _decode({"run_id": raw}).get("run_id") or "" if raw is not None else ""
+        return decode({"run_id": raw}).get("run_id") or "" if raw is not None else ""
 
     def get_jobs(self, job_ids: list[str]) -> list[dict]:
         """Several job records in one round trip, in order; expired ones are left out."""
         pipe = self._r.pipeline()
         for job_id in job_ids:
             pipe.hgetall(keys.job_key(job_id))
-        return [_decode(raw) for raw in pipe.execute() if raw]
+        return [decode(raw) for raw in pipe.execute() if raw]
 
     def fail_queued_jobs(self, run_id: str, reason: str) -> int:
         """End the jobs of a run that never started (their queue message was lost or skipped)."""
@@ -294,7 +294,7 @@ class JobsState:
             pipe.blmove(done_key, done_key, max(left, 0.01), "LEFT", "RIGHT")
             pipe.hgetall(keys.job_key(job_id))
             ended, raw = pipe.execute()
-            job = _decode(raw) if raw else None
+            job = decode(raw) if raw else None
             if ended is not None:
                 return job
             if job and job.get("state") == "running" and self._abandoned(job):

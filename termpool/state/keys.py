@@ -16,6 +16,7 @@ NODE_TTL = 12  # a worker process counts as dead this long after its last heartb
 FAILURE_COUNTS = PREFIX + "count:failures"
 RETRY_COUNTS = PREFIX + "count:retries"
 RECENT_RUNS = PREFIX + "runs:recent"  # and in the placement script
+RECENT_RUNS_KEPT = 5000  # entries of RECENT_RUNS (Store.recent_runs_kept: a test may keep fewer)
 HOSTS = PREFIX + "hosts"
 MONITOR = PREFIX + "monitor"
 DRAINING = PREFIX + "hosts:draining"  # and in the placement script

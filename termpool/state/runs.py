@@ -10,7 +10,7 @@ import redis
 
 from termpool import failures
 from termpool.state import keys
-from termpool.state.codec import _decode, _encode
+from termpool.state.codec import decode, encode
 
 STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose environment is started
 CALLABLE_STATES = ("ready", "evaluated")  # stored states a tool call in flight shows as busy
@@ -28,7 +28,7 @@ class UnknownRun(KeyError):
 # longer, never taken, holds nothing: its message may be gone). Jobs that ended without leaving
 # the working set (expired records) are dropped from it. One script: a call starting between
 # the reaper's look and its release cannot be closed under.
-_RELEASE = """
+RELEASE_LUA = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
@@ -67,7 +67,7 @@ return host
 # under a restarted Docker engine): it leaves the host's capacity and becomes "lost" (with the
 # code given) while still in one of the states given, as _MARK_LOST (hosts.py) does for a whole
 # host. ARGV: prefix, run, now, error, code, states.
-_MARK_RUN_LOST = """
+MARK_RUN_LOST_LUA = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
 local state = redis.call('HGET', run_key, 'state')
@@ -90,11 +90,11 @@ return 1
 # as the run's call_job (a run whose call_job has not ended shows as busy: Store.shown_run) and
 # the job's record written and listed under the run (KEYS[2], KEYS[3]; after ARGV[3]'s count
 # of field names to return, ARGV[4..]: the record's fields) in the same round trip, and the
-# job joins the run's working set (KEYS[4]), which it leaves when it ends (jobs.py _FINISH_JOB). The record
+# job joins the run's working set (KEYS[4]), which it leaves when it ends (jobs.py FINISH_JOB_LUA). The record
 # is returned as it was: one read and one write, on every operation's hot path. The host's live zset keeps the score of the run's allocation: the
 # reaper reads last_used_at itself before it calls a run idle (idle_runs), so no call pays a
 # ZADD for it.
-_USE_RUN = """
+USE_RUN_LUA = """
 local run_key, now, call_job, n = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local record, state = {}, nil
 if n > 0 then  -- only these fields: a tool call needs a few, not the run's tool schemas and prompt
@@ -122,7 +122,7 @@ end
 return record
 """
 
-_SET_IF_LIVE = """
+SET_IF_LIVE_LUA = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'closing' or state == 'closed' then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
@@ -130,7 +130,7 @@ return 1
 """
 
 # Set fields of a run only while it is in one of the states given. ARGV: n, n states, fields.
-_IF_STATE = """
+IF_STATE_LUA = """
 local state, n = redis.call('HGET', KEYS[1], 'state'), tonumber(ARGV[1])
 for i = 2, n + 1 do
   if state == ARGV[i] then redis.call('HSET', KEYS[1], unpack(ARGV, n + 2)) return 1 end
@@ -138,7 +138,7 @@ end
 return 0
 """
 
-_TRANSITION = """
+TRANSITION_LUA = """
 local state = redis.call('HGET', KEYS[1], 'state')
 for i = 2, #ARGV do
   if state == ARGV[i] then redis.call('HSET', KEYS[1], 'state', ARGV[1]) return 1 end
@@ -159,7 +159,7 @@ class RunsState:
 
     def get_run(self, run_id: str) -> dict | None:
         raw = self._r.hgetall(keys.run_key(run_id)) if run_id else {}
-        return _decode(raw) if raw else None
+        return decode(raw) if raw else None
 
     def run_owner(self, run_id: str) -> str | None:
         """The tenant whose run it is ("" for the operator's), None for no such run."""
@@ -177,7 +177,7 @@ class RunsState:
         for run_id in run_ids:
             pipe.hmget(keys.run_key(run_id), *fields)
         return {
-            run_id: _decode({field: value for field, value in zip(fields, values) if value is not None})
+            run_id: decode({field: value for field, value in zip(fields, values) if value is not None})
             for run_id, values in zip(run_ids, pipe.execute())
         }
 
@@ -201,7 +201,7 @@ class RunsState:
 
     def update_run(self, run_id: str, **fields) -> None:
         if fields:
-            self._r.hset(keys.run_key(run_id), mapping=_encode(fields))
+            self._r.hset(keys.run_key(run_id), mapping=encode(fields))
 
     def touch(self, run_id: str) -> bool:
         """Record use of a live run; False when the lease is unknown or released."""
@@ -216,7 +216,7 @@ class RunsState:
         if not run_id:
             return None
         names = list(dict.fromkeys(("state", *fields))) if fields else []
-        pairs = [item for pair in _encode(job).items() for item in pair] if job and call_job else []
+        pairs = [item for pair in encode(job).items() for item in pair] if job and call_job else []
         raw = self._use_run(
             keys=[
                 keys.run_key(run_id),
@@ -226,7 +226,7 @@ class RunsState:
             ],
             args=[time.time(), call_job, len(names), *names, *pairs],
         )
-        return _decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
+        return decode(dict(zip(raw[::2], raw[1::2]))) if raw else None
 
     def claim_request(self, run_id: str, key: str, job_id: str) -> str:
         """The job that a request with this idempotency key queues on the run: job_id when the
@@ -244,7 +244,7 @@ class RunsState:
     def set_state_if_live(self, run_id: str, state: str, **fields) -> bool:
         """Change a run's state unless it has been released meanwhile (close wins): one
         atomic round trip, so a close landing between the check and the write cannot be undone."""
-        flat = [item for pair in _encode({"state": state, **fields}).items() for item in pair]
+        flat = [item for pair in encode({"state": state, **fields}).items() for item in pair]
         return bool(self._set_if_live(keys=[keys.run_key(run_id)], args=flat))
 
     def transition(self, run_id: str, from_states: tuple, to_state: str) -> bool:
@@ -282,7 +282,7 @@ class RunsState:
         app/engine.py) and its running and queued jobs fail with it. Returns its host (None when
         it was not started or already released); the caller queues its teardown."""
         fields = {"error": failures.cap(error), **failures.fields(code)}
-        flat = [item for pair in _encode(fields).items() for item in pair]
+        flat = [item for pair in encode(fields).items() for item in pair]
         if not self._if_state(keys=[keys.run_key(run_id)], args=[len(STARTED_STATES), *STARTED_STATES, *flat]):
             return None
         host = self.release_on_host(run_id, reason=code)
@@ -294,7 +294,7 @@ class RunsState:
     def mark_closed(self, run_id: str, error: str = "") -> None:
         host = self._r.hget(keys.run_key(run_id), "host")
         pipe = self._r.pipeline()
-        pipe.hset(keys.run_key(run_id), mapping=_encode({"state": "closed", "closed_at": time.time()}))
+        pipe.hset(keys.run_key(run_id), mapping=encode({"state": "closed", "closed_at": time.time()}))
         if error:
             pipe.hset(keys.run_key(run_id), "teardown_error", error)
         if host:
@@ -412,7 +412,7 @@ class RunsState:
                 gone.append(run_id)
                 continue
             found = {field: value for field, value in zip(("state", *fields), values) if value is not None}
-            runs.append(_decode({**found, "run_id": run_id}))
+            runs.append(decode({**found, "run_id": run_id}))
         if gone:
             self._r.zrem(keys.RECENT_RUNS, *gone)
         return runs, (page[-1][1] if len(page) == count else None)
@@ -431,5 +431,5 @@ class RunsState:
         for run_id, job_id in job_ids.items():
             if job_id:
                 record = dict(zip(("kind", *fields), next(values)))
-                jobs[run_id] = _decode({k: v for k, v in record.items() if v is not None} | {"job_id": job_id})
+                jobs[run_id] = decode({k: v for k, v in record.items() if v is not None} | {"job_id": job_id})
         return jobs
