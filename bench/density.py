@@ -46,7 +46,7 @@ from bench.density_report import markdown
 from bench.density_runs import TASK, Fleet, episode, wait_closed
 from bench.episodes import Floor, run_phase
 from bench.monitor import Monitor
-from bench.output import emit
+from bench.output import emit, parse_stack_args
 from bench.stats import Recorder, percentile
 from devstack import FIXTURES, ROOT, Stack
 from environments import compose_config
@@ -422,12 +422,9 @@ def parse(argv=None) -> argparse.Namespace:
         help="the storm floor's networks from this CIDR (default: RUN_SUBNETS' upper half)",
     )
     p.add_argument("--profile", action="store_true", help="py-spy on the facade and workers (loaded, storm)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra stack environment")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    args = p.parse_args(argv)
+    args = parse_stack_args(p, argv)
     args.phase_list = [x.strip() for x in args.phases.split(",") if x.strip()]
     args.levels = sorted({int(x) for x in args.levels.split(",") if x.strip()})
-    args.extra_env = dict(item.split("=", 1) for item in args.env)
     return args
 
 

@@ -36,8 +36,9 @@ def side_of(reply: str) -> str:
 class Fleet:
     """Live leases of the task on one stack."""
 
-    def __init__(self, url: str, task_key: str = TASK, parallel: int = 16):
+    def __init__(self, url: str, task_key: str = TASK, parallel: int = 16, token: str | None = None):
         self.url = url
+        self.token = token  # a tenant's (TENANTS_FILE), or None for a pool without tokens
         self.task_key = task_key
         self.parallel = parallel
         self.leases: list[str] = []
@@ -51,7 +52,7 @@ class Fleet:
     def client(self) -> BenchClient:
         """This thread's client."""
         if not hasattr(self._local, "client"):
-            self._local.client = BenchClient(self.url)
+            self._local.client = BenchClient(self.url, self.token)
             with self._lock:
                 self._clients.append(self._local.client)
         return self._local.client
@@ -167,11 +168,12 @@ def episode(fleet: Fleet, rec: Recorder, tool_calls: int, think: float) -> bool:
         fleet.close_one(lease, rec)
 
 
-def wait_closed(stack, limit: float = 600.0) -> bool:
-    """Wait until /status shows no live run and no pending close (every teardown ended)."""
+def wait_closed(stack, limit: float = 600.0, headers: dict | None = None) -> bool:
+    """Wait until /status shows no live run and no pending close (every teardown ended);
+    `headers` carry the operator's token on a pool that has one."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        pool = stack.get("/status").json()["pool"]
+        pool = stack.get("/status", headers=headers or {}).json()["pool"]
         if not pool["total_active_runs"] and not pool["pending_closes"]:
             return True
         time.sleep(0.5)

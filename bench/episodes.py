@@ -62,8 +62,8 @@ class BenchClient(Pool):
     """termpool.client for one benchmark thread (one keep-alive connection pool), for both
     faces. No retries: a refused or failed operation is a measured error, not something to hide."""
 
-    def __init__(self, url: str):
-        super().__init__(url, timeout=HTTP_TIMEOUT, job_timeout=JOB_DEADLINE, retries=0)
+    def __init__(self, url: str, token: str | None = None):
+        super().__init__(url, token=token, timeout=HTTP_TIMEOUT, job_timeout=JOB_DEADLINE, retries=0)
 
 
 def pool_episode(client: BenchClient, rec: Recorder, task_key: str, tool_calls: int) -> bool:

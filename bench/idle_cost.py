@@ -28,7 +28,7 @@ from pathlib import Path
 from bench import density_host as host
 from bench.density_runs import Fleet, wait_closed
 from bench.monitor import CpuMeter, kind_of
-from bench.output import emit
+from bench.output import emit, parse_stack_args
 from bench.stats import Recorder
 from devstack import ROOT, Stack
 from environments.docker_client import docker_client
@@ -120,10 +120,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=180.0, help="seconds of idleness measured")
     p.add_argument("--settle", type=float, default=60.0, help="seconds left alone before the window")
     p.add_argument("--start-parallel", type=int, default=16, help="resets in flight while starting")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra stack environment")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    args = p.parse_args(argv)
-    args.extra_env = dict(item.split("=", 1) for item in args.env)
+    args = parse_stack_args(p, argv)
     return args
 
 

@@ -102,3 +102,32 @@ def test_stack_floor_alone(tmp_path):
     for bad in (["--concurrency", "x"], ["--concurrency", "0"], ["--repeats", "0"]):
         refused = subprocess.run([*argv, *bad], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and "error:" in refused.stderr, (bad, refused.stderr)
+
+
+def test_storm_small(tmp_path):
+    """`python -m bench.storm` at tiny sizes (bench/README.md, docs/tenant-storm.md): both
+    tenants' operations succeed, nothing is left behind, and the report has its figures and
+    the breakdown of B's calls. Timings are not asserted."""
+    argv = [sys.executable, "-m", "bench.storm", "--storm-runs", "3", "--storm-episodes", "2", "--b-episodes", "2"]
+    argv += ["--b-tool-calls", "2", "--a-tool-calls", "2", "--think", "0,0.1", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    (written,) = tmp_path.glob("storm-*.json")
+    result = json.loads(written.read_text())
+    assert result["ok"] and result["failures"] == {} and result["left_behind"] == {}
+    assert result["sizes"]["storm_runs"] == 3 and result["a"]["resets_at_once"] == 3
+    assert result["a"]["held_reset_ms"]["n"] == 3 and result["a"]["loop_episodes"] >= 2
+    for phase in ("b_alone", "b_storm"):
+        b = result[phase]
+        assert b["episodes_ok"] == 2 and b["episodes_failed"] == 0, b
+        assert b["tool_call"]["n"] == 4 and b["reset"]["n"] == 2, b
+        for op, calls in (("tool_call", 4), ("reset", 2)):
+            waited = b["waited_on"][op]
+            assert waited["n"] == calls, (phase, op, waited)
+            assert {"client", "outside", "queue", "run"} <= set(waited), waited
+    for name in ("tool_call_p50", "tool_call_p95", "reset_p50", "reset_p95"):
+        assert result["storm_over_alone"][name] > 0, result["storm_over_alone"]
+    assert set(result["targets"]) == {"tool_call_p50", "reset_p50"}
+
+    refused = subprocess.run([*argv, "--storm-runs", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "error:" in refused.stderr, refused.stderr
