@@ -31,7 +31,7 @@ from environments.docker_client import (
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from tasks import image_budget, lost_jobs, run_folders, task_folders, warm_pool
+from tasks import build_quota, image_budget, lost_jobs, run_folders, task_folders, warm_pool
 from tasks.runtime import remove_env, store, subnet_taker, through_outage
 from termpool import disk, failures
 from termpool.config import settings
@@ -303,6 +303,7 @@ def ensure_image(self, *, host, run_id, job_id):
             limit,
             functools.partial(store().build_lock, cfg.host_id),
             store(),
+            build_quota.slot(store(), run, job_id, limit),
         )
     except TimeoutError as exc:
         if harbor is None or limit < harbor.build_timeout_sec:

@@ -205,3 +205,14 @@ def blob_key(blob_id: str) -> str:
 
 def blob_holders_key(blob_id: str) -> str:
     return f"{PREFIX}blob:{blob_id}:holders"  # the tenants that uploaded it (docs/tenants.md)
+
+
+TENANT_BUILD_LIMITS = f"{PREFIX}tenant-build-limits"  # hash: tenant -> max_builds (the facades write it)
+
+
+def tenant_builds_key(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:builds"  # zset: build leases (job id -> expiry, ms)
+
+
+def tenant_uploads_key(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:uploads"  # hash: blob id -> unpacked bytes, while it holds the blob
