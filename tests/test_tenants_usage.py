@@ -23,6 +23,12 @@ def store(redis_server):
     return Store(redis_server)
 
 
+def running(redis_server, *jobs: str) -> None:
+    """Job records under way: a lease counts while its job has not ended."""
+    for job in jobs:
+        redis_server.hset(keys.job_key(job), "state", "running")
+
+
 def race(n: int, take) -> list:
     """`take(i)` for i in range(n), all at once: what each answered (its exception if it raised)."""
     answers: list = [None] * n
@@ -41,7 +47,8 @@ def race(n: int, take) -> list:
     return answers
 
 
-def test_racing_builds_never_pass_max_builds(store):
+def test_racing_builds_never_pass_max_builds(store, redis_server):
+    running(redis_server, "job-new", *(f"job-{i}" for i in range(12)))
     answers = race(12, lambda i: store.take_build("a", f"job-{i}", 3, 60))
     refused = [a for a in answers if isinstance(a, QuotaRefused)]
     assert len(refused) == 9 and all((r.used, r.limit) == (3, 3) for r in refused)
@@ -51,15 +58,17 @@ def test_racing_builds_never_pass_max_builds(store):
     assert store.take_build("a", "job-new", 3, 60) == 3
 
 
-def test_a_job_sent_again_keeps_its_lease(store):
+def test_a_job_sent_again_keeps_its_lease(store, redis_server):
     """A build whose worker was lost is sent again with the same job id: the same lease."""
+    running(redis_server, "job-1", "job-2")
     assert store.take_build("a", "job-1", 1, 60) == 1
     assert store.take_build("a", "job-1", 1, 60) == 1
     with pytest.raises(QuotaRefused):
         store.take_build("a", "job-2", 1, 60)
 
 
-def test_a_lost_workers_lease_lapses(store):
+def test_a_lost_workers_lease_lapses(store, redis_server):
+    running(redis_server, "job-dead", "job-2")
     store.take_build("a", "job-dead", 1, 0.2)  # never given back: its worker died mid-build
     with pytest.raises(QuotaRefused):
         store.take_build("a", "job-2", 1, 60)
@@ -68,7 +77,21 @@ def test_a_lost_workers_lease_lapses(store):
     store.take_build("a", "job-2", 1, 60)
 
 
-def test_the_workers_slot_gives_back_however_the_build_ends(store):
+def test_a_lost_build_that_failed_gives_its_lease_back(store, redis_server):
+    """A build lost twice is failed WORKER_LOST by another process: its lease goes at once."""
+    running(redis_server, "job-lost", "job-2")
+    store.take_build("a", "job-lost", 1, 600)
+    with pytest.raises(QuotaRefused):
+        store.take_build("a", "job-2", 1, 600)
+    redis_server.hset(keys.job_key("job-lost"), "state", "failed")
+    assert store.builds_in_flight("a") == 0
+    store.take_build("a", "job-2", 1, 600)
+    redis_server.delete(keys.job_key("job-2"))  # a record gone (expired) holds nothing either
+    assert store.builds_in_flight("a") == 0
+
+
+def test_the_workers_slot_gives_back_however_the_build_ends(store, redis_server):
+    running(redis_server, "job-1", "job-2")
     store.publish_build_limits({"a": 1})
     run = {"run_id": "run-1", "tenant": "a"}
     with pytest.raises(RuntimeError), build_quota.slot(store, run, "job-1", 60)():

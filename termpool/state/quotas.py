@@ -4,8 +4,9 @@ cannot overshoot.
 
   tenant:<t>:builds      zset: job id -> when its lease lapses (ms). A build takes a lease
                          before it starts and gives it back when it ends; a worker that dies
-                         mid-build cannot, so the lease lapses after the build's own time limit
-                         and every count first drops lapsed leases.
+                         mid-build cannot, so every count first drops the leases of jobs that
+                         have ended (a lost build failed WORKER_LOST) or are gone, and those
+                         past the build's own time limit.
   tenant:<t>:uploads     hash: blob id -> unpacked bytes. An entry counts while the tenant is
                          among the blob's holders (blob:<id>:holders, which lapses with the
                          blob); every count first drops the entries whose holding lapsed.
@@ -21,15 +22,20 @@ import redis
 
 from termpool.state import keys
 
-# KEYS[1] the builds zset; ARGV: job id, max_builds (-1: none), now (ms), lease end (ms).
-# Answers {1, in flight} when taken (a job that holds one already keeps it), {0, in flight} when refused.
+# KEYS[1] the builds zset; ARGV: key prefix, job id ('' to count only), max_builds (-1: none),
+# now (ms), lease end (ms). Leases that lapsed, or whose job has ended or is gone, are dropped
+# first. Answers {1, in flight} when taken (a job holding one keeps it), {0, in flight} when not.
 _TAKE_BUILD = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
-local limit = tonumber(ARGV[2])
-local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local p, job, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[4])
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local state = redis.call('HGET', p .. 'job:' .. id, 'state')
+  if not state or state == 'succeeded' or state == 'failed' then redis.call('ZREM', KEYS[1], id) end
+end
 local n = redis.call('ZCARD', KEYS[1])
-if not held and limit >= 0 and n >= limit then return {0, n} end
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+if job == '' then return {0, n} end
+if not redis.call('ZSCORE', KEYS[1], job) and limit >= 0 and n >= limit then return {0, n} end
+redis.call('ZADD', KEYS[1], ARGV[5], job)
 return {1, redis.call('ZCARD', KEYS[1])}
 """
 
@@ -94,18 +100,22 @@ class QuotasState:
     def take_build(self, tenant: str, job_id: str, limit: int | None, lease: float) -> int:
         """A build lease for the job, for `lease` seconds at most: the builds in flight with it;
         QuotaRefused when the tenant has `limit` in flight already."""
-        now = int(time.time() * 1000)
-        args = [job_id, -1 if limit is None else limit, now, now + int(lease * 1000)]
-        taken, in_flight = self._script("_take_build", _TAKE_BUILD)(keys=[keys.tenant_builds_key(tenant)], args=args)
+        taken, in_flight = self._builds(tenant, job_id, limit, lease)
         if not taken:
-            raise QuotaRefused(int(in_flight), int(limit or 0))
-        return int(in_flight)
+            raise QuotaRefused(in_flight, int(limit or 0))
+        return in_flight
 
     def give_build(self, tenant: str, job_id: str) -> None:
         self._r.zrem(keys.tenant_builds_key(tenant), job_id)
 
     def builds_in_flight(self, tenant: str) -> int:
-        return int(self._r.zcount(keys.tenant_builds_key(tenant), f"({int(time.time() * 1000)}", "+inf"))
+        return self._builds(tenant, "", None, 0)[1]
+
+    def _builds(self, tenant: str, job_id: str, limit: int | None, lease: float) -> tuple[int, int]:
+        now = int(time.time() * 1000)
+        args = [keys.PREFIX, job_id, -1 if limit is None else limit, now, now + int(lease * 1000)]
+        taken, in_flight = self._script("_take_build", _TAKE_BUILD)(keys=[keys.tenant_builds_key(tenant)], args=args)
+        return int(taken), int(in_flight)
 
     # ---- uploaded-task storage ---------------------------------------------------------------
     def hold_upload(self, tenant: str, blob_id: str, size: int, limit: int | None, ttl: float) -> bool:
