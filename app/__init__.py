@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 
+import redis
 from celery import Celery
 from flask import Flask, g, request
 
@@ -14,6 +16,8 @@ from app.http import fail
 from termpool.config import Settings, settings
 from termpool.queues import follow_monitor
 from termpool.state import Store
+
+log = logging.getLogger(__name__)
 
 
 def celery_init_app(app: Flask, cfg: Settings) -> Celery:
@@ -67,6 +71,17 @@ def _allowed(addr, networks) -> bool:
     return addr is not None and any(addr in net for net in networks)
 
 
+def _publish_build_limits(cfg: Settings, store: Store) -> None:
+    """The tenants' max_builds, for the workers (tasks/build_quota.py), which have no tenants
+    file. A facade that cannot write them now starts anyway: the last ones written hold."""
+    if not cfg.tenants:
+        return
+    try:
+        store.publish_build_limits(cfg.tenants.build_limits())
+    except redis.RedisError as exc:
+        log.warning("tenants' max_builds not published to Redis: %s", exc)
+
+
 def create_app(cfg: Settings | None = None) -> Flask:
     cfg = cfg or settings()
     app = Flask(__name__, static_folder=None)
@@ -75,6 +90,7 @@ def create_app(cfg: Settings | None = None) -> Flask:
     celery = celery_init_app(app, cfg)
     store = Store.connect(cfg)
     app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
+    _publish_build_limits(cfg, store)
     follow_monitor(celery, cfg, store)
     _guard(app, cfg)
     errors.register(app)

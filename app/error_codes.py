@@ -70,6 +70,7 @@ CLIENT_JOB_CODES = (
     "RUN_NOT_READY",
     "RUN_CLOSED",
     "RUN_SLOTS_EXHAUSTED",
+    "TENANT_QUOTA_EXCEEDED",  # a start that needs a build over the tenant's max_builds
     "HOST_NETWORKS_EXHAUSTED",
     "UNKNOWN_TASK",
     "TASK_HAS_NO_TESTS",

@@ -3,7 +3,8 @@ it under the digest of its canonical form, which runs then name as task_meta.tas
 (docs/http-api.md, "Uploaded tasks"; termpool/uploaded_tasks.py).
 
   201  stored now; 200  the same content was held already (stored once, its lifetime restarted).
-  400  TASK_ARCHIVE_INVALID: unreadable, unsafe, or not a task; 413  TASK_ARCHIVE_TOO_LARGE.
+  400  TASK_ARCHIVE_INVALID: unreadable, unsafe, or not a task; 413  TASK_ARCHIVE_TOO_LARGE;
+  429  TENANT_QUOTA_EXCEEDED: the tenant's max_upload_bytes (docs/tenants.md).
   Nothing is stored unless the whole archive is taken.
 """
 
@@ -18,6 +19,7 @@ from app import error_codes, tenancy
 from app.http import engine, fail_on, ok, operation
 from app.task_upload_models import TaskUploaded
 from termpool import uploaded_tasks
+from termpool.state import QuotaRefused
 from termpool.task_archive import ArchiveInvalid, ArchiveTooLarge
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1")
@@ -33,6 +35,7 @@ fail = fail_on(error_codes.runs_status)
         400: "Unreadable or unsafe archive, or not a task (code TASK_ARCHIVE_INVALID); nothing stored",
         413: "More than UPLOADED_TASK_MAX_BYTES unpacked or UPLOADED_TASK_MAX_FILES entries "
         "(code TASK_ARCHIVE_TOO_LARGE); nothing stored",
+        429: "The tenant's uploaded tasks would pass its max_upload_bytes (code TENANT_QUOTA_EXCEEDED); nothing stored",
     },
     tag="tasks",
     raw_body="A tar archive, plain or gzip'd, of the task folder's contents (docs/task-format.md, Uploaded tasks).",
@@ -47,11 +50,21 @@ def upload_task():
         return fail("TASK_ARCHIVE_TOO_LARGE", str(exc))
     except ArchiveInvalid as exc:
         return fail("TASK_ARCHIVE_INVALID", str(exc))
-    created = _store(upload, cfg.uploaded_task_ttl)
-    tenant = tenancy.current()
-    if tenant:  # the task is the uploading tenant's: new to it is created (docs/tenants.md)
-        blob = uploaded_tasks.blob_id(upload.task_path)
-        created = engine().store.hold_blob(blob, tenant.name, cfg.uploaded_task_ttl) or created
+    tenant, blob = tenancy.current(), uploaded_tasks.blob_id(upload.task_path)
+    new_to_tenant = False
+    if tenant:  # the task is the uploading tenant's, within its quota, before a byte is stored
+        try:
+            new_to_tenant = engine().store.hold_upload(
+                tenant.name, blob, upload.size, tenant.max_upload_bytes, cfg.uploaded_task_ttl
+            )
+        except QuotaRefused as refused:
+            return fail("TENANT_QUOTA_EXCEEDED", _over_storage(upload.size, refused))
+    try:
+        created = _store(upload, cfg.uploaded_task_ttl) or new_to_tenant  # new to the tenant: created
+    except Exception:
+        if new_to_tenant:
+            engine().store.drop_upload(tenant.name, blob)
+        raise
     reply = TaskUploaded(
         task_path=upload.task_path,
         kind=upload.kind,
@@ -69,6 +82,13 @@ def _store(upload: uploaded_tasks.Upload, ttl: float) -> bool:
         facts = json.dumps(upload.one_per_host).encode()
         engine().store.put_blob(uploaded_tasks.facts_id(upload.task_path), facts, ttl)
     return created
+
+
+def _over_storage(size: int, refused: QuotaRefused) -> str:
+    return (
+        f"this tenant's uploaded tasks hold {refused.used} bytes; {size} more would pass its "
+        f"max_upload_bytes ({refused.limit}): wait for an upload to expire (UPLOADED_TASK_TTL)"
+    )
 
 
 def _body(limit: int) -> bytes:

@@ -133,5 +133,15 @@ def tenant_status(engine, tenant: Tenant) -> dict:
             "max_runs": tenant.max_runs,
             "reserved_runs": tenant.reserved_runs,
             "priority": tenant.priority,
+            "quotas": quota_use(engine.store, tenant, len(runs)),
         },
+    }
+
+
+def quota_use(store, tenant: Tenant, live_runs: int) -> dict:
+    """Its use against each quota (docs/tenants.md, "Quotas"); a limit of None is none."""
+    return {
+        "runs": {"used": live_runs, "max": tenant.max_runs},
+        "builds": {"used": store.builds_in_flight(tenant.name), "max": tenant.max_builds},
+        "upload_bytes": {"used": store.upload_bytes(tenant.name), "max": tenant.max_upload_bytes},
     }

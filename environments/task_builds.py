@@ -9,6 +9,7 @@ docker_image) and pulled when absent.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 import time
@@ -46,6 +47,7 @@ def ensure_images(
     timeout: float,
     build_lock: Callable[[str], OwnedLock],
     pool: Store | None = None,
+    build_slot: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> tuple[str, str]:
     """Have the task's images on this host as the task is now: (the agent's image, PRESENT,
     BUILT or PULLED).
@@ -54,7 +56,8 @@ def ensure_images(
     callers on a host wait for one. With the pool's registry (REGISTRY_URL) a host pulls what
     another built; `pool` (the state store: its pool-wide build lock, the registry's last uses)
     makes one host of the pool build a new environment while the others wait, then pull it
-    (environments/pool_images.py)."""
+    (environments/pool_images.py). `build_slot`, when given, is held while a build runs (not
+    while the images are found present or pulled): a tenant's build quota (tasks/build_quota.py)."""
     compose = load_compose(task_name, task_dir, cfg, timeout)
     client_service(compose, BUILD_CLIENT_NAME, task_dir)  # a task without one agent's service: before any build
     image = client_image(task_name, cfg, task_dir)
@@ -76,8 +79,15 @@ def ensure_images(
             build = functools.partial(_build_with_sdk, task_dir, compose, image, labels, cfg, timeout)
         else:
             build = functools.partial(_build_with_compose, task_name, task_dir, compose, labels, cfg, timeout)
+        if build_slot is not None:
+            build = functools.partial(_held, build_slot, build)
         by_service = built_by_service(task_name, compose, cfg, template)
         return image, pool_images.build_or_pull(cfg, digest, by_service, build, timeout, pool)
+
+
+def _held(slot: Callable[[], contextlib.AbstractContextManager], build: Callable[[], None]) -> None:
+    with slot():
+        build()
 
 
 def images_current(task_name: str, task_dir: Path, cfg: Settings, timeout: float) -> bool:

@@ -19,7 +19,7 @@ from environments import artifacts, harbor_verifier, lifecycle, task_builds
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from tasks import image_budget, run_folders, warm_pool
+from tasks import build_quota, image_budget, run_folders, warm_pool
 from tasks.job_context import (
     RETRY_OPTIONS,
     HandedOver,
@@ -94,6 +94,7 @@ def ensure_image(self, *, host, run_id, job_id):
             limit,
             functools.partial(store().build_lock, cfg.host_id),
             store(),
+            build_quota.slot(store(), run, job_id, limit),
         )
     except TimeoutError as exc:
         if harbor is None or limit < harbor.build_timeout_sec:

@@ -39,7 +39,8 @@ CODES: dict[str, Code] = {
             "TENANT_QUOTA_EXCEEDED",
             "client",
             True,
-            "the tenant's max_runs are live, or the free slots left are reserved for other tenants",
+            "a tenant quota: its max_runs are live, the free slots left are reserved for other tenants, a start "
+            "needs a build while its max_builds are in flight, or an upload would pass its max_upload_bytes",
         ),
         Code(
             "HOST_NETWORKS_EXHAUSTED",

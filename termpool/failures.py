@@ -54,6 +54,12 @@ class TaskInvalid(Failure):
     code = "TASK_INVALID"
 
 
+class TenantQuotaExceeded(Failure):
+    """A tenant's run needs a build while its max_builds are in flight (tasks/build_quota.py)."""
+
+    code = "TENANT_QUOTA_EXCEEDED"
+
+
 class TaskBuildFailed(Failure):
     code = "TASK_BUILD_FAILED"
 

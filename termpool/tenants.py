@@ -21,7 +21,7 @@ import yaml
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces: what a Bearer header carries
 PRIORITIES = ("eval", "train")
-KEYS = {"token", "max_runs", "reserved_runs", "priority"}
+KEYS = {"token", "max_runs", "reserved_runs", "priority", "max_builds", "max_upload_bytes"}
 
 
 class TenantsFileError(ValueError):
@@ -35,6 +35,8 @@ class Tenant:
     max_runs: int | None = None  # live runs at most; None: no limit of its own
     reserved_runs: int = 0  # slots no other tenant may take while it uses fewer
     priority: str = "train"
+    max_builds: int | None = None  # image builds in flight for its runs at most (tasks/build_quota.py)
+    max_upload_bytes: int | None = None  # unpacked bytes of its held uploaded tasks at most
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class Tenants:
     def reservations(self) -> dict[str, int]:
         """reserved_runs of each tenant that has some (what placement holds back for them)."""
         return {name: t.reserved_runs for name, t in self.by_name.items() if t.reserved_runs}
+
+    def build_limits(self) -> dict[str, int]:
+        """max_builds of each tenant that has one: what the workers read (Store.publish_build_limits)."""
+        return {name: t.max_builds for name, t in self.by_name.items() if t.max_builds is not None}
 
 
 def _digest(token: str) -> bytes:
@@ -155,7 +161,9 @@ def _tenant(name: str, key_node, node, path: str) -> Tenant:
         where = _at(path, entries["reserved_runs"][1])
         raise TenantsFileError(f"{where}: tenant {name!r}: reserved_runs ({reserved}) is above max_runs ({max_runs})")
     priority = _priority(entries.get("priority"), name, path)
-    return Tenant(name, token_node.value, max_runs, reserved, priority)
+    builds = _limit(entries.get("max_builds"), name, "max_builds", path)
+    upload_bytes = _limit(entries.get("max_upload_bytes"), name, "max_upload_bytes", path)
+    return Tenant(name, token_node.value, max_runs, reserved, priority, builds, upload_bytes)
 
 
 def _limit(entry, name: str, key: str, path: str) -> int | None:

@@ -18,6 +18,8 @@ tenants:
     max_runs: 8
     reserved_runs: 2
     priority: train
+    max_builds: 2
+    max_upload_bytes: 10_000_000
   eval_b:
     token: "tok-bbbbbbbbbbbb"
     priority: eval
@@ -29,6 +31,8 @@ def test_a_good_file():
     a, b = tenants.by_name["trainer-a"], tenants.by_name["eval_b"]
     assert (a.max_runs, a.reserved_runs, a.priority) == (8, 2, "train")
     assert (b.max_runs, b.reserved_runs, b.priority) == (None, 0, "eval")
+    assert (a.max_builds, a.max_upload_bytes) == (2, 10_000_000) and (b.max_builds, b.max_upload_bytes) == (None, None)
+    assert tenants.build_limits() == {"trainer-a": 2}
     assert tenants.for_token("tok-aaaaaaaaaaaa") is a and tenants.for_token("nope") is None
     assert tenants.reservations() == {"trainer-a": 2}
 
@@ -49,6 +53,11 @@ BAD = [
     ("tenants:\n  a:\n    token: t1\n    reserved_runs: true\n", 4, "reserved_runs must be"),
     ("tenants:\n  a:\n    token: t1\n    max_runs: 2\n    reserved_runs: 3\n", 5, "above max_runs"),
     ("tenants:\n  a:\n    token: t1\n    max_run: 2\n", 4, "unknown key 'max_run'"),
+    ("tenants:\n  a:\n    token: t1\n    max_builds: two\n", 4, "max_builds must be a non-negative integer"),
+    ("tenants:\n  a:\n    token: t1\n    max_builds: -2\n", 4, "max_builds must be"),
+    ("tenants:\n  a:\n    token: t1\n    max_upload_bytes: 1.5e9\n", 4, "max_upload_bytes must be"),
+    ("tenants:\n  a:\n    token: t1\n\n    max_upload_bytes: 10MB\n", 5, "max_upload_bytes must be"),
+    ("tenants:\n  a:\n    token: t1\n    max_build: 1\n", 4, "unknown key 'max_build'"),
     ("tenants:\n  a:\n    token: t1\n    priority: urgent\n", 4, "priority must be one of"),
     ('tenants:\n  "bad\\u0007name":\n    token: t1\n', 2, "not a safe identifier"),
     ("tenants:\n  a b:\n    token: t1\n", 2, "not a safe identifier"),

@@ -14,6 +14,9 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   req:<task key>:<request>   string, IDEMPOTENCY_TTL: run id of an idempotent allocate
   treq:<tenant>:<task key>:<request>  the same, of a tenant's allocate (docs/tenants.md)
   tenant:<name>:live         set: the tenant's runs holding a slot (placement counts it)
+  tenant:<name>:builds       zset: its image builds in flight, job id -> lease expiry (quotas.py)
+  tenant:<name>:uploads      hash: its uploaded tasks' blob ids -> unpacked bytes (quotas.py)
+  tenant-build-limits        hash: tenant -> max_builds, written by the facades at start
   host:<h>:keys              hash: task_key -> live runs of that key on host h (capacity)
   host:<h>:live              zset: live run ids on host h, scored by last use (reaper)
   host:<h>:closing           set: runs released but not yet torn down
@@ -169,6 +172,7 @@ from termpool.state.keys import (
     worker_key,
 )
 from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
+from termpool.state.quotas import QuotaRefused, QuotasState
 from termpool.state.recent import NO_TENANT, RecentState
 from termpool.state.registry_uses import RegistryUsesState
 from termpool.state.runs import (
@@ -218,6 +222,7 @@ class Store(
     ImageUsesState,
     RegistryUsesState,
     RecentState,
+    QuotasState,
 ):
     """Typed access to termpool's Redis keys. Safe to share between threads."""
 
@@ -330,6 +335,7 @@ __all__ = [
     "OwnedLock",
     "ForkRefused",
     "RESERVED",
+    "QuotaRefused",
     # here
     "RECENT_RUNS_KEPT",
     "NO_TENANT",

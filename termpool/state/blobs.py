@@ -27,14 +27,6 @@ class BlobsState:
             self._binary = binary_client(self._r)
         return self._binary
 
-    def hold_blob(self, blob_id: str, holder: str, ttl: float) -> bool:
-        """Record a tenant ("" for the operator) as one that uploaded the blob (an uploaded
-        task, docs/tenants.md), for as long as the blob lives; True when it was not one yet."""
-        pipe = self._r.pipeline()
-        pipe.sadd(keys.blob_holders_key(blob_id), holder)
-        pipe.pexpire(keys.blob_holders_key(blob_id), int(ttl * 1000))
-        return bool(pipe.execute()[0])
-
     def blob_held_by(self, blob_id: str, holder: str, ttl: float) -> bool:
         """Whether the tenant uploaded the blob; its holders live on with the blob (touch_blob)."""
         pipe = self._r.pipeline()

@@ -219,3 +219,14 @@ def recent_errors_key(minute: int) -> str:
 
 def recent_failures_key(minute: int) -> str:
     return f"{PREFIX}recent:fail:{minute}"
+
+
+TENANT_BUILD_LIMITS = f"{PREFIX}tenant-build-limits"  # hash: tenant -> max_builds (the facades write it)
+
+
+def tenant_builds_key(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:builds"  # zset: build leases (job id -> expiry, ms)
+
+
+def tenant_uploads_key(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:uploads"  # hash: blob id -> unpacked bytes, while it holds the blob
