@@ -22,6 +22,7 @@ leaf frame is termpool's own code (app/, termpool/), by package otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import tempfile
@@ -34,7 +35,7 @@ import httpx
 
 from bench.output import emit
 from bench.profile import OWN_MODULES, consumers, read_stacks
-from bench.stats import Recorder, median_of, summarize
+from bench.stats import Recorder, median_of, median_value, summarize
 from devstack import Stack
 
 TASK = "hello-file"
@@ -71,43 +72,80 @@ class Caller:
         return self.post(rec, op, "/exec_tool", body)["observation"]
 
 
-def records_round(caller: Caller, rec, index: int) -> None:
-    lease = caller.post(rec, "allocate", "/allocate", {"task_key": f"{TASK}#facade{index}"})["lease_id"]
-    caller.post(rec, "heartbeat", "/heartbeat", {"lease_id": lease})
-    caller.post(rec, "close", "/close", {"lease_id": lease})
+OPS = ("allocate", "heartbeat", "close", "exec_nonblocking", "view")
 
 
-def tools_round(caller: Caller, rec, lease: str) -> None:
-    sid = "s" + uuid.uuid4().hex[:8]
-    started = caller.tool(rec, "exec_nonblocking", lease, "shell_exec", id=sid, command="true", block=False)
-    if f"Session '{sid}' started" not in started:
-        raise RuntimeError(f"non-blocking exec: {started[:200]!r}")
-    caller.tool(rec, "view", lease, "shell_view", id=sid)
+class Thread:
+    """One benchmark thread's caller, its reset lease, and what its last phase left for the next."""
+
+    def __init__(self, caller: Caller, index: int, lease: str):
+        self.caller, self.index, self.lease = caller, index, lease
+        self.leases: list[str] = []  # allocated, to heartbeat and close
+        self.sessions: list[str] = []  # started, to view
+
+    def phase(self, op: str, calls: int, rec: Recorder | None) -> None:
+        c = self.caller
+        if op == "allocate":
+            body = {"task_key": f"{TASK}#facade{self.index}"}
+            self.leases = [c.post(rec, op, "/allocate", body)["lease_id"] for _ in range(calls)]
+        elif op in ("heartbeat", "close"):
+            for lease in self.leases:
+                c.post(rec, op, f"/{op}", {"lease_id": lease})
+        elif op == "exec_nonblocking":
+            self.sessions = ["s" + uuid.uuid4().hex[:8] for _ in range(calls)]
+            for sid in self.sessions:
+                started = c.tool(rec, op, self.lease, "shell_exec", id=sid, command="true", block=False)
+                if f"Session '{sid}' started" not in started:
+                    raise RuntimeError(f"non-blocking exec: {started[:200]!r}")
+        else:
+            for sid in self.sessions:
+                c.tool(rec, op, self.lease, "shell_view", id=sid)
 
 
-def run_part(callers: list[Caller], leases: list[str], part: str, calls: int) -> Recorder:
-    """Every thread runs `calls` rounds of the part (its first WARMUP not recorded)."""
-    rec, failures = Recorder(), []
+def run_phase(threads: list[Thread], op: str, calls: int, rec: Recorder | None) -> None:
+    """Every thread makes `calls` calls of the operation at once."""
+    failures = []
 
-    def worker(index: int) -> None:
+    def work(thread: Thread) -> None:
         try:
-            for n in range(WARMUP + calls):
-                measured = rec if n >= WARMUP else None
-                if part == "records":
-                    records_round(callers[index], measured, index)
-                else:
-                    tools_round(callers[index], measured, leases[index])
+            thread.phase(op, calls, rec)
         except Exception as exc:  # noqa: BLE001 (reported, and fails the run)
-            failures.append(f"{part}: {exc}")
+            failures.append(f"{op}: {exc}")
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(callers))]
-    for thread in threads:
+    running = [threading.Thread(target=work, args=(t,)) for t in threads]
+    for thread in running:
         thread.start()
-    for thread in threads:
+    for thread in running:
         thread.join()
     if failures:
         raise RuntimeError("; ".join(failures[:3]))
-    return rec
+
+
+class Meter:
+    """The facade's CPU (its gunicorn workers' user + system time) and Redis's commands (scripts'
+    own included: INFO commandstats) over a phase, per request."""
+
+    def __init__(self, stack: Stack):
+        self.stack, self.pids = stack, web_workers(stack)
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(self) -> float:
+        total = 0
+        for pid in self.pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / self.tick
+
+    def commands(self) -> int:
+        return sum(v["calls"] for v in self.stack.redis.info("commandstats").values())
+
+    def measure(self, fn, requests: int) -> dict:
+        cpu, commands = self.cpu(), self.commands()
+        fn()
+        return {
+            "facade_cpu_ms": round((self.cpu() - cpu) * 1000 / requests, 3),
+            "redis_commands": round((self.commands() - commands - 1) / requests, 2),
+        }
 
 
 def web_workers(stack: Stack) -> list[int]:
@@ -115,8 +153,11 @@ def web_workers(stack: Stack) -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
-def profiled(stack: Stack, callers, leases, part: str, seconds: int) -> dict:
-    """The part at c=1 over `seconds` with py-spy on the gunicorn workers."""
+PARTS = {"records": OPS[:3], "tools": OPS[3:]}
+
+
+def profiled(stack: Stack, threads: list[Thread], part: str, seconds: int) -> dict:
+    """The part's phases at c=1, over and over for `seconds`, with py-spy on the gunicorn workers."""
     rate, outs, spies = 250, [], []
     for pid in web_workers(stack):
         out = Path(tempfile.gettempdir()) / f"termpool-facade-{part}-{pid}.txt"
@@ -124,21 +165,14 @@ def profiled(stack: Stack, callers, leases, part: str, seconds: int) -> dict:
         argv = ["py-spy", "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-r", str(rate), "--gil"]
         argv += ["-d", str(seconds), "--nonblocking"]
         spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    rec = Recorder()
-    while any(spy.poll() is None for spy in spies):  # rounds until every py-spy has written its file
-        for op, values in run_part(callers[:1], leases, part, 5).samples.items():
-            rec.samples[op] += values
-    for spy in spies:
-        spy.wait()
+    while any(spy.poll() is None for spy in spies):  # until every py-spy has written its file
+        for op in PARTS[part]:
+            run_phase(threads[:1], op, 10, None)
     stacks = [s for out in outs for s in read_stacks(out)]
     found = consumers(stacks, 12)
-    rounds = len(rec.samples["view" if part == "tools" else "close"]) * (WARMUP + 5) / 5
-    requests = rounds * (3 if part == "records" else 2)
     total = found["samples"] or 1
     own = sum(n for frames, n in stacks if own_frame(frames[-1]))
     return {
-        "requests": requests,
-        "cpu_ms_per_request": round(found["samples"] * 1000 / rate / requests, 2),
         "own_code_share": round(own / total, 3),
         "by_package": {p: round(n / total, 3) for p, n in found["by_package"] if not p.startswith("termpool ")},
         "leaf": [(frame[:140], round(n / total, 3)) for frame, n in found["leaf"]],
@@ -160,45 +194,72 @@ def measure(calls: int, repeats: int, levels: list[int], profile: bool, env: dic
     token, other = "tok-" + uuid.uuid4().hex, "tok-" + uuid.uuid4().hex
     (workdir / "tenants.yaml").write_text(TENANTS.format(token=token, other=other))
     stack_env = {"TENANTS_FILE": str(workdir / "tenants.yaml"), "POOL_API_TOKEN": "admin-" + uuid.uuid4().hex}
-    stack = Stack(env={"WARM_POOL_SIZE": "0", **stack_env, **env}, workdir=workdir).start()
+    stack_env |= {"WARM_POOL_SIZE": "0", "WORKER_MAX_RUNS_PER_TASK": str(max(64, calls + WARMUP))}
+    stack = Stack(env={**stack_env, **env}, workdir=workdir).start()
     try:
-        callers = [Caller(stack.url, token) for _ in range(max(levels))]
-        leases = []
-        for index, caller in enumerate(callers):  # one reset run per thread, for the tool calls
+        threads = []
+        for index in range(max(levels)):  # one reset run per thread, for the tool calls
+            caller = Caller(stack.url, token)
             lease = caller.post(None, "allocate", "/allocate", {"task_key": f"{TASK}#tools{index}"})["lease_id"]
-            caller.post(
-                None, "reset", "/reset", {"lease_id": lease, "task_meta": {"task_name": TASK, "task_path": TASK}}
-            )
-            leases.append(lease)
+            meta = {"task_name": TASK, "task_path": TASK, "instruction": "bench"}
+            caller.post(None, "reset", "/reset", {"lease_id": lease, "task_meta": meta})
+            threads.append(Thread(caller, index, lease))
+        meter = Meter(stack)
         result: dict = {"load_before": machine_load(), "levels": {}}
         for c in levels:
-            per_op: dict[str, list] = {}
+            stats: dict[str, list] = {op: [] for op in OPS}
+            costs: dict[str, list] = {op: [] for op in OPS}
+            for op in OPS:  # warm-up, not counted
+                run_phase(threads[:c], op, WARMUP, None)
             for _ in range(repeats):
-                for part in ("records", "tools"):
-                    rec = run_part(callers[:c], leases, part, calls)
-                    for op, values in rec.samples.items():
-                        per_op.setdefault(op, []).append(summarize(values))
-            result["levels"][str(c)] = {op: target(median_of(s), op, c) for op, s in per_op.items()}
+                for op in OPS:
+                    rec = Recorder()
+                    costs[op].append(
+                        meter.measure(functools.partial(run_phase, threads[:c], op, calls, rec), c * calls)
+                    )
+                    stats[op].append(summarize(rec.samples[op]))
+            result["levels"][str(c)] = {op: target(median_of(stats[op]), costs[op], op, c) for op in OPS}
         result["load_after"] = machine_load()
         if profile:
-            result["profile_c1"] = {part: profiled(stack, callers, leases, part, 15) for part in ("records", "tools")}
+            result["profile_c1"] = {part: profiled(stack, threads, part, 15) for part in PARTS}
+            own_share(result)
         return result
     finally:
         stack.stop()
 
 
-def target(stats: dict, op: str, c: int) -> dict:
+def own_share(result: dict) -> None:
+    """Per operation at c=1: termpool's own code's CPU (its part's share of the facade's CPU, by
+    py-spy) as a share of the request's p50."""
+    for part, ops in PARTS.items():
+        share = result["profile_c1"][part]["own_code_share"]
+        for op in ops:
+            figures = result["levels"].get("1", {}).get(op)
+            if figures and figures["p50"]:
+                figures["own_code_ms"] = round(share * figures["facade_cpu_ms"], 3)
+                figures["own_code_share_of_p50"] = round(share * figures["facade_cpu_ms"] / figures["p50"], 3)
+
+
+def target(stats: dict, costs: list[dict], op: str, c: int) -> dict:
     ref = REFERENCE.get(op, {}).get(c)
     stats = {k: v for k, v in stats.items() if k != "repeats"} | {"repeat_p50s": [s["p50"] for s in stats["repeats"]]}
-    return stats | {"reference_p50": ref, "met": None if ref is None else stats["p50"] <= ref}
+    per_request = {k: median_value([cost[k] for cost in costs]) for k in costs[0]}
+    return stats | per_request | {"reference_p50": ref, "met": None if ref is None else stats["p50"] <= ref}
 
 
 def table(result: dict) -> str:
-    lines = ["| c | operation | p50 | p95 | reference p50 | met |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| c | operation | p50 | p95 | reference p50 | met | facade CPU ms | Redis commands | own code ms (of p50) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c, ops in result["levels"].items():
         for op, s in ops.items():
             met = {True: "yes", False: "no", None: "-"}[s["met"]]
-            lines.append(f"| {c} | {op} | {s['p50']} | {s['p95']} | {s['reference_p50'] or '-'} | {met} |")
+            own = f"{s['own_code_ms']} ({s['own_code_share_of_p50']:.0%})" if "own_code_ms" in s else "-"
+            lines.append(
+                f"| {c} | {op} | {s['p50']} | {s['p95']} | {s['reference_p50'] or '-'} | {met} "
+                f"| {s['facade_cpu_ms']} | {s['redis_commands']} | {own} |"
+            )
     return "\n".join(lines)
 
 
