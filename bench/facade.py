@@ -128,6 +128,12 @@ class Meter:
     def __init__(self, stack: Stack):
         self.stack, self.pids = stack, web_workers(stack)
         self.tick = os.sysconf("SC_CLK_TCK")
+        self.idle_rate = 0.0  # Redis commands per second with no request (workers' polls, beats)
+
+    def idle(self, seconds: float = 3.0) -> None:
+        before = self.commands()
+        time.sleep(seconds)
+        self.idle_rate = (self.commands() - before - 1) / seconds
 
     def cpu(self) -> float:
         total = 0
@@ -140,11 +146,12 @@ class Meter:
         return sum(v["calls"] for v in self.stack.redis.info("commandstats").values())
 
     def measure(self, fn, requests: int) -> dict:
-        cpu, commands = self.cpu(), self.commands()
+        cpu, commands, began = self.cpu(), self.commands(), time.monotonic()
         fn()
+        background = self.idle_rate * (time.monotonic() - began)
         return {
             "facade_cpu_ms": round((self.cpu() - cpu) * 1000 / requests, 3),
-            "redis_commands": round((self.commands() - commands - 1) / requests, 2),
+            "redis_commands": round((self.commands() - commands - 1 - background) / requests, 2),
         }
 
 
@@ -205,7 +212,8 @@ def measure(calls: int, repeats: int, levels: list[int], profile: bool, env: dic
             caller.post(None, "reset", "/reset", {"lease_id": lease, "task_meta": meta})
             threads.append(Thread(caller, index, lease))
         meter = Meter(stack)
-        result: dict = {"load_before": machine_load(), "levels": {}}
+        meter.idle()
+        result: dict = {"load_before": machine_load(), "redis_idle_per_s": round(meter.idle_rate, 1), "levels": {}}
         for c in levels:
             stats: dict[str, list] = {op: [] for op in OPS}
             costs: dict[str, list] = {op: [] for op in OPS}
