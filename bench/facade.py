@@ -3,20 +3,19 @@
     python -m bench.facade [--calls 40] [--repeats 5] [--concurrency 1,8] [--no-profile] [--out FILE]
 
 A real stack (devstack: redis-server, one Celery worker per queue kind, gunicorn with
-app/gunicorn_conf.py as deployed), with a tenants file, every request carrying a tenant's
-token, so the tenant check is on the measured path. At each concurrency c, c threads (one
-keep-alive HTTP connection each) run, per repeat:
+app/gunicorn_conf.py as deployed, the warm pool off), with a tenants file, every request
+carrying a tenant's token, so the tenant check is on the measured path. At each concurrency
+c, c threads (one keep-alive HTTP connection each) run each operation as a phase of its own,
+`--calls` calls per thread: POST /allocate, /heartbeat and /close of the leases it made (the
+calls that touch only the pool's records), then through POST /exec_tool on a lease reset
+beforehand a non-blocking `shell_exec` (`block: false`) and the `shell_view` of each session.
 
-- **records**: `--calls` rounds of POST /allocate, /heartbeat, /close on a task key of their
-  own (the calls that touch only the pool's records);
-- **tools**: `--calls` rounds of a non-blocking `shell_exec` (`block: false`) and the
-  `shell_view` of its session, through POST /exec_tool on a lease reset once beforehand.
-
-Each thread's first `WARMUP` rounds of a repeat are not counted. Figures are the medians over
-repeats of each repeat's p50 / p95 (ms), beside the reference's p50 as the target. With the
-profile on, py-spy samples the gunicorn workers (`--gil`: CPU time in Python) during one more
-repeat of each part at c=1; the result gives CPU ms per request and the share of it whose
-leaf frame is termpool's own code (app/, termpool/), by package otherwise.
+A warm-up round of every phase is not counted. Figures are the medians over repeats of each
+repeat's p50 / p95 (ms), beside the reference's p50 as the target, with the facade's CPU
+(its gunicorn workers' user + system time) and Redis's commands (scripts' own included, the
+idle rate subtracted) per request. With the profile on, py-spy samples the gunicorn workers
+(`--gil`: CPU time in Python) over each part at c=1, for the share of the facade's CPU whose
+leaf frame is termpool's own code (app/, termpool/), and that time as a share of the p50.
 """
 
 from __future__ import annotations
