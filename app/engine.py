@@ -301,8 +301,7 @@ class Engine:
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
-        host = self.store.release_on_host(run_id)  # a lost run's teardown waits in its host's queue
-        return None if host is None else dispatch.enqueue_close(self.celery, self.store, run_id, host)
+        return dispatch.release_and_close(self.celery, self.store, run_id)
 
     @staticmethod
     def _require_started(run: dict) -> None:

@@ -87,6 +87,7 @@ def allocate(body: models.AllocateRequest):
         lease = engine().allocate(body.task_key, fields.text_id(body.request_id), tenant=tenancy.current())
     except CapacityError as exc:
         return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host, exc.reason))
+    tenancy.OWNERS.made(lease.run_id, tenancy.current())
     return ok(replies.AllocateReply(lease_id=lease.run_id, reused=lease.reused))
 
 

@@ -100,6 +100,11 @@ def send_job(
 ) -> str:
     """Record and send a job whose id the caller chose (an archive job keys its blob by it)."""
     store.create_job(job_id, run_id, kind, **(job_fields or {}))
+    return send_recorded(celery, store, job_id, task, run_id, host, **kwargs)
+
+
+def send_recorded(celery: Celery, store: Store, job_id: str, task: str, run_id: str, host: str, **kwargs) -> str:
+    """Send a job whose record is written already; taken back if it could not be sent."""
     try:
         job_signature(celery, task, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(task_id=job_id)
     except BaseException:
@@ -156,7 +161,19 @@ def enqueue_fork(celery: Celery, store: Store, run_id: str, host: str, job_id: s
 
 
 def enqueue_close(celery: Celery, store: Store, run_id: str, host: str) -> str:
-    return enqueue(celery, store, "close", "pool.close_run", run_id, host)
+    return enqueue(celery, store, "close", CLOSE_TASK, run_id, host)
+
+
+def release_and_close(celery: Celery, store: Store, run_id: str) -> str | None:
+    """Release a live run and queue its teardown, its job recorded in the release's own round
+    trip (what a close costs the caller); None when nothing was live. A lost run's teardown
+    waits in its host's queue."""
+    job_id = new_job_id()
+    host = store.release_on_host(run_id, job=store.job_fields(job_id, run_id, "close"))
+    return None if host is None else send_recorded(celery, store, job_id, CLOSE_TASK, run_id, host)
+
+
+CLOSE_TASK = "pool.close_run"
 
 
 # ---- one-shot episodes ------------------------------------------------------------------------
@@ -166,7 +183,7 @@ RELEASE_TASK = "pool.release_run"
 
 def close_signature(celery: Celery, run_id: str, host: str, job_id: str):
     """The teardown step of an existing close job (also used by the episode's error callback)."""
-    return job_signature(celery, "pool.close_run", host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
+    return job_signature(celery, CLOSE_TASK, host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
 
 
 def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evaluate: bool, close: bool) -> dict:

@@ -27,7 +27,8 @@ class UnknownRun(KeyError):
 # before it and none of its jobs is working: running, or queued since the cutoff (a job queued
 # longer, never taken, holds nothing: its message may be gone). Jobs that ended without leaving
 # the working set (expired records) are dropped from it. One script: a call starting between
-# the reaper's look and its release cannot be closed under.
+# the reaper's look and its release cannot be closed under. Then, optionally, a job to record
+# under the run once released (its teardown, as create_job would: id, then field, value pairs).
 RELEASE_LUA = """
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. 'run:' .. run_id
@@ -59,6 +60,11 @@ redis.call('SADD', prefix .. 'host:' .. host .. ':closing', run_id)
 redis.call('HSET', run_key, 'state', 'closing', 'closing_reason', ARGV[3], 'last_used_at', ARGV[4])
 local tenant = redis.call('HGET', run_key, 'tenant')  -- its slot is free: its tenant's count too
 if tenant then redis.call('SREM', prefix .. 'tenant:' .. tenant .. ':live', run_id) end
+if ARGV[7] and ARGV[7] ~= '' then  -- the teardown's job, recorded with the release
+  redis.call('HSET', prefix .. 'job:' .. ARGV[7], unpack(ARGV, 8))
+  redis.call('RPUSH', run_key .. ':jobs', ARGV[7])
+  redis.call('SADD', run_key .. ':working', ARGV[7])
+end
 return host
 """
 
@@ -263,11 +269,16 @@ class RunsState:
         args = [keys.PREFIX, run_id, "idle", time.time(), "", time.time() - idle_ttl]
         return self._release(args=args) is not None
 
-    def release_on_host(self, run_id: str, reason: str = "closed", only_state: str = "") -> str | None:
+    def release_on_host(
+        self, run_id: str, reason: str = "closed", only_state: str = "", job: dict | None = None
+    ) -> str | None:
         """release() in one round trip, returning the run's host (None when nothing was
         released). A lost run, already out of its host's capacity, becomes closing too: its
-        teardown waits in its host's queue."""
-        return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state, ""]) or None
+        teardown waits in its host's queue. `job` (a new job's record: job_fields) is recorded
+        under the run in the same round trip, only if it was released."""
+        pairs = [item for pair in encode(job).items() for item in pair] if job else []
+        args = [keys.PREFIX, run_id, reason, time.time(), only_state, "", *([job["job_id"], *pairs] if job else [])]
+        return self._release(args=args) or None
 
     def mark_run_lost(self, run_id: str, error: str, states: tuple, code: str = "HOST_LOST") -> bool:
         """The run died with its host's previous incarnation (HOST_LOST), or its container under
