@@ -67,6 +67,7 @@ COPY --from=helper /src/tp-session /app/environments/helper/tp-session
 # The code, package by package (the wheelhouse in the build context stays out of this stage).
 COPY Procfile requirements.txt /app/
 COPY termpool /app/termpool
+COPY poolcore /app/poolcore
 COPY environments /app/environments
 COPY tasks /app/tasks
 COPY app /app/app

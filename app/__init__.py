@@ -13,16 +13,16 @@ from app import errors, pool_view, tenancy, viewer
 from app.engine import Engine
 from app.fields import MAX_BODY_BYTES
 from app.http import fail
-from termpool.config import Settings, settings
-from termpool.queues import follow_monitor
-from termpool.state import Store
+from poolcore.config import Settings, settings
+from poolcore.queues import follow_monitor
+from poolcore.state import Store
 
 log = logging.getLogger(__name__)
 
 
 def celery_init_app(app: Flask, cfg: Settings) -> Celery:
     """The Flask docs' pattern: one Celery app, kept in app.extensions."""
-    from termpool.queues import make_celery
+    from poolcore.queues import make_celery
 
     celery = make_celery(cfg)
     celery.set_default()

@@ -3,7 +3,7 @@
 Written from what the app serves: every route's `operation` declaration (app/http.py: its
 summary, body model, replies) and the JSON Schema of the request and reply models
 (app/models.py, app/replies.py, ...). The failure codes' enum and `x-error-codes` come from
-termpool/failures.py via app/error_codes.py.
+poolcore/failures.py via app/error_codes.py.
 tests/test_fuzz_openapi.py runs schemathesis to check that the document and the code agree
 on what is accepted and answered.
 """

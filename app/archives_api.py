@@ -6,7 +6,7 @@
        file or directory as a tar; its result is {size, path_type}.
   GET  /v1/jobs/<job_id>/archive                 -> 200 the tar bytes of a succeeded export.
 
-The bytes travel through Redis (the blob keyed by the job id: termpool/state/blobs.py), since
+The bytes travel through Redis (the blob keyed by the job id: poolcore/state/blobs.py), since
 the hosts share no file system with the facade. An upload is checked whole here before
 anything is stored or queued (termpool/tar_rules.py), so a refused one leaves no trace. A run
 refuses an archive job as it refuses a tool call (UNKNOWN_RUN, RUN_NOT_READY, RUN_CLOSED,
@@ -23,7 +23,8 @@ from app.archive_models import ArchiveAccepted, ContainerPath, ExportRequest
 from app.fields import explain
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.runs_api import UNKNOWN_RUN, WRONG_STATE, answer_run_errors
-from termpool import dispatch, tar_rules
+from poolcore import dispatch
+from termpool import tar_rules
 
 bp = Blueprint("archives", __name__, url_prefix="/v1")
 answer_run_errors(bp)

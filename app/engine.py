@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from termpool import dispatch, hosts, liveness, task_spec, uploaded_tasks
-from termpool.config import Settings
-from termpool.paths import resolve_task_path
-from termpool.state import (
+from poolcore import dispatch, hosts, liveness, task_spec, uploaded_tasks
+from poolcore.config import Settings
+from poolcore.paths import resolve_task_path
+from poolcore.state import (
     LOST_STATE,
     NO_FAILURE,
     STARTED_STATES,
@@ -28,7 +28,7 @@ from termpool.state import (
     Store,
     new_run_id,
 )
-from termpool.tenants import Tenant
+from poolcore.tenants import Tenant
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
@@ -143,7 +143,7 @@ class Engine:
 
     # ---- leases -----------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, task_path: str = "", tenant: Tenant | None = None) -> Allocation:
-        """Place a run on a serving host (termpool/hosts.py): the least loaded with room,
+        """Place a run on a serving host (poolcore/hosts.py): the least loaded with room,
         preferring one that has the task's images (known by task_path, else the task key). A
         task that allows one live run per host gets a host without one (CapacityError carries
         the reasons when none is left). `tenant` (None: the operator) is held to its limits in
@@ -162,7 +162,7 @@ class Engine:
 
     def one_per_host(self, task_path: str) -> tuple[str, ...]:
         """Why the task folder DATASET_DIR/<task_path> allows one live run per host (read from
-        its compose file, cached: termpool/task_spec.py); () for most tasks, and when no task
+        its compose file, cached: poolcore/task_spec.py); () for most tasks, and when no task
         folder has that name (a pool API task key is only a key; routers use the task name).
         An uploaded task's were read at its upload (its facts blob)."""
         try:

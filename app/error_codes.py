@@ -1,4 +1,4 @@
-"""The failure codes (termpool/failures.py) as the two HTTP faces answer them.
+"""The failure codes (poolcore/failures.py) as the two HTTP faces answer them.
 
 One place says which status each code gets on the pool API and on the runs API; the pool
 API's replies, the OpenAPI document's `x-error-codes` and the table in docs/http-api.md are
@@ -7,7 +7,7 @@ all made from it, so they cannot drift. `python -m app.error_codes` prints that 
 
 from __future__ import annotations
 
-from termpool.failures import CODES, Code
+from poolcore.failures import CODES, Code
 
 # Client errors: (pool API status, runs API status); None where that face never uses the code.
 CLIENT_STATUS = {

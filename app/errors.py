@@ -1,7 +1,7 @@
 """JSON errors for every failure: bad input 400, unknown routes 404, backends away 503.
 
 Every refusal is ``{"ok": false, "error": ..., "code": ..., "retryable": ...}`` with a code of
-termpool/failures.py; HTTP errors raised by Werkzeug keep their headers (a 405's ``Allow``).
+poolcore/failures.py; HTTP errors raised by Werkzeug keep their headers (a 405's ``Allow``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN
+from poolcore.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN
 
 # ---- limits -------------------------------------------------------------------------------------
 MAX_BODY_BYTES = 8 << 20  # Flask's MAX_CONTENT_LENGTH: a larger body is answered 413

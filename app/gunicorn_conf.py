@@ -5,7 +5,7 @@ import os
 import shutil
 import tempfile
 
-from termpool.config import settings
+from poolcore.config import settings
 
 _cfg = settings()
 bind = f"0.0.0.0:{_cfg.port}"

@@ -20,7 +20,7 @@ from app import tenancy
 from app.engine import Engine
 from app.fields import MAX_JSON_DEPTH, explain
 from app.replies import Error, Reply
-from termpool import failures
+from poolcore import failures
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 

@@ -15,7 +15,7 @@ from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from app.fields import MAX_ID_LENGTH
 from app.http import BadRequest, engine
-from termpool import dispatch
+from poolcore import dispatch
 
 HEADER = "Idempotency-Key"
 FIRST_REQUEST_WAIT = 5.0  # seconds a retry waits for the first request to record its job

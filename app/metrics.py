@@ -12,14 +12,14 @@ Two kinds of series:
   counters (failed jobs by failure code, automatic retries by task and reason), read from
   Redis by a custom collector at scrape time, so they are right whichever process answers
   and cost a couple of Redis round trips per scrape. Workers count into Redis hashes
-  (termpool/state/counters.py, jobs.py) as they record a job's failure or retry.
+  (poolcore/state/counters.py, jobs.py) as they record a job's failure or retry.
 
 Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.allocate``,
 ``runs.create_run``, ...), never by the raw path; a request that matched no route is
 ``unmatched``; and by tenant: a name of the tenants file, or ``-`` (app/tenancy.py `label`).
 
 Each request is also added to the pool dashboard's record of the last hour in Redis
-(termpool/state/recent.py, one pipelined write), which /metrics's cumulative series cannot give.
+(poolcore/state/recent.py, one pipelined write), which /metrics's cumulative series cannot give.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from app import tenancy
-from termpool.config import QUEUE_KINDS, Settings
-from termpool.queues import MAINTENANCE_QUEUE, queue_name
-from termpool.state import UNAVAILABLE, Store
+from poolcore.config import QUEUE_KINDS, Settings
+from poolcore.queues import MAINTENANCE_QUEUE, queue_name
+from poolcore.state import UNAVAILABLE, Store
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
 
 
 def _record_recent(app: Flask, tenant: str, endpoint: str, seconds: float, code: str) -> None:
-    """The dashboard's last hour (termpool/state/recent.py): one pipelined write, on the
+    """The dashboard's last hour (poolcore/state/recent.py): one pipelined write, on the
     scrape's store (short timeouts, no waiting out an outage: /metrics reports Redis away)."""
     try:
         app.extensions["termpool_metrics"]["pool"].store.record_request(tenant, endpoint, seconds, code)

@@ -48,9 +48,9 @@ from app.fields import (
     refuse,
     text_id,
 )
-from termpool import uploaded_tasks
-from termpool.paths import PathError, resolve_log_dir, resolve_task_path
-from termpool.task_spec import is_task_dir
+from poolcore import uploaded_tasks
+from poolcore.paths import PathError, resolve_log_dir, resolve_task_path
+from poolcore.task_spec import is_task_dir
 
 
 def _resolve(value: str, resolve) -> Path:

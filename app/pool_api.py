@@ -13,8 +13,8 @@ from app import error_codes, fields, idempotency, models, replies, tenancy
 from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
-from termpool import failures
-from termpool.state import CapacityError
+from poolcore import failures
+from poolcore.state import CapacityError
 
 bp = Blueprint("pool", __name__)
 fail = fail_on(error_codes.pool_status)

@@ -8,7 +8,7 @@ tenant sees its own slice: the hosts' states with its own runs on each, its own 
 and only its own requests' latencies and failures. Queue depths and builds are the pool's and
 are not shown to a tenant.
 
-The last hour comes from termpool/state/recent.py (written as the facade answers and as jobs
+The last hour comes from poolcore/state/recent.py (written as the facade answers and as jobs
 fail); the rest is read when asked, as /status reads it.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, render_template
 
 from app import tenancy, viewer
-from termpool.config import QUEUE_KINDS
-from termpool.queues import queue_name
+from poolcore.config import QUEUE_KINDS
+from poolcore.queues import queue_name
 
 bp = Blueprint("pool_view", __name__, url_prefix="/ui/pool", template_folder="templates")
 bp.after_request(viewer.page_headers)

@@ -15,7 +15,7 @@ from app.fields import (
     JobId,
     RunId,
 )
-from termpool.failures import CODES
+from poolcore.failures import CODES
 
 # ---- replies ------------------------------------------------------------------------------------
 Code = Annotated[

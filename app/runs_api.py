@@ -51,7 +51,7 @@ from app import error_codes, fields, idempotency, models, replies, tenancy
 from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.idempotency import job_once
-from termpool.state import CapacityError
+from poolcore.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")
 fail = fail_on(error_codes.runs_status)

@@ -1,6 +1,6 @@
 """POST /v1/tasks: a client sends a task folder as a tar (or gzip'd tar) archive; the pool keeps
 it under the digest of its canonical form, which runs then name as task_meta.task_path
-(docs/http-api.md, "Uploaded tasks"; termpool/uploaded_tasks.py).
+(docs/http-api.md, "Uploaded tasks"; poolcore/uploaded_tasks.py).
 
   201  stored now; 200  the same content was held already (stored once, its lifetime restarted).
   400  TASK_ARCHIVE_INVALID: unreadable, unsafe, or not a task; 413  TASK_ARCHIVE_TOO_LARGE;
@@ -18,9 +18,9 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from app import error_codes, tenancy
 from app.http import engine, fail_on, ok, operation
 from app.task_upload_models import TaskUploaded
-from termpool import uploaded_tasks
-from termpool.state import QuotaRefused
-from termpool.task_archive import ArchiveInvalid, ArchiveTooLarge
+from poolcore import uploaded_tasks
+from poolcore.state import QuotaRefused
+from poolcore.task_archive import ArchiveInvalid, ArchiveTooLarge
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1")
 fail = fail_on(error_codes.runs_status)

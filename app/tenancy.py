@@ -18,9 +18,9 @@ import uuid
 
 from flask import current_app, g, request
 
-from termpool.config import Settings
-from termpool.state import NO_TENANT, new_run_id
-from termpool.tenants import Tenant
+from poolcore.config import Settings
+from poolcore.state import NO_TENANT, new_run_id
+from poolcore.tenants import Tenant
 
 OPERATOR = None  # g.tenant of the operator (admin): every run is its own
 NOBODY = object()  # a token that names no one

@@ -2,7 +2,7 @@
 
 Everything it shows comes from Redis (the facade may run on another host than the run's
 containers and files): the run record, and each job record, which holds a tool call's name
-and arguments (capped, termpool/dispatch.py `recorded_call`) and its observation. A run's files
+and arguments (capped, poolcore/dispatch.py `recorded_call`) and its observation. A run's files
 are served only when the facade sees the run's folder under its own TBENCH_OUTPUT_ROOT;
 otherwise the page names the host and path.
 
@@ -31,9 +31,9 @@ from pathlib import Path, PurePosixPath
 from flask import Blueprint, abort, current_app, redirect, render_template, request, send_file, url_for
 
 from app import tenancy
-from termpool import failures
-from termpool.paths import PathError, resolve_inside
-from termpool.state import RECENT_RUNS_KEPT
+from poolcore import failures
+from poolcore.paths import PathError, resolve_inside
+from poolcore.state import RECENT_RUNS_KEPT
 
 bp = Blueprint("viewer", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
 

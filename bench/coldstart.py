@@ -33,7 +33,7 @@ from bench.episodes import Floor
 from devstack import FIXTURES, at_once
 from environments import compose_config, lifecycle, session_helper
 from environments.docker_client import HOST_LABEL, docker_client
-from termpool.config import load_settings
+from poolcore.config import load_settings
 
 _local = threading.local()
 _samples: dict[str, list[float]] = defaultdict(list)

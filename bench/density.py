@@ -52,8 +52,8 @@ from devstack import FIXTURES, ROOT, Stack
 from environments import compose_config
 from environments.docker_client import docker_client
 from environments.lifecycle import run_name
-from termpool.config import load_settings
-from termpool.task_spec import name_prefix
+from poolcore.config import load_settings
+from poolcore.task_spec import name_prefix
 
 PROFILED = ("web", "lifecycle", "exec", "teardown")
 SPY_RATE = 50  # py-spy samples per second: 50 samples = 1 CPU-second of Python holding the GIL

@@ -27,7 +27,7 @@ from bench.episodes import TASK, BenchClient, pool_episode
 from bench.stats import Recorder
 from devstack import Stack
 from devstack.second_docker import SecondDocker
-from termpool.state import Store
+from poolcore.state import Store
 
 RUNS_PER_KEY = 8
 IDLE_SECONDS = 10.0

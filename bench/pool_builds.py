@@ -46,9 +46,9 @@ from devstack import ROOT, Stack
 from devstack.second_docker import SecondDocker
 from environments.compose_config import client_image
 from environments.docker_client import docker_client
+from poolcore.config import load_settings
+from poolcore.state import Store
 from termpool.client import Pool
-from termpool.config import load_settings
-from termpool.state import Store
 
 PREBUILD_TIMEOUT = 1800
 STACK_ENV = {"WARM_POOL_SIZE": "0"}  # every reset a real start, never a spare's claim

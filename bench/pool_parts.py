@@ -26,7 +26,7 @@ import docker.errors
 from devstack import FIXTURES, ROOT, free_port
 from environments import registry_server
 from environments.image_digest import CONTENT_LABEL
-from termpool.config import load_registry
+from poolcore.config import load_registry
 
 EXAMPLES = ROOT / "examples" / "tasks"
 HARBOR = FIXTURES.parent / "harbor"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.output import emit
 from devstack import Stack
-from termpool.state import Store, job_done_key, job_key, run_jobs_key, run_key
+from poolcore.state import Store, job_done_key, job_key, run_jobs_key, run_key
 
 DAY = 24 * 3600
 

@@ -33,7 +33,7 @@ import uuid
 import redis
 
 from devstack import free_port
-from termpool.state import Store, keys
+from poolcore.state import Store, keys
 
 CELERY_MESSAGE_BYTES = 1400  # a pool.tool_call message with its headers, as kombu stores it
 QUEUE = "termpool.bench.exec"

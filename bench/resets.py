@@ -30,7 +30,7 @@ from devstack import FIXTURES, Stack
 from devstack.threads import at_once
 from environments import compose_config
 from environments.docker_client import docker_client
-from termpool.config import load_settings
+from poolcore.config import load_settings
 
 TASK = "hello-file"
 LABEL = "termpool.bench-resets"

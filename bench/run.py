@@ -34,9 +34,9 @@ from bench.episodes import TASK, BenchClient, Floor, pool_episode, run_phase, ru
 from bench.monitor import Monitor
 from bench.stats import Recorder
 from devstack import FIXTURES, ROOT, Stack, free_port
-from termpool.config import load_settings
-from termpool.state import Store
-from termpool.task_spec import image_name
+from poolcore.config import load_settings
+from poolcore.state import Store
+from poolcore.task_spec import image_name
 
 FACES = ("floor", "pool", "runs")
 DRAIN_TIMEOUT = 300.0

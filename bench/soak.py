@@ -31,7 +31,7 @@ from bench.soak_report import analyse, markdown
 from bench.soak_sample import Sampler
 from devstack import ROOT, Stack
 from environments.docker_client import TASK_IMAGE_LABEL, docker_client
-from termpool.state import IDEMPOTENCY_TTL
+from poolcore.state import IDEMPOTENCY_TTL
 
 # Lifetimes shortened so the idle pool's end state is seen within minutes (seconds, x ttl-scale).
 SHORT_TTLS = {

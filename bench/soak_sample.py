@@ -18,12 +18,12 @@ from pathlib import Path
 
 from bench.monitor import Monitor
 from environments.docker_client import HOST_LABEL, TASK_IMAGE_LABEL
-from termpool.config import QUEUE_KINDS
-from termpool.queues import queue_name
-from termpool.state import PREFIX, Store
+from poolcore.config import QUEUE_KINDS
+from poolcore.queues import queue_name
+from poolcore.state import PREFIX, Store
 
 MB = 1024 * 1024
-# The words after an id that name a per-id key family (termpool/state/__init__.py).
+# The words after an id that name a per-id key family (poolcore/state/__init__.py).
 SUFFIXES = {"jobs", "working", "done", "keys", "live", "closing", "workers", "nodes", "info", "lost"}
 SUFFIXES |= {"subnets", "subnet-owners", "run-folders"}
 # Fixed keys: their whole name is their family.

@@ -18,7 +18,7 @@ Docker's address pools), one task key. After a warm-up episode (the image is bui
 
 Figures: B's tool call and reset p50 / p95 in each phase and storm over alone (targets: tool
 call p50 within 1.5x, reset p50 within 2x). What B's calls waited on, from the job records in
-Redis (queued_at, started_at, finished_at: termpool/state/jobs.py) paired with the client's
+Redis (queued_at, started_at, finished_at: poolcore/state/jobs.py) paired with the client's
 times: outside the job (the facade, HTTP and the reply's way back), the queue (until a worker
 took the job) and the job's run (the worker and Docker). Everything the stack started is
 removed at the end (containers, networks, volumes by the stack's host label). Exit status 1
@@ -46,7 +46,7 @@ from bench.stats import Recorder, summarize
 from bench.storm_report import breakdown, report
 from devstack import ROOT, Stack
 from environments.docker_client import docker_client
-from termpool.state import Store
+from poolcore.state import Store
 
 TASK = "hello-file"
 ADMIN = "storm-admin-token"

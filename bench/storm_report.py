@@ -1,6 +1,6 @@
 """bench/storm.py's figures: B's calls storm against alone, and what each waited on.
 
-A job record (termpool/state/jobs.py) has queued_at (the facade recorded and sent it),
+A job record (poolcore/state/jobs.py) has queued_at (the facade recorded and sent it),
 started_at (a worker took it) and finished_at (its result was recorded), wall-clock seconds from
 one machine's clock. Paired with the client's time of the call that made it, a call splits into:
 

@@ -34,8 +34,8 @@ from devstack import Stack
 from environments.docker_client import KnownContainer, docker_client
 from environments.lifecycle import ctl_socket
 from environments.tools import run_tool
+from poolcore.state import Store
 from termpool.client.calls import exec_call
-from termpool.state import Store
 
 TASK = "hello-file"
 MARGIN_MS = 3.0

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from environments.docker_client import memory_in_use
-from termpool.state import Store
+from poolcore.state import Store
 
 RUN_LABEL = "termpool.run"
 COUNTERS = ("claimed", "missed", "started", "start_s", "cpu_s", "upkeep_s", "trimmed", "expired")

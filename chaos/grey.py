@@ -17,7 +17,7 @@ import redis
 
 from chaos import faults
 from chaos.service import Service
-from termpool.state import keys
+from poolcore.state import keys
 
 # (name, fault as the table says it, action)
 SCENARIOS = (

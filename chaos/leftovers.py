@@ -14,8 +14,8 @@ import redis
 from chaos import faults
 from chaos.service import Service
 from environments.session_helper import HELPER_DIR_SUFFIX, VERSIONS_DIR
+from poolcore.state import Store
 from termpool.client import TermpoolError
-from termpool.state import Store
 
 HOST_LABEL = "termpool.host"  # the label termpool puts on every container and network it makes
 RUN_LABEL = "termpool.run"
@@ -187,7 +187,7 @@ def cleanup(service: Service) -> dict:
 def _remove_containment(service: Service) -> bool:
     """The stack's packet-filter rules (its workers installed them; they outlive a stop)."""
     from environments import containment
-    from termpool.config import load_settings
+    from poolcore.config import load_settings
 
     try:
         containment.remove(load_settings(service.env))

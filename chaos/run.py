@@ -28,7 +28,7 @@ from pathlib import Path
 from chaos import disk_hog, faults, grey, leftovers, report, sentinel
 from chaos.episodes import Client, Log, episode, probe
 from chaos.service import BASE_TASK, ROOT, Service, scratch_dir
-from termpool.config import QUEUE_KINDS
+from poolcore.config import QUEUE_KINDS
 
 FAULT_AFTER = 3.0  # seconds after the episodes start
 RECOVER_LIMIT = 120.0  # a service not serving a fresh episode this long after the fault "never" recovered

@@ -16,8 +16,8 @@ import redis
 
 from chaos.service import Service
 from devstack.sentinel import SentinelGroup
-from termpool.config import load_settings
-from termpool.state import connection
+from poolcore.config import load_settings
+from poolcore.state import connection
 
 LAG_SAMPLES = 40  # replication samples before the kill, LAG_INTERVAL apart
 LAG_INTERVAL = 0.05

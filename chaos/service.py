@@ -23,10 +23,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from devstack import FIXTURES, ROOT, free_port
+from poolcore.config import QUEUE_KINDS, load_settings
+from poolcore.processes import start_ticks
+from poolcore.state import Store
 from termpool.client import Pool
-from termpool.config import QUEUE_KINDS, load_settings
-from termpool.processes import start_ticks
-from termpool.state import Store
 
 SLOW_DOCKERFILE = Path(__file__).resolve().parent / "fixtures" / "slow.Dockerfile"
 BASE_TASK = "hello-file"  # every episode solves this fixture task (score 1.0 when solved)
@@ -279,7 +279,7 @@ class Service:
         return Store.connect(load_settings(self.env))  # its one Redis, or its Sentinel primary
 
     def celery(self):
-        from termpool.queues import make_celery  # an app with the stack's broker and queues
+        from poolcore.queues import make_celery  # an app with the stack's broker and queues
 
         return make_celery(load_settings(self.env))
 
@@ -291,7 +291,7 @@ class Service:
         shutil.copytree(FIXTURES / BASE_TASK, self.dataset / name)
         text = SLOW_DOCKERFILE.read_text().format(nonce=name, seconds=seconds)
         (self.dataset / name / "Dockerfile").write_text(text)
-        from termpool.task_spec import image_name
+        from poolcore.task_spec import image_name
 
         self.images.append(image_name(name))
         return name

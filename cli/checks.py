@@ -7,11 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termpool import task_spec
-from termpool.config import Settings
-from termpool.failures import TaskInvalid, TaskUnsupported
-from termpool.harbor_task import is_harbor_task
-from termpool.task_spec import (
+from poolcore import task_spec
+from poolcore.config import Settings
+from poolcore.failures import TaskInvalid, TaskUnsupported
+from poolcore.harbor_task import is_harbor_task
+from poolcore.task_spec import (
     COMPOSE_FILE_NAMES,
     NoGrader,
     TaskError,

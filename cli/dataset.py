@@ -22,7 +22,7 @@ from cli import download as dl
 from cli import oracle as orc
 from cli.checks import check_tasks, find_tasks, task_label
 from cli.output import emit_json, progress, table
-from termpool.config import Settings
+from poolcore.config import Settings
 
 dataset_cli = AppGroup("dataset", help="Work with terminal-bench task datasets.")
 
@@ -176,7 +176,7 @@ def prebuild_command(directory, where, jobs, timeout, as_json):
     runs. Exits 1 when any build failed.
     """
     from cli import prebuild as pb
-    from termpool.state import connection
+    from poolcore.state import connection
 
     cfg = _cfg()
     root = _dataset_dir(directory)

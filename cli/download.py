@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from termpool.task_spec import is_task_dir
+from poolcore.task_spec import is_task_dir
 
 ROOT = "."  # a subdir candidate: the repository's top level (Harbor datasets keep their tasks there)
 

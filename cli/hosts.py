@@ -13,7 +13,7 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from termpool.hosts import look
+from poolcore.hosts import look
 
 hosts_cli = AppGroup("hosts", help="List worker hosts, drain one or put it back in service.")
 

@@ -4,7 +4,7 @@ Per task, one `Pool.episode` of termpool.client: the task, a script of two tool 
 (write solution.sh to /tmp/solution.sh, then `bash /tmp/solution.sh`, blocking), evaluate
 and close, waited for step by step. A Harbor task's script is its oracle agent's: solution/
 uploaded to /solution, solve.sh run with the [solution] env (harbor_script). The reward is the run's score. A task that ends without
-one is an error with the failure code of its run (termpool/failures.py), so a report tells
+one is an error with the failure code of its run (poolcore/failures.py), so a report tells
 broken tasks (task codes) from infrastructure trouble worth another run (retryable codes).
 A full service (429) is waited out by the client's retries with backoff.
 """
@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from poolcore.harbor_task import HarborTaskError, is_harbor_task, resolve_env
+from poolcore.task_spec import TaskError, load_task
 from termpool.client import (
     Episode,
     Forbidden,
@@ -32,8 +34,6 @@ from termpool.client import (
     exec_call,
     write_file_call,
 )
-from termpool.harbor_task import HarborTaskError, is_harbor_task, resolve_env
-from termpool.task_spec import TaskError, load_task
 
 SOLUTION_FILE = "solution.sh"
 SOLUTION_PATH = "/tmp/solution.sh"

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from termpool.config import Settings
-from termpool.state import Store
+from poolcore.config import Settings
+from poolcore.state import Store
 
 
 @dataclass
@@ -84,7 +84,7 @@ def build_all(
 def serving_hosts(engine) -> list[str]:
     """The hosts that serve now (not draining, not lost), as /status judges them once this
     process has watched their heartbeats for a beat's time."""
-    from termpool.hosts import look
+    from poolcore.hosts import look
 
     look(engine.watch)
     return sorted(host for host, info in engine.host_overview().items() if info["state"] == "serving")

@@ -20,10 +20,10 @@ import redis
 import requests
 
 from devstack.slots import take_slot
+from poolcore.config import load_settings
+from poolcore.state import Store, connection
 from tasks.worker import node_name
 from termpool.client import Pool
-from termpool.config import load_settings
-from termpool.state import Store, connection
 
 ROOT = Path(__file__).resolve().parent.parent
 # Stacks on this machine's daemon run side by side (a test session's, a module's own, a
@@ -203,7 +203,7 @@ class Stack:
 
     def wait_serving(self, host: str, timeout: float = 60) -> None:
         """Wait until the facade has seen every queue kind of the host alive: it judges only
-        workers it saw beat (termpool/liveness.py), so a test that stops one right after a start
+        workers it saw beat (poolcore/liveness.py), so a test that stops one right after a start
         sees it judged. Each gunicorn worker process watches on its own: several answers in a
         row, each on a new connection, so that they likely come from more than one of them."""
         in_a_row = [0]

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import docker.errors
 import requests.exceptions
 
-from termpool.failures import DockerError, Failure, OperationTimeout
+from poolcore.failures import DockerError, Failure, OperationTimeout
 
 DIR_BIT = 1 << 31  # Go's os.ModeDir, in the path stat the Engine answers with
 LINK_BIT = 1 << 27  # Go's os.ModeSymlink

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from environments.tools import cap_text
-from termpool.config import settings
+from poolcore.config import settings
 
 TOOL_LOG = "tool_calls.jsonl"
 TEST_LOG = "tests.log"

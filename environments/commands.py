@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from environments.session_helper import exec_never_started
-from termpool import failures
+from poolcore import failures
 
 MARKER_VAR = "TERMPOOL_COMMAND_ID"
 TIMED_OUT_CODE = 124  # as coreutils' timeout exits

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from environments import harbor_compose
 from environments.docker_client import ComposeError, run_compose
-from termpool.config import Settings
-from termpool.failures import TaskInvalid, TaskUnsupported
-from termpool.harbor_task import is_harbor_folder
-from termpool.task_spec import TaskError, Unsupported, compose_file, image_name, load_task_cached, name_prefix
+from poolcore.config import Settings
+from poolcore.failures import TaskInvalid, TaskUnsupported
+from poolcore.harbor_task import is_harbor_folder
+from poolcore.task_spec import TaskError, Unsupported, compose_file, image_name, load_task_cached, name_prefix
 
 CLIENT_SERVICE = "client"  # the agent's service when none has the client container name
 CLIENT_NAME_VAR = "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME"

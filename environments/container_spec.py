@@ -18,7 +18,7 @@ from pathlib import Path
 from docker.utils import parse_bytes, split_command
 
 from environments.compose_config import client_candidates, client_service, service_images
-from termpool.config import Settings
+from poolcore.config import Settings
 
 # Keys of a resolved client service that the SDK fast path reproduces exactly.
 DIRECT_SERVICE_KEYS = {
@@ -159,7 +159,7 @@ def run_override(
 def networks_needing_subnets(resolved: dict) -> list[str]:
     """The run's networks that take a block of termpool's range: the bridge networks its
     services join that it creates itself (not external) and whose subnet the task leaves open
-    (a pinned one keeps the task's, and the one-per-host rule: termpool/task_spec.py)."""
+    (a pinned one keeps the task's, and the one-per-host rule: poolcore/task_spec.py)."""
     used = {key for svc in resolved["services"].values() for key in svc.get("networks") or {}}
     return [
         key

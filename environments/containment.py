@@ -52,8 +52,8 @@ from urllib.parse import urlsplit
 
 from environments import networks
 from environments.containment_rules import Guard, comment_for, rules, safe_tag, script, without_ports
-from termpool.config import Settings, settings
-from termpool.state import connection
+from poolcore.config import Settings, settings
+from poolcore.state import connection
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import docker.errors
 
 from environments.docker_client import HOST_LABEL, MANAGED_LABEL, RUN_LABEL, docker_client
-from termpool.disk import Space
+from poolcore.disk import Space
 
 log = logging.getLogger(__name__)
 

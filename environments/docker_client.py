@@ -16,8 +16,8 @@ import docker.errors
 import requests.exceptions
 from docker.models.containers import ExecResult
 
-from termpool import failures
-from termpool.failures import DockerError
+from poolcore import failures
+from poolcore.failures import DockerError
 
 # The SDK's exception types by code, for failures.classify (termpool/ loads no Docker code).
 failures.register_codes({docker.errors.BuildError: "TASK_BUILD_FAILED", docker.errors.APIError: "DOCKER_ERROR"})

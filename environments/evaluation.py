@@ -13,9 +13,9 @@ from pathlib import Path
 
 from environments import kept_result
 from environments.session_helper import HELPER_PATH
-from termpool.failures import DockerError, TaskInvalid, TestsTimeout, TestsUnparsable
-from termpool.pytest_parser import UnknownParser, get_parser, score
-from termpool.task_spec import TaskSpec
+from poolcore.failures import DockerError, TaskInvalid, TestsTimeout, TestsUnparsable
+from poolcore.pytest_parser import UnknownParser, get_parser, score
+from poolcore.task_spec import TaskSpec
 
 TESTS_DIR = "/tests"
 TIMED_OUT = 124

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from termpool.harbor_task import ENVIRONMENT_DIR, MAIN_SERVICE, HarborConfig, compose_path
+from poolcore.harbor_task import ENVIRONMENT_DIR, MAIN_SERVICE, HarborConfig, compose_path
 
 # Where Harbor's verifier and agents write inside the container; the run's sessions/ and
 # agent-logs/ folders are mounted there, so the reward files land among the run's artifacts.

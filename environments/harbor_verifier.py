@@ -21,9 +21,9 @@ from environments import kept_result
 from environments.evaluation import TIMED_OUT, Evaluation
 from environments.harbor_compose import VERIFIER_DIR
 from environments.session_helper import HELPER_PATH
-from termpool.failures import DockerError, RewardMissing, TaskInvalid, TestsTimeout, TestsUnparsable
-from termpool.harbor_task import HarborTaskError, resolve_env
-from termpool.task_spec import TaskSpec
+from poolcore.failures import DockerError, RewardMissing, TaskInvalid, TestsTimeout, TestsUnparsable
+from poolcore.harbor_task import HarborTaskError, resolve_env
+from poolcore.task_spec import TaskSpec
 
 TESTS_DIR = "/tests"
 STDOUT_NAME = "test-stdout.txt"

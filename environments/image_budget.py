@@ -34,7 +34,7 @@ from environments.image_digest import CONTENT_LABEL
 from environments.task_images import remove_image
 
 if TYPE_CHECKING:
-    from termpool.state import OwnedLock
+    from poolcore.state import OwnedLock
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import requests.exceptions
 from docker.models.containers import ExecResult
 
 from environments.docker_client import never_reached_engine
-from termpool.failures import DockerError
+from poolcore.failures import DockerError
 
 FOLDER_PREFIX = "/tmp/.termpool-result-"
 SLACK_SECONDS = 30.0  # past the command's own time limit: the engine's return, the read back

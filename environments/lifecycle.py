@@ -57,12 +57,12 @@ from environments.session_helper import (
     remove_helper_dir,
     session_workdir,
 )
-from termpool import failures
-from termpool.config import Settings
-from termpool.failures import TaskStartFailed
-from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_folder
-from termpool.task_spec import name_prefix, one_per_host_reasons
-from termpool.uploaded_tasks import docker_task_name
+from poolcore import failures
+from poolcore.config import Settings
+from poolcore.failures import TaskStartFailed
+from poolcore.harbor_task import ENVIRONMENT_DIR, is_harbor_folder
+from poolcore.task_spec import name_prefix, one_per_host_reasons
+from poolcore.uploaded_tasks import docker_task_name
 
 CTL_MOUNT = CTL_DIR  # where the client container sees its socket folder
 CTL_SOCKET_NAME = posixpath.basename(CTL_SOCKET)

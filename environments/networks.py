@@ -8,7 +8,7 @@
   joins the first with fewer than ISOLATED_BRIDGE_SIZE containers (at most 1000: starts in
   flight at once stay within the rest).
 * Compose runs get a network of their own per task network (Docker keeps bridges apart), each
-  with a block of the host's RUN_SUBNETS (termpool/subnets.py) instead of one of Docker's own
+  with a block of the host's RUN_SUBNETS (poolcore/subnets.py) instead of one of Docker's own
   pools, which hold about 30 networks. `foreign_subnets` lists what else on the host uses
   addresses, so a worker reserves the blocks that would clash.
 

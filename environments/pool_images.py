@@ -24,11 +24,11 @@ import docker.errors
 from environments.docker_client import docker_client
 from environments.image_digest import CONTENT_LABEL
 from environments.registry import Registry, RegistryUnavailable, split_ref
-from termpool.config import RegistrySettings, Settings
-from termpool.failures import TaskBuildFailed, TaskImageNotFound
+from poolcore.config import RegistrySettings, Settings
+from poolcore.failures import TaskBuildFailed, TaskImageNotFound
 
 if TYPE_CHECKING:
-    from termpool.state import Store
+    from poolcore.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ import redis
 import requests
 
 from environments.registry_server import is_local
-from termpool.config import RegistrySettings
+from poolcore.config import RegistrySettings
 
 if TYPE_CHECKING:
-    from termpool.state import Store
+    from poolcore.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from environments.registry import NAMESPACE, Registry
 
 if TYPE_CHECKING:
-    from termpool.state import Store
+    from poolcore.state import Store
 
 log = logging.getLogger(__name__)
 DAY = 86400.0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from termpool.config import RegistrySettings, load_registry
+from poolcore.config import RegistrySettings, load_registry
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "registry.yml"
 BINARY = "docker-registry"

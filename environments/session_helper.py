@@ -33,7 +33,7 @@ from pathlib import Path
 
 import requests
 
-from termpool.task_spec import load_task_cached
+from poolcore.task_spec import load_task_cached
 
 HELPER_DIR = Path(__file__).resolve().parent / "helper"
 BUILD_SCRIPT = HELPER_DIR / "build.sh"

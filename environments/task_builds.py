@@ -27,12 +27,12 @@ from environments.docker_client import MAX_OUTPUT, ComposeError, docker_client, 
 from environments.image_digest import CONTENT_LABEL, environment_digest
 from environments.lifecycle import BUILD_CLIENT_NAME, build_context, compose_files, is_template, load_compose
 from environments.pool_images import PRESENT
-from termpool.config import Settings
-from termpool.failures import TaskBuildFailed
-from termpool.task_spec import name_prefix
+from poolcore.config import Settings
+from poolcore.failures import TaskBuildFailed
+from poolcore.task_spec import name_prefix
 
 if TYPE_CHECKING:
-    from termpool.state import OwnedLock, Store
+    from poolcore.state import OwnedLock, Store
 
 
 def ensure_image(*args, **kwargs) -> str:

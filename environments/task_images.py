@@ -18,7 +18,7 @@ from environments.docker_client import TASK_IMAGE_LABEL, TASK_IMAGE_LOCK_LABEL, 
 from environments.forking import FORK_LABEL
 
 if TYPE_CHECKING:
-    from termpool.state import OwnedLock
+    from poolcore.state import OwnedLock
 
 log = logging.getLogger(__name__)
 

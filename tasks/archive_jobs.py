@@ -1,7 +1,7 @@
 """Archive jobs: a tar into a run's container (pool.put_archive) and one out of it
 (pool.get_archive), on the run's host's exec queue (app/archives_api.py sends them).
 
-The bytes travel through Redis as a blob keyed by the job id (termpool/state/blobs.py): an
+The bytes travel through Redis as a blob keyed by the job id (poolcore/state/blobs.py): an
 upload's was stored by the facade and is dropped here once used (or on any failure); an
 export's is stored here, for GET /v1/jobs/<id>/archive, and expires `ttl` seconds after the job.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from celery import shared_task
 
 from environments import archives
+from poolcore import failures
+from poolcore.config import settings
 from tasks.job_context import client_container, live_run, recorded_job, started_env
 from tasks.runtime import store
-from termpool import failures
-from termpool.config import settings
 
 
 def _container(run_id: str):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from termpool.failures import TenantQuotaExceeded
-from termpool.state import QuotaRefused, Store
+from poolcore.failures import TenantQuotaExceeded
+from poolcore.state import QuotaRefused, Store
 
 LEASE_MARGIN = 120.0  # seconds past the build's limit: the worker's hard time limit is 60 past it
 

@@ -1,4 +1,4 @@
-"""The workers' Celery application: termpool/queues.py's app, with the job modules and the
+"""The workers' Celery application: poolcore/queues.py's app, with the job modules and the
 beat schedule (reaping idle runs, sweeping each host for leftovers, sizing warm pools,
 reclaiming the pool registry's storage)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from celery.signals import worker_process_init, worker_ready
 
+from poolcore.config import settings
+from poolcore.queues import follow_monitor, make_celery
 from tasks.registry_jobs import RECLAIM_SECONDS
 from tasks.warm_pool import SIZE_SECONDS
-from termpool.config import settings
-from termpool.queues import follow_monitor, make_celery
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.

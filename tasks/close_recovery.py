@@ -7,7 +7,7 @@ A close job is in hand while it has not ended and either runs (a process holds i
 process dies, tasks/lost_jobs.py recovers it from its list) or is queued while its message can
 still be waiting: its host's teardown queue holds messages, or it was queued less than the
 grace ago (its message may be on its way: a job is recorded before it is sent). Workers take a
-message only when a slot is free and begin its job at once (no prefetch: termpool/queues.py),
+message only when a slot is free and begin its job at once (no prefetch: poolcore/queues.py),
 so a close still queued past the grace while its queue is empty had its message lost (a
 process killed between taking it and beginning, a Redis that lost its queue): it is sent again.
 While the queue holds messages a lost close waits for it to drain; closes are idempotent, so
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 
+from poolcore.dispatch import enqueue_close
+from poolcore.queues import queue_name
 from tasks.runtime import store
-from termpool.dispatch import enqueue_close
-from termpool.queues import queue_name
 
 
 def in_hand(closes: list[dict], queue_waiting: bool, queued_since: float) -> bool:

@@ -3,7 +3,7 @@ host's exec queue beside its tool calls.
 
 The exec pool runs jobs in threads (tasks/worker.py; EXEC_CONCURRENCY, by default one per live
 run the host can hold, up to 128) and takes a message only when a thread is free (no prefetch:
-termpool/queues.py), so a long command holds one thread and no queued tool call waits behind
+poolcore/queues.py), so a long command holds one thread and no queued tool call waits behind
 it; tool calls wait only once a host runs EXEC_CONCURRENCY commands and calls at once. The
 thread mostly waits in select() on the exec's connection, so many long commands cost little.
 """
@@ -17,10 +17,10 @@ from celery import shared_task
 
 from environments import commands
 from environments.docker_client import docker_client
+from poolcore.config import settings
+from poolcore.state import UNAVAILABLE
 from tasks.job_context import live_run, recorded_job, started_env
 from tasks.runtime import store
-from termpool.config import settings
-from termpool.state import UNAVAILABLE
 
 CANCEL_CHECK_SECONDS = 0.25  # how often the job's record is read for its client's cancel
 

@@ -1,7 +1,7 @@
 """The per-run disk limit, checked every DISK_CHECK_SECONDS on each host (beat fans it out to
 every live host's teardown queue, as the reconcile sweep is): a started run whose containers'
 writable layers, named volumes and run dir hold more than its limit ends with RUN_DISK_LIMIT
-and is torn down at once (termpool/disk.py has the arithmetic, environments/disk_usage.py the
+and is torn down at once (poolcore/disk.py has the arithmetic, environments/disk_usage.py the
 measuring)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import logging
 from celery import shared_task
 
 from environments import disk_usage
+from poolcore import disk
+from poolcore.config import Settings, settings
+from poolcore.state import STARTED_STATES
 from tasks.runtime import store
-from termpool import disk
-from termpool.config import Settings, settings
-from termpool.state import STARTED_STATES
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def check_disks_hosts(self):
 @shared_task(name="pool.check_disks", bind=True)
 def check_disks(self, *, host):
     """End this host's started runs that are past their disk limit; returns them."""
-    from termpool.dispatch import enqueue_close  # the same path the facade uses
+    from poolcore.dispatch import enqueue_close  # the same path the facade uses
 
     layers = disk_usage.host_usage(host)
     ended = []

@@ -12,10 +12,10 @@ import logging
 
 from celery import shared_task
 
+from poolcore import failures
+from poolcore.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 from tasks.job_context import recorded_job
 from tasks.runtime import store
-from termpool import failures
-from termpool.dispatch import EPISODE_FAILED_TASK, RELEASE_TASK, close_signature
 
 log = logging.getLogger(__name__)
 

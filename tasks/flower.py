@@ -6,7 +6,7 @@ Flower sees every worker pool and queue of every host through the broker (REDIS_
 each pool task by name with its arguments; the `kwargs` column carries the run id (the
 facade sends a short `kwargsrepr` with host, run_id and job_id first).
 
-Settings (read by termpool/config.py; docs/settings.md):
+Settings (read by poolcore/config.py; docs/settings.md):
     FLOWER_PORT          port to serve on (default 5555)
     FLOWER_BASIC_AUTH    `user:password` (several: comma-separated); Flower's HTTP API answers
                          only when it is set
@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from termpool.config import Settings, settings
+from poolcore.config import Settings, settings
 
 log = logging.getLogger("termpool.flower")
 
@@ -70,9 +70,9 @@ def flower_argv(cfg: Settings) -> list[str]:
 
 def announce_monitor() -> None:
     """Say in the state store, while Flower runs, that a monitor listens: with TASK_EVENTS=monitor
-    task-sent events are published only then (termpool/queues.py follow_monitor)."""
-    from termpool.queues import MONITOR_POLL
-    from termpool.state import Store
+    task-sent events are published only then (poolcore/queues.py follow_monitor)."""
+    from poolcore.queues import MONITOR_POLL
+    from poolcore.state import Store
 
     store = Store.connect(settings())
 

@@ -23,11 +23,11 @@ from celery import shared_task
 
 from environments import checkpoints, forking, lifecycle
 from environments.session_helper import CTL_SOCKET, prepare_container, start_server
+from poolcore import failures
+from poolcore.config import settings
+from poolcore.state import NO_FAILURE, STARTED_STATES
 from tasks.job_context import RunNotStarted, artifacts_dir, live_run, recorded_job, run_task_dir, run_timeouts
 from tasks.runtime import remove_env, store, subnet_taker
-from termpool import failures
-from termpool.config import settings
-from termpool.state import NO_FAILURE, STARTED_STATES
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import logging
 from dataclasses import replace
 
 from environments import image_budget
+from poolcore.config import settings
 from tasks.runtime import store
-from termpool.config import settings
 
 log = logging.getLogger(__name__)
 

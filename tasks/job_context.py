@@ -23,11 +23,11 @@ from environments.docker_client import (
     says_not_running,
     wait_for_engine,
 )
+from poolcore import failures
+from poolcore.config import settings
+from poolcore.state import STARTED_STATES, UNAVAILABLE
 from tasks import lost_jobs, task_folders
 from tasks.runtime import store, through_outage
-from termpool import failures
-from termpool.config import settings
-from termpool.state import STARTED_STATES, UNAVAILABLE
 
 
 class RunClosed(failures.Failure):

@@ -46,13 +46,13 @@ from celery.signals import task_failure, task_retry, worker_ready, worker_shutdo
 
 from environments import commands
 from environments.docker_client import docker_client
+from poolcore import failures, processes
+from poolcore.config import settings
+from poolcore.dispatch import EPISODE_FAILED_TASK
+from poolcore.queues import consumed_kinds
+from poolcore.state import NODE_TTL
 from tasks import close_recovery
 from tasks.runtime import store
-from termpool import failures, processes
-from termpool.config import settings
-from termpool.dispatch import EPISODE_FAILED_TASK
-from termpool.queues import consumed_kinds
-from termpool.state import NODE_TTL
 
 log = logging.getLogger(__name__)
 

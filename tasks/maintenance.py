@@ -1,5 +1,5 @@
 """Maintenance: the idle reaper (beat), the reconcile sweep (at worker start and every
-RECONCILE_SECONDS from beat), lost hosts (beat, termpool/hosts.py), and worker liveness
+RECONCILE_SECONDS from beat), lost hosts (beat, poolcore/hosts.py), and worker liveness
 heartbeats (with the host's queue kind and capacity)."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from celery.signals import worker_ready, worker_shutdown
 
 from environments import disk_usage, forking, lifecycle, networks, pool_images, task_images
 from environments.docker_client import docker_client
+from poolcore import hosts
+from poolcore.config import settings
+from poolcore.dispatch import enqueue_close
+from poolcore.queues import consumed_kinds
+from poolcore.state import RESERVED, STARTED_STATES, Store
 from tasks import close_recovery, disk_check, fork_jobs, image_budget, run_folders, task_folders
 from tasks.runtime import store
-from termpool import hosts
-from termpool.config import settings
-from termpool.dispatch import enqueue_close
-from termpool.queues import consumed_kinds
-from termpool.state import RESERVED, STARTED_STATES, Store
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _heartbeat(node: str, host: str, kind: str, stop: threading.Event) -> None:
             beats.node_heartbeat(node)
             beats.host_beat(host, node, kind, {**capacity, **disk_check.host_facts(settings())})
             wait = hosts.HEARTBEAT_SECONDS
-        except Exception as exc:  # Redis away: the watches judge nothing meanwhile (termpool/liveness.py)
+        except Exception as exc:  # Redis away: the watches judge nothing meanwhile (poolcore/liveness.py)
             log.warning("heartbeat failed: %s", exc)
             wait = BEAT_RETRY_SECONDS
         stop.wait(wait)

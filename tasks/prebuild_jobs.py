@@ -14,11 +14,11 @@ from celery import shared_task
 
 from environments import task_builds
 from environments.docker_client import MAX_OUTPUT
+from poolcore.config import settings
+from poolcore.failures import TaskBuildFailed
+from poolcore.uploaded_tasks import docker_task_name
 from tasks import task_folders
 from tasks.runtime import store
-from termpool.config import settings
-from termpool.failures import TaskBuildFailed
-from termpool.uploaded_tasks import docker_task_name
 
 
 @shared_task(name="pool.prebuild_task", bind=True, acks_late=True)

@@ -13,8 +13,8 @@ from celery import shared_task
 from environments import registry_server
 from environments.pool_images import pool_registry
 from environments.registry_reclaim import reclaim
+from poolcore.config import settings
 from tasks.runtime import store
-from termpool.config import settings
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from environments import artifacts
+from poolcore.config import settings
 from tasks.runtime import store
-from termpool.config import settings
 
 PRUNE_BATCH = 2000  # folders removed per reconcile at most: a backlog goes over several sweeps
 

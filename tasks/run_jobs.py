@@ -2,7 +2,7 @@
 
 Each task carries the job id of the client's request; `recorded_job` records started/finished in
 the state store so the facade (and pollers) see the outcome whatever the queue did, a
-failure with its code (termpool/failures.py), and retries transient Docker failures of the
+failure with its code (poolcore/failures.py), and retries transient Docker failures of the
 tasks that can safely run again.
 """
 
@@ -19,6 +19,12 @@ from environments import artifacts, harbor_verifier, lifecycle, task_builds
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
+from poolcore import disk, failures
+from poolcore.config import settings
+from poolcore.harbor_task import is_harbor_folder
+from poolcore.state import NO_FAILURE
+from poolcore.task_spec import TaskError, Unsupported, load_task_cached
+from poolcore.uploaded_tasks import docker_task_name
 from tasks import build_quota, image_budget, run_folders, warm_pool
 from tasks.job_context import (
     RETRY_OPTIONS,
@@ -35,12 +41,6 @@ from tasks.job_context import (
     started_env,
 )
 from tasks.runtime import remove_env, store, subnet_taker, through_outage
-from termpool import disk, failures
-from termpool.config import settings
-from termpool.harbor_task import is_harbor_folder
-from termpool.state import NO_FAILURE
-from termpool.task_spec import TaskError, Unsupported, load_task_cached
-from termpool.uploaded_tasks import docker_task_name
 
 
 def _failed(exc: BaseException) -> dict:

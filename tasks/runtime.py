@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from environments import forking, lifecycle
-from termpool import failures
-from termpool.config import settings
-from termpool.state import FULL, UNREACHABLE, Store
+from poolcore import failures
+from poolcore.config import settings
+from poolcore.state import FULL, UNREACHABLE, Store
 
 OUTAGE_SECONDS = 60.0  # a Redis call that must land is tried again this long while Redis cannot take it
 T = TypeVar("T")

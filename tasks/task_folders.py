@@ -1,6 +1,6 @@
 """Where a run's task folder is on this worker host: under DATASET_DIR, or for an uploaded task
 (task_path "sha256:<hex>") written out from its stored archive into UPLOADED_TASKS_DIR the
-first time a run of it reaches this host (termpool/uploaded_tasks.py). From there on it is
+first time a run of it reaches this host (poolcore/uploaded_tasks.py). From there on it is
 built and run as a dataset task is."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from environments import task_images
 from environments.compose_config import client_image
+from poolcore import failures, uploaded_tasks
+from poolcore.config import Settings, settings
+from poolcore.paths import resolve_task_path
+from poolcore.task_archive import ArchiveInvalid
 from tasks.runtime import store
-from termpool import failures, uploaded_tasks
-from termpool.config import Settings, settings
-from termpool.paths import resolve_task_path
-from termpool.task_archive import ArchiveInvalid
 
 
 def task_dir(task_path: str, cfg: Settings | None = None) -> Path:

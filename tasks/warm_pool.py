@@ -2,7 +2,7 @@
 
 A reset takes one with LPOP, so no container ever serves two runs. Every reset of a pooled
 task (served or missed) is noted as demand and asks for a refill; the pool aims at the size
-termpool/warm_sizing.py gives (demand in the last WARM_DEMAND_WINDOW seconds, within
+poolcore/warm_sizing.py gives (demand in the last WARM_DEMAND_WINDOW seconds, within
 WARM_POOL_SIZE, the host's free run slots and WARM_POOL_MEMORY). Spares start as separate jobs
 on the host's lifecycle queue, a few at a time per task, each starting the next while the pool
 is short. Beat's periodic pass (pool.size_warm, on each host's lifecycle queue) removes spares
@@ -10,7 +10,7 @@ beyond the target and any pooled longer than WARM_IDLE_TTL, and measures a spare
 a lifecycle worker that stops cleanly removes its host's spares.
 
 Pooled containers carry their warm id as run label (labels cannot change later); their warmid
-key (termpool/state/warm.py) keeps them safe from the reconcile sweep while they are wanted.
+key (poolcore/state/warm.py) keeps them safe from the reconcile sweep while they are wanted.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from environments import artifacts, lifecycle
 from environments.docker_client import memory_in_use
 from environments.session_helper import prepare_container
 from environments.tools.server_socket import server_answers
+from poolcore import failures, warm_sizing
+from poolcore.config import settings
+from poolcore.queues import consumed_kinds
+from poolcore.state import UNAVAILABLE
+from poolcore.task_spec import one_per_host_reasons
+from poolcore.uploaded_tasks import docker_task_name
 from tasks import image_budget
 from tasks.runtime import remove_env, store
 from tasks.task_folders import task_dir as find_task_dir
-from termpool import failures, warm_sizing
-from termpool.config import settings
-from termpool.queues import consumed_kinds
-from termpool.state import UNAVAILABLE
-from termpool.task_spec import one_per_host_reasons
-from termpool.uploaded_tasks import docker_task_name
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ NOT_POOLED: set[str] = set()  # tasks this process logged as never pooled (one r
 
 
 def target_size(host: str, task_path: str) -> int:
-    """The size the task's pool on this host should have now (termpool/warm_sizing.py); 0 for a
+    """The size the task's pool on this host should have now (poolcore/warm_sizing.py); 0 for a
     task that allows one live run per host: a spare would hold what its compose file pins (a
     subnet, an address, a host port) and the run placed there would fail to start."""
     cfg = settings()

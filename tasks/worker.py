@@ -13,11 +13,11 @@ import sys
 import tempfile
 
 from environments import containment
+from poolcore.config import QUEUE_KINDS, settings
+from poolcore.queues import MAINTENANCE_QUEUE, queue_name
+from poolcore.state import LOCK_TTL
 from tasks.celery_app import celery_app
 from tasks.runtime import store
-from termpool.config import QUEUE_KINDS, settings
-from termpool.queues import MAINTENANCE_QUEUE, queue_name
-from termpool.state import LOCK_TTL
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The failure codes: which failures exist, their kind, and whether a retry can help.
 
 Pure data with no dependencies, so the client (termpool/client/) can use it on a trainer
-machine that has none of the server's packages; termpool/failures.py (the server side)
+machine that has none of the server's packages; poolcore/failures.py (the server side)
 builds its exceptions and classifier on it.
 """
 

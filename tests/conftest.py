@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from devstack import ROOT, Stack, free_port
+from poolcore.state import Store
 from termpool.client import task_meta
-from termpool.state import Store
 from tests.docker_fault_proxy import FaultProxy
 
 BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")

@@ -19,8 +19,8 @@ from devstack import FIXTURES
 from environments import compose_cache, compose_config, container_spec, lifecycle
 from environments.compose_config import BUILD_CLIENT_NAME, CLIENT_NAME_VAR
 from environments.session_helper import CTL_DIR
-from termpool.failures import TaskInvalid
-from termpool.state import Store
+from poolcore.failures import TaskInvalid
+from poolcore.state import Store
 from tests.conftest import Router, private_stack
 from tests.test_compose_fidelity import episode, settings
 from tests.test_dataset_cli import cli

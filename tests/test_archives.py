@@ -14,6 +14,8 @@ import pytest
 import requests
 
 from app import create_app
+from poolcore.config import load_settings
+from poolcore.state import PREFIX
 from termpool.client import (
     AsyncPool,
     NotADirectory,
@@ -23,8 +25,6 @@ from termpool.client import (
     TermpoolError,
     UnknownRun,
 )
-from termpool.config import load_settings
-from termpool.state import PREFIX
 
 FILE, DIR, SYM, LINK = tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE
 BLOB = f"{PREFIX}blob:*"

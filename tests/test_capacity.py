@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from termpool import state
-from termpool.state import IDEMPOTENCY_TTL, CapacityError, Placement, Store, request_key
+from poolcore import state
+from poolcore.state import IDEMPOTENCY_TTL, CapacityError, Placement, Store, request_key
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit

@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 
 from devstack import ROOT, free_port
+from poolcore.state import Store
 from termpool import client as tc
 from termpool.client import (
     AsyncPool,
@@ -34,10 +36,23 @@ from termpool.client import (
     exec_call,
 )
 from termpool.codes import CODES
-from termpool.state import Store
 from tests.conftest import run_containers, wait_for
 
-SERVER_MODULES = ("flask", "celery", "kombu", "docker", "redis", "requests", "yaml", "app", "tasks")
+SERVER_MODULES = (
+    "flask",
+    "celery",
+    "kombu",
+    "docker",
+    "redis",
+    "requests",
+    "yaml",
+    "app",
+    "tasks",
+    "poolcore",
+    "environments",
+)
+# What the wheel ships: the client, the Harbor backend and the two modules the server shares with them.
+SHIPPED = ["__init__.py", "client", "codes.py", "harbor.py", "tar_rules.py"]
 
 
 # ---- no stack ---------------------------------------------------------------------------------
@@ -103,7 +118,9 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     assert out.returncode == 0, out.stderr
     where, imported = out.stdout.split("\n")[:2]
     assert where.startswith(str(venv)) and imported == "[]"
-    for server_package in ("flask", "celery", "docker", "redis"):
+    package = Path(where).parent.parent
+    assert sorted(p.name for p in package.iterdir() if p.name != "__pycache__") == SHIPPED
+    for server_package in ("flask", "celery", "docker", "redis", "poolcore", "app", "tasks"):
         found = subprocess.run([python, "-c", f"import {server_package}"], cwd=tmp_path, capture_output=True)
         assert found.returncode != 0, f"{server_package} is installed with the client"
 

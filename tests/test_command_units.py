@@ -23,10 +23,10 @@ from pydantic import ValidationError
 from app.command_models import MAX_ARG_BYTES, CommandRequest
 from app.fields import explain
 from environments import commands
+from poolcore import failures
+from poolcore.config import load_settings
 from tasks.command_jobs import command_spec
-from termpool import failures
 from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run, WaitTimeout
-from termpool.config import load_settings
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
@@ -358,8 +358,8 @@ def test_a_cancelled_await_cancels_the_command_then_goes_on():
 
 
 def test_what_flower_shows_of_a_command_names_its_env_but_not_the_values():
-    from termpool import dispatch
-    from termpool.queues import make_celery
+    from poolcore import dispatch
+    from poolcore.queues import make_celery
 
     celery = make_celery(CFG)  # a signature is only made, never sent
     command = {"command": "ls", "env": {"API_KEY": "secret-value"}, "cwd": None, "user": None, "timeout_sec": None}
@@ -404,7 +404,7 @@ def test_a_wait_past_the_job_timeout_cancels_the_command():
 @pytest.fixture
 def facade(redis_server, tmp_path):
     from app import create_app
-    from termpool.state import Store
+    from poolcore.state import Store
 
     redis_server.flushdb()
     port = redis_server.connection_pool.connection_kwargs["port"]

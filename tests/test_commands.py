@@ -11,8 +11,8 @@ import time
 import pytest
 import requests
 
+from poolcore.state import Store
 from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, UnknownUser
-from termpool.state import Store
 from tests.conftest import wait_for
 from tests.test_runs_api import assert_error, finished, tool_call
 

@@ -23,9 +23,9 @@ import yaml
 from devstack import FIXTURES, at_once
 from environments import compose_config, container_spec, lifecycle, networks, task_builds
 from environments.docker_client import ComposeError, run_compose
-from termpool.config import load_settings
-from termpool.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.failures import TaskBuildFailed, TaskInvalid, TaskStartFailed, TaskUnsupported
+from poolcore.state import Store
 from tests.conftest import wait_for
 from tests.test_unsafe_tasks import CLIENT  # the template's client service, no volumes
 

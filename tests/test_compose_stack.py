@@ -119,7 +119,7 @@ def _remove_rules(host_id: str) -> None:
     """The stack's packet-filter rules outlive `down` (the next pool's apply would collect them:
     their bridge is gone); removed here so no other test ever meets them."""
     from environments import containment
-    from termpool.config import load_settings
+    from poolcore.config import load_settings
 
     if shutil.which("iptables"):
         containment.remove(load_settings({"POOL_HOST_ID": host_id}))

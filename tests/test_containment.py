@@ -20,8 +20,8 @@ import pytest
 from devstack import free_port
 from environments import compose_config, containment
 from environments.containment import Guard
-from termpool.config import load_settings
-from termpool.failures import TaskUnsupported
+from poolcore.config import load_settings
+from poolcore.failures import TaskUnsupported
 from tests.conftest import Router, private_stack, wait_for
 
 

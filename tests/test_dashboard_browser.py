@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from devstack import ROOT
-from termpool.config import QUEUE_KINDS
+from poolcore.config import QUEUE_KINDS
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_metrics import parse, value
 

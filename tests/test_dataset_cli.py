@@ -14,7 +14,7 @@ import pytest
 from app import create_app
 from cli import download as dl
 from devstack import FIXTURES
-from termpool.config import load_settings
+from poolcore.config import load_settings
 
 
 def cli(tmp_path: Path, **env):

@@ -15,11 +15,11 @@ import pytest
 from app.engine import RunEnded, capacity_message, raise_if_ended
 from devstack import WORKER_KINDS
 from environments.disk_usage import folder_bytes
+from poolcore import disk
+from poolcore.config import DiskFloor, load_settings
+from poolcore.state import CapacityError, Store
 from tasks.disk_check import run_bytes
-from termpool import disk
 from termpool.client import RunDiskLimit
-from termpool.config import DiskFloor, load_settings
-from termpool.state import CapacityError, Store
 from tests.conftest import private_stack, run_containers, wait_for
 from tests.test_placement import place, see
 
@@ -124,7 +124,7 @@ def cfg():
 
 @pytest.fixture
 def watch(store, cfg):
-    from termpool import hosts
+    from poolcore import hosts
 
     return hosts.make_watch(cfg, store)
 

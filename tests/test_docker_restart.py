@@ -14,7 +14,7 @@ import pytest
 
 from devstack import Stack
 from devstack.second_docker import SecondDocker
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.test_runs_api import finished
 

@@ -14,8 +14,8 @@ import pytest
 
 from app import create_app
 from devstack import ROOT, Stack
+from poolcore.config import load_settings
 from termpool.client import Pool, exec_call, write_file_call
-from termpool.config import load_settings
 from tests.conftest import stop_checking_leaks, wait_for
 
 EXAMPLES = ROOT / "examples" / "tasks"

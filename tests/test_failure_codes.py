@@ -13,8 +13,8 @@ import requests
 from app import error_codes
 from devstack import ROOT
 from environments.tools.texts import NO_OUTPUT
-from termpool import failures
-from termpool.state import PREFIX
+from poolcore import failures
+from poolcore.state import PREFIX
 from tests.conftest import Router, proxied_stack, wait_for
 from tests.test_metrics import scrape, value
 from tests.test_runs_api import finished, get_run, solution_script, submit, tool_call

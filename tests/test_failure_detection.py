@@ -1,4 +1,4 @@
-"""The failure detector on a real stack (termpool/liveness.py): a hung worker, a Redis that
+"""The failure detector on a real stack (poolcore/liveness.py): a hung worker, a Redis that
 stops answering, and a host whose workers all die, each with the outcome the docs promise."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from devstack import WORKER_KINDS, Stack
+from poolcore.config import load_settings
+from poolcore.state import Store
 from termpool.client import HostLost, WorkersDown
-from termpool.config import load_settings
-from termpool.state import Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 
 TASK = "hello-file"

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 import environments.docker_client  # noqa: F401  (registers the docker SDK's codes)
-from termpool import failures
+from poolcore import failures
 
 ROOT = Path(__file__).resolve().parent.parent
 

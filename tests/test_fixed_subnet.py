@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import wait_for
 
 TASK = "compose-fixed-subnet"

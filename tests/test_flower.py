@@ -15,9 +15,9 @@ import pytest
 import requests
 
 from devstack import ROOT, WORKER_KINDS, free_port
+from poolcore.config import FLOWER_TASK_COLUMNS, load_settings
+from poolcore.queues import MAINTENANCE_QUEUE, queue_name
 from tasks.flower import flower_argv
-from termpool.config import FLOWER_TASK_COLUMNS, load_settings
-from termpool.queues import MAINTENANCE_QUEUE, queue_name
 from tests.conftest import wait_for
 
 
@@ -199,9 +199,9 @@ def test_flower_shows_workers_queues_and_run_tasks(stack, router, flower, docker
 # ---- task events only while a monitor asks for them (TASK_EVENTS=monitor) ----------------------
 @pytest.mark.unit
 def test_task_events_settings():
+    from poolcore.config import load_settings
+    from poolcore.queues import make_celery
     from tasks.worker import worker_argv
-    from termpool.config import load_settings
-    from termpool.queues import make_celery
 
     assert "-E" not in worker_argv("exec")  # the flag would turn them on whatever the setting
     quiet = make_celery(load_settings({})).conf
@@ -235,8 +235,8 @@ class EventLog:
 
 
 def test_workers_send_task_events_only_once_asked(stack, router):
-    from termpool.config import load_settings
-    from termpool.queues import make_celery
+    from poolcore.config import load_settings
+    from poolcore.queues import make_celery
 
     celery = make_celery(load_settings(stack.env))
     lease = router.allocate("hello-file")

@@ -13,9 +13,9 @@ import requests
 
 from environments import forking
 from environments.session_helper import session_dir
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
 from tests.test_harbor_tasks import STACK_ENV, harbor_close, harbor_reset, harbor_sh, harbor_solve
 from tests.test_runs_api import (

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from environments.compose_config import start_order
+from poolcore.state import Store
 from tasks.fork_jobs import CHECKPOINT_PREFIX
-from termpool.state import Store
 from tests import test_fork_processes
 from tests.conftest import wait_for
 from tests.test_fork import call, close_all, fork, fork_images, started

@@ -18,10 +18,10 @@ import requests
 from devstack import criu
 from devstack.second_docker import SecondDocker
 from devstack.stack import Stack
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tasks.fork_jobs import CHECKPOINT_PREFIX, Carry
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store
 from tests.conftest import run_containers, stop_checking_leaks, wait_for
 from tests.test_fork import call, close_all, fork, shell_says, start_shell, started
 from tests.test_runs_api import get_run

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from devstack import ROOT, Stack
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import leftovers, wait_for
 
 CONFIG = ROOT / "tests" / "fuzz" / "schemathesis.toml"

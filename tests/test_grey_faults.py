@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from devstack import Stack
+from poolcore import failures
 from tasks.runtime import through_outage  # (its state store registers the codes of Redis's errors)
-from termpool import failures
 from tests.conftest import Router, stop_checking_leaks, wait_for
 
 

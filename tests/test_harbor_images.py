@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import BASE_IMAGE, private_stack, run_containers
 from tests.test_harbor_tasks import FIXTURES_ROOT, harbor_close, harbor_reset, harbor_sh, harbor_solve
 

@@ -13,12 +13,12 @@ import pytest
 from cli.oracle import harbor_script
 from devstack import ROOT
 from environments import harbor_verifier
+from poolcore.failures import RewardMissing
+from poolcore.failures import TestsUnparsable as Unparsable
+from poolcore.harbor_task import HarborTaskError, resolve_env
+from poolcore.state import Store, warm_key
+from poolcore.task_spec import TaskError, Unsupported, is_task_dir, load_task
 from termpool.client import task_meta
-from termpool.failures import RewardMissing
-from termpool.failures import TestsUnparsable as Unparsable
-from termpool.harbor_task import HarborTaskError, resolve_env
-from termpool.state import Store, warm_key
-from termpool.task_spec import TaskError, Unsupported, is_task_dir, load_task
 from tests.conftest import private_stack, run_containers, wait_for
 
 FIXTURES_ROOT = ROOT / "tests" / "fixtures"  # the stack's dataset: both formats (tasks/ and harbor/)

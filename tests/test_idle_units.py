@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from termpool import state
-from termpool.state import Store
+from poolcore import state
+from poolcore.state import Store
 from tests.test_capacity import allocate
 
 pytestmark = pytest.mark.unit

@@ -21,9 +21,9 @@ import requests
 from devstack import FIXTURES
 from environments import image_budget
 from environments.image_budget import TaskImage, choose
+from poolcore.config import load_settings
+from poolcore.state import Store
 from tasks import image_budget as tasks_budget
-from termpool.config import load_settings
-from termpool.state import Store
 from tests.conftest import Router, wait_for
 from tests.test_task_images import FakeLock, closed, labelled_stack, reconcile, started
 from tests.test_upload_images import HOST as UPLOAD_HOST

@@ -15,8 +15,8 @@ import pytest
 from app import create_app, fields
 from app.http import BadRequest, check_json_tree
 from devstack import FIXTURES, free_port
-from termpool.config import load_settings
-from termpool.task_spec import image_name, name_prefix, valid_task_name
+from poolcore.config import load_settings
+from poolcore.task_spec import image_name, name_prefix, valid_task_name
 
 pytestmark = pytest.mark.unit
 

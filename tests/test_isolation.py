@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from environments import networks
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import Router, private_stack, run_containers, wait_for
 
 ONE_SERVICE = "hello-file"

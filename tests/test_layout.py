@@ -21,6 +21,7 @@ PACKAGES = (
     "devstack",
     "environments",
     "examples",
+    "poolcore",
     "tasks",
     "termpool",
     "tests",
@@ -168,10 +169,10 @@ def test_no_module_is_over_the_line_limit():
 
 # ---- the checks themselves, on made-up modules -------------------------------------------------
 def test_the_checks_see_what_they_are_for():
-    tree = ast.parse("from tasks.run_jobs import _job, RETRY\nimport termpool.dispatch as d\nd._start_steps()\n")
+    tree = ast.parse("from tasks.run_jobs import _job, RETRY\nimport poolcore.dispatch as d\nd._start_steps()\n")
     assert private_uses("tasks.episode", tree) == [
         "line 1: from tasks.run_jobs import _job",
-        "line 3: termpool.dispatch._start_steps",
+        "line 3: poolcore.dispatch._start_steps",
     ]
     assert private_uses("tasks.run_jobs", ast.parse("from tasks.run_jobs import _job\n")) == []
     patched = 'from tasks import warm_pool\nmonkeypatch.setattr(warm_pool, "_x", 1)\nmock.patch("tasks.warm_pool._y")\n'
@@ -179,7 +180,7 @@ def test_the_checks_see_what_they_are_for():
         "line 2: tasks.warm_pool._x (patched)",
         "line 3: tasks.warm_pool._y (patched)",
     ]
-    nested = ast.parse("if True:\n    from termpool import config\ndef f():\n    import tasks.run_jobs\n")
-    assert module_level_imports("termpool.dispatch", nested) == {"termpool.config"}
+    nested = ast.parse("if True:\n    from poolcore import config\ndef f():\n    import tasks.run_jobs\n")
+    assert module_level_imports("poolcore.dispatch", nested) == {"poolcore.config"}
     assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
     assert import_circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None

@@ -18,17 +18,17 @@ import psutil
 import pytest
 
 from devstack import FIXTURES, ROOT, Stack
-from termpool import processes
-from termpool.config import load_settings
-from termpool.queues import make_celery, queue_name
-from termpool.state import LOCK_TTL, OwnedLock, Store
+from poolcore import processes
+from poolcore.config import load_settings
+from poolcore.queues import make_celery, queue_name
+from poolcore.state import LOCK_TTL, OwnedLock, Store
 from tests.conftest import Router, stop_checking_leaks, wait_for
 from tests.test_metrics import scrape, value
 
 # A process that takes a lock and then sleeps until it is killed.
 HOLDER = """
 import sys, time, redis
-from termpool.state import OwnedLock
+from poolcore.state import OwnedLock
 lock = OwnedLock(redis.Redis(port=int(sys.argv[1])), sys.argv[2], ttl=float(sys.argv[3]))
 assert lock.acquire()
 print("held", flush=True)

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from devstack import ROOT, Stack
-from termpool.config import load_settings
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.state import Store
 from tests.conftest import Router, held_by_pool, run_containers, stop_checking_leaks, wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from poolcore.dispatch import new_job_id
+from poolcore.state import Store
 from tasks.close_recovery import in_hand
-from termpool.dispatch import new_job_id
-from termpool.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
 from tests.test_runs_api import finished, submit
 

@@ -9,8 +9,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from termpool.config import load_settings
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.state import Store
 
 OPERATOR = "-"  # the tenant label of the operator's requests (and every request without a tenants file)
 SCRAPES = 6  # fresh connections, so both gunicorn worker processes answer some of them
@@ -158,7 +158,7 @@ tenants:
 def test_tenant_label_and_the_last_hour(redis_server, tmp_path):
     """In one process, on a bare redis-server: a tenant's requests carry its name as the tenant
     label, the operator's `-`; each request also lands in the dashboard's record of the last
-    hour (termpool/state/recent.py), which a tenant reads only its own of."""
+    hour (poolcore/state/recent.py), which a tenant reads only its own of."""
     redis_server.flushdb()
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)

@@ -12,8 +12,8 @@ from pydantic import BaseModel, ValidationError
 from app import create_app, error_codes, fields, models, replies
 from app.apidoc import document
 from devstack import FIXTURES
-from termpool import failures
-from termpool.config import load_settings
+from poolcore import failures
+from poolcore.config import load_settings
 
 pytestmark = pytest.mark.unit
 

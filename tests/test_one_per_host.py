@@ -1,4 +1,4 @@
-"""Tasks that allow one live run per host (termpool/task_spec.py one_per_host): detection from
+"""Tasks that allow one live run per host (poolcore/task_spec.py one_per_host): detection from
 the raw compose file, the capped placement (a bare Redis), the 429's text, the warm pool's
 skip and `dataset check`'s note. No dockerd: the episodes are in tests/test_fixed_subnet.py."""
 
@@ -12,11 +12,11 @@ import pytest
 
 from app.engine import Engine, capacity_message
 from devstack import FIXTURES
+from poolcore import hosts
+from poolcore.config import load_settings
+from poolcore.state import CapacityError
+from poolcore.task_spec import load_task, load_task_cached, one_per_host, one_per_host_reasons
 from tasks import warm_pool
-from termpool import hosts
-from termpool.config import load_settings
-from termpool.state import CapacityError
-from termpool.task_spec import load_task, load_task_cached, one_per_host, one_per_host_reasons
 from tests import test_placement
 from tests.test_dataset_cli import cli
 from tests.test_placement import see

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from termpool.paths import PathError, resolve_inside, resolve_log_dir, resolve_task_path
+from poolcore.paths import PathError, resolve_inside, resolve_log_dir, resolve_task_path
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """Placement over many hosts, drain, and host loss in the state store alone (a private Redis,
-no Docker): termpool/hosts.py and termpool/state/hosts.py."""
+no Docker): poolcore/hosts.py and poolcore/state/hosts.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from termpool import hosts, liveness
-from termpool.config import QUEUE_KINDS, load_settings
-from termpool.state import CapacityError, Store
+from poolcore import hosts, liveness
+from poolcore.config import QUEUE_KINDS, load_settings
+from poolcore.state import CapacityError, Store
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from devstack import FIXTURES, ROOT, free_port
 from environments import pool_images, registry_server
 from environments.image_digest import CONTENT_LABEL
 from environments.registry import Registry
-from termpool.config import load_registry, load_settings
-from termpool.failures import TaskImageNotFound
-from termpool.queues import make_celery
-from termpool.state import Store
+from poolcore.config import load_registry, load_settings
+from poolcore.failures import TaskImageNotFound
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tests.conftest import Router, wait_for
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_many_hosts import hosts_cli

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import wait_for
 
 

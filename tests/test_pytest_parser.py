@@ -2,7 +2,7 @@
 
 import pytest
 
-from termpool.pytest_parser import (
+from poolcore.pytest_parser import (
     PARSERS,
     ParseError,
     UnknownParser,

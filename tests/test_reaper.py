@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import Router, private_stack, wait_for
 from tests.test_runs_api import finished, submit, tool_call
 

@@ -1,4 +1,4 @@
-"""The pool dashboard's last hour (termpool/state/recent.py) against a bare redis-server:
+"""The pool dashboard's last hour (poolcore/state/recent.py) against a bare redis-server:
 latency classes and percentiles, requests and error replies by tenant, failed jobs counted by
 the finish script under their run's tenant, and the window of an hour."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from termpool.state import NO_TENANT, Store, keys
-from termpool.state.recent import CLASS_RATIO, latency_class, minute, percentile
+from poolcore.state import NO_TENANT, Store, keys
+from poolcore.state.recent import CLASS_RATIO, latency_class, minute, percentile
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from devstack import Stack
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store, run_key, warm_key
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store, run_key, warm_key
 from tests.conftest import Router, leftovers, wait_for
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from termpool.state import Store
+from poolcore.state import Store
 
 # What the job wrapper itself writes (its start and end): these reach Redis.
 WRAPPER_CALLS = {"begin_job", "job_finished", "job_left", "job_retrying", "set_state_if_live", "get_job"}

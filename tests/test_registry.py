@@ -24,8 +24,8 @@ from devstack.second_docker import SecondDocker
 from environments import registry_server
 from environments.registry import Registry, RegistryUnavailable
 from environments.registry_reclaim import reclaim
-from termpool.config import EMBEDDED_REGISTRY, load_registry, load_settings
-from termpool.state import Store
+from poolcore.config import EMBEDDED_REGISTRY, load_registry, load_settings
+from poolcore.state import Store
 from tests.conftest import wait_for
 from tests.second_docker import second_docker  # noqa: F401 (the fixture)
 

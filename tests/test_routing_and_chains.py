@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from termpool import dispatch
-from termpool.config import QUEUE_KINDS, load_settings
-from termpool.queues import JOB_KINDS, MAINTENANCE_QUEUE, make_celery, queue_name, route_job
-from termpool.state import Store
+from poolcore import dispatch
+from poolcore.config import QUEUE_KINDS, load_settings
+from poolcore.queues import JOB_KINDS, MAINTENANCE_QUEUE, make_celery, queue_name, route_job
+from poolcore.state import Store
 
 pytestmark = pytest.mark.unit
 

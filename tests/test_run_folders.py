@@ -11,9 +11,9 @@ import uuid
 import pytest
 
 from environments import artifacts
+from poolcore.config import load_settings
+from poolcore.state import Store
 from tasks import run_folders
-from termpool.config import load_settings
-from termpool.state import Store
 
 pytestmark = pytest.mark.unit
 TTL = 100.0

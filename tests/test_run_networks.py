@@ -9,9 +9,9 @@ import ipaddress
 
 import pytest
 
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tests.conftest import Router, private_stack, run_containers, wait_for
 
 TASK = "compose-counter"  # one network (default) for its two services

@@ -11,10 +11,10 @@ import time
 import pytest
 import requests
 
-from termpool import dispatch
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store
+from poolcore import dispatch
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tests.conftest import wait_for
 from tests.test_runs_api import assert_error, finished, submit
 

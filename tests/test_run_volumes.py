@@ -12,7 +12,7 @@ import pytest
 
 from devstack import FIXTURES
 from environments import lifecycle, task_builds
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import wait_for
 from tests.test_compose_fidelity import build_locks, episode, leaves_nothing, settings, start, task_copy
 

@@ -17,9 +17,9 @@ import redis
 
 from devstack import ROOT, Stack
 from devstack.sentinel import SentinelGroup
+from poolcore.config import load_settings
+from poolcore.state import RecordLost, Store, connection
 from termpool.client import Pool, TermpoolError
-from termpool.config import load_settings
-from termpool.state import RecordLost, Store, connection
 from tests.conftest import stop_checking_leaks
 
 TASK = "hello-file"
@@ -61,18 +61,18 @@ def test_sentinel_settings_reach_the_broker_and_the_store():
 @pytest.mark.unit
 def test_every_redis_client_is_made_in_one_place():
     """A Redis client made anywhere else would keep talking to one address through a failover."""
-    made_here = {ROOT / "termpool" / "config.py", ROOT / "termpool" / "state" / "connection.py"}
+    made_here = {ROOT / "poolcore" / "config.py", ROOT / "poolcore" / "state" / "connection.py"}
     elsewhere = re.compile(r"redis_url|\bRedis\(|Redis\.from_url|Sentinel\(|Store\.from_url\(|Celery\(")
     found = [
         (str(path.relative_to(ROOT)), line.strip())
-        for folder in ("app", "tasks", "termpool", "cli", "environments")
+        for folder in ("app", "tasks", "termpool", "poolcore", "cli", "environments")
         for path in sorted((ROOT / folder).rglob("*.py"))
         if path not in made_here
         for line in path.read_text().splitlines()
         if elsewhere.search(line)
     ]
     celery = 'app = Celery("termpool", broker=connection.broker_url(cfg), backend=None, include=include or [])'
-    assert found == [("termpool/queues.py", celery)], found
+    assert found == [("poolcore/queues.py", celery)], found
 
 
 @pytest.mark.unit

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from termpool import state
-from termpool.config import load_settings
-from termpool.queues import make_celery, queue_name
-from termpool.state import LOCK_TTL, UNAVAILABLE, Store
+from poolcore import state
+from poolcore.config import load_settings
+from poolcore.queues import make_celery, queue_name
+from poolcore.state import LOCK_TTL, UNAVAILABLE, Store
 from tests.conftest import wait_for
 from tests.test_capacity import allocate
 
@@ -38,7 +38,7 @@ def test_the_docstring_lists_every_key_family():
     constants = {
         family(key) for key in (state.FAILURE_COUNTS, state.RETRY_COUNTS, state.RECENT_RUNS, state.HOSTS, state.MONITOR)
     }
-    assert built | constants <= listed, "a key family missing from termpool/state/__init__.py's docstring"
+    assert built | constants <= listed, "a key family missing from poolcore/state/__init__.py's docstring"
     assert len(builders) >= 19
 
 
@@ -266,7 +266,7 @@ def test_counts_and_lists_are_written_once_when_a_command_is_sent_again(store, r
 def test_a_placement_or_a_warm_count_sent_again_changes_nothing(store, redis_server, monkeypatch):
     """The same script with the same arguments (what Redis's client resends): one run, one
     slot; a warm pool event counted once."""
-    from termpool.state import hosts
+    from poolcore.state import hosts
 
     monkeypatch.setattr(hosts, "new_run_id", lambda: "run-0000000000000001")
     first = allocate(store, "k", "", max_tasks=2, max_runs=2)
@@ -293,7 +293,7 @@ def test_use_run_for_a_tool_call_names_its_job(store):
 
 
 def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store, redis_server, monkeypatch):
-    from termpool import queues
+    from poolcore import queues
 
     monkeypatch.setattr(queues, "MONITOR_POLL", 0.05)
     port = redis_server.connection_pool.connection_kwargs["port"]

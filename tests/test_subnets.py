@@ -1,5 +1,5 @@
-"""The run-network range without Docker: its arithmetic (termpool/subnets.py), the blocks held
-in Redis (termpool/state/subnets.py), which networks of a task take one and how the compose
+"""The run-network range without Docker: its arithmetic (poolcore/subnets.py), the blocks held
+in Redis (poolcore/state/subnets.py), which networks of a task take one and how the compose
 override pins them (environments/container_spec.py), the routes read at a worker's start and
 the packet-filter rules that keep runs apart (environments/networks.py, containment.py)."""
 
@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from environments import container_spec, containment, networks
-from termpool.config import load_settings
-from termpool.state import RESERVED, Store
-from termpool.subnets import SubnetRange, parse
+from poolcore.config import load_settings
+from poolcore.state import RESERVED, Store
+from poolcore.subnets import SubnetRange, parse
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Uploaded task archives as pure logic (termpool/task_archive.py, termpool/uploaded_tasks.py,
+"""Uploaded task archives as pure logic (poolcore/task_archive.py, poolcore/uploaded_tasks.py,
 the client's termpool/client/task_tar.py): the canonical digest, every refusal, writing a
 folder out, and the task formats an upload may hold. No Docker, no Redis."""
 
@@ -14,10 +14,10 @@ import pytest
 
 from app import models
 from devstack import FIXTURES, ROOT
-from termpool import uploaded_tasks
+from poolcore import uploaded_tasks
+from poolcore.config import load_settings
+from poolcore.task_archive import ArchiveInvalid, ArchiveTooLarge, Limits, digest, read_archive, write_folder
 from termpool.client.task_tar import folder_archive
-from termpool.config import load_settings
-from termpool.task_archive import ArchiveInvalid, ArchiveTooLarge, Limits, digest, read_archive, write_folder
 
 pytestmark = pytest.mark.unit
 
@@ -206,7 +206,7 @@ def test_task_paths_and_the_names_derived_from_them():
     name = uploaded_tasks.folder_name(path)
     assert uploaded_tasks.docker_task_name({"task_name": "hello", "task_path": path}) == name
     assert uploaded_tasks.docker_task_name({"task_name": "hello", "task_path": "hello"}) == "hello"
-    from termpool.task_spec import image_name, valid_task_name
+    from poolcore.task_spec import image_name, valid_task_name
 
     assert valid_task_name(name) and image_name(name) == f"tb__{name}__client"
     for bad in ("sha256:" + "AB" * 32, "sha256:abc", "sha256:" + "ab" * 32 + "/x"):
@@ -288,7 +288,7 @@ def test_the_reconcile_removes_only_expired_folders_no_live_run_names(tmp_path, 
 
 
 def test_a_bare_environment_loads_without_instruction_or_tests(tmp_path):
-    from termpool.task_spec import compose_file, load_task, load_task_cached
+    from poolcore.task_spec import compose_file, load_task, load_task_cached
 
     folder = tmp_path / "env"
     (folder / "environment").mkdir(parents=True)

@@ -19,9 +19,9 @@ from devstack import FIXTURES
 from environments import container_spec, forking, task_images
 from environments.docker_client import TASK_IMAGE_LABEL, TASK_IMAGE_LOCK_LABEL
 from environments.image_digest import CONTENT_LABEL
-from termpool.config import load_settings
-from termpool.queues import make_celery
-from termpool.state import Store
+from poolcore.config import load_settings
+from poolcore.queues import make_celery
+from poolcore.state import Store
 from tests.conftest import Router, private_stack, wait_for
 
 SUFFIX = uuid.uuid4().hex[:8]

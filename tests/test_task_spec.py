@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from termpool.task_spec import (
+from poolcore.task_spec import (
     NoGrader,
     TaskError,
     TaskSpec,

@@ -3,7 +3,7 @@
 import pytest
 
 from app.tenancy import Owners
-from termpool.tenants import Tenant
+from poolcore.tenants import Tenant
 
 pytestmark = pytest.mark.unit
 

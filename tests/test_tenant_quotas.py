@@ -13,10 +13,10 @@ import pytest
 import requests
 
 from devstack import FIXTURES
-from termpool import uploaded_tasks
+from poolcore import uploaded_tasks
+from poolcore.config import load_settings
+from poolcore.state import Store, keys
 from termpool.client.task_tar import folder_archive
-from termpool.config import load_settings
-from termpool.state import Store, keys
 from tests.conftest import private_stack, wait_for
 
 ADMIN = "admin-token-0000"

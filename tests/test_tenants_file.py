@@ -1,4 +1,4 @@
-"""The tenants file (termpool/tenants.py): what it accepts, and every refusal naming its line."""
+"""The tenants file (poolcore/tenants.py): what it accepts, and every refusal naming its line."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from termpool.config import load_settings
-from termpool.tenants import TenantsFileError, load, parse
+from poolcore.config import load_settings
+from poolcore.tenants import TenantsFileError, load, parse
 
 pytestmark = pytest.mark.unit
 

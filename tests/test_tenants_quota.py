@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from termpool import hosts
-from termpool.config import load_settings
-from termpool.state import CapacityError, ForkRefused, Store, keys
+from poolcore import hosts
+from poolcore.config import load_settings
+from poolcore.state import CapacityError, ForkRefused, Store, keys
 from tests.test_placement import see
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,5 @@
 """A tenant's build and upload quotas in the state store's scripts alone (a private Redis, no
-Docker; termpool/state/quotas.py): the check and the take are one step, racing takers never
+Docker; poolcore/state/quotas.py): the check and the take are one step, racing takers never
 pass the limit, and what is taken is given back when the build ends, when its lease lapses (a
 worker that died mid-build) and when an upload's holding lapses. docs/tenants.md, "Quotas"."""
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from poolcore.failures import TenantQuotaExceeded
+from poolcore.state import QuotaRefused, Store, keys
 from tasks import build_quota
-from termpool.failures import TenantQuotaExceeded
-from termpool.state import QuotaRefused, Store, keys
 
 pytestmark = pytest.mark.unit
 

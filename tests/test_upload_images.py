@@ -13,10 +13,10 @@ import pytest
 
 from environments import task_images
 from environments.compose_config import client_image
+from poolcore import uploaded_tasks
+from poolcore.config import load_settings
+from poolcore.state import Store
 from tasks import task_folders
-from termpool import uploaded_tasks
-from termpool.config import load_settings
-from termpool.state import Store
 from tests.test_task_images import exists as present
 
 HOST = "up" + uuid.uuid4().hex[:8]

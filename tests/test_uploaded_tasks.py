@@ -22,10 +22,10 @@ import pytest
 import requests
 
 from devstack import FIXTURES, ROOT, Stack
-from termpool import uploaded_tasks
+from poolcore import uploaded_tasks
+from poolcore.state import Store, blob_key
 from termpool.client import AsyncPool, TaskHasNoTests, UnknownTask
 from termpool.client.task_tar import folder_archive
-from termpool.state import Store, blob_key
 from tests.conftest import wait_for
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_many_hosts import hosts_cli

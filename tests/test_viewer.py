@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from devstack import Stack
-from termpool import dispatch
-from termpool import state as state_module
-from termpool.state import Store
+from poolcore import dispatch
+from poolcore import state as state_module
+from poolcore.state import Store
 from tests.conftest import wait_for
 from tests.test_capacity import allocate
 

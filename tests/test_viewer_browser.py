@@ -15,7 +15,7 @@ import re
 import pytest
 
 from devstack import ROOT
-from termpool.state import Store
+from poolcore.state import Store
 from tests.conftest import run_containers
 
 if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":

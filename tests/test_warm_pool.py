@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import docker.errors
 import pytest
 
-from termpool.state import Store, warm_key
+from poolcore.state import Store, warm_key
 from tests.conftest import Router, private_stack, wait_for
 
 TASK = "hello-file"
@@ -79,7 +79,7 @@ def test_the_pool_grows_under_a_burst_and_each_spare_goes_to_one_run(warm_stack,
     clients = [client_of(warm_stack, lease) for lease in leases]
     assert len(set(clients)) == 4, "two runs got the same container"
     # Four resets at once: more than one spare is wanted now (the exact size depends on the
-    # measured start time, see termpool/warm_sizing.py).
+    # measured start time, see poolcore/warm_sizing.py).
     assert wait_for(lambda: len(pooled(warm_stack)) >= 2, 90), "the pool did not grow under demand"
     assert not set(clients) & {e["client"] for e in pooled(warm_stack)}
     for lease in leases:

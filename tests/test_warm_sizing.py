@@ -1,4 +1,4 @@
-"""The warm pool's sizing rule (termpool/warm_sizing.py) and its state-store steps (reserve,
+"""The warm pool's sizing rule (poolcore/warm_sizing.py) and its state-store steps (reserve,
 trim, forget), against a bare redis-server: no Docker."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from termpool import state
-from termpool.config import load_settings
-from termpool.state import Store
-from termpool.warm_sizing import Limits, demand, peak_within, rolling, target
+from poolcore import state
+from poolcore.config import load_settings
+from poolcore.state import Store
+from poolcore.warm_sizing import Limits, demand, peak_within, rolling, target
 
 pytestmark = pytest.mark.unit
 

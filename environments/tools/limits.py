@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from environments.tools.texts import OMITTED
-from termpool.config import settings
+from poolcore.config import settings
 
 NOTE_RESERVE = 512  # longer than the omitted-output note plus any status text after the output
 

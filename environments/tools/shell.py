@@ -33,7 +33,7 @@ from environments.tools.texts import (
     WRITTEN,
 )
 from environments.tools.transport import HelperTransport
-from termpool.failures import ContainerLost
+from poolcore.failures import ContainerLost
 
 KIND_INTERACTIVE = "interactive"  # started with block false/null: pty, open stdin
 KIND_BLOCKING = "blocking"  # a blocking command that outlived its timeout

@@ -22,7 +22,7 @@ from environments.tools.server_socket import (
     unprepared,
     wait_for_first_server,
 )
-from termpool.failures import ContainerLost
+from poolcore.failures import ContainerLost
 
 # What a helper from before the output limits says to today's spawn arguments.
 _OLD_SPAWN_USAGE = b"tp-session: usage: spawn DIR PTY(0|1) WAIT(-|seconds) -- argv..."

@@ -10,10 +10,10 @@ import time
 
 import redis
 
-from termpool import failures
-from termpool.state import keys
-from termpool.state.codec import decode, encode
-from termpool.state.recent import NO_TENANT, minute
+from poolcore import failures
+from poolcore.state import keys
+from poolcore.state.codec import decode, encode
+from poolcore.state.recent import NO_TENANT, minute
 
 # A worker process takes a job's message: a queued job starts (its first attempt); unless the
 # job is settled already, it is listed under the process (lost_jobs) with its node and, when

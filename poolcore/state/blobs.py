@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import redis
 
-from termpool.state import keys
-from termpool.state.connection import binary_client
+from poolcore.state import keys
+from poolcore.state.connection import binary_client
 
 
 class BlobsState:

@@ -19,8 +19,8 @@ import time
 from celery import Celery
 from kombu import Queue
 
-from termpool.config import QUEUE_KINDS, Settings
-from termpool.state import connection
+from poolcore.config import QUEUE_KINDS, Settings
+from poolcore.state import connection
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from termpool.config import Settings
+from poolcore.config import Settings
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import uuid
 
 from celery import Celery, chain
 
-from termpool import failures
-from termpool.state import Store
+from poolcore import failures
+from poolcore.state import Store
 
 REPR_LIMIT = 200  # Flower shows arguments; file contents and scripts are cut to this
 CALL_FIELD_LIMIT = 4096  # characters of a tool call's name and of each argument kept in its job record

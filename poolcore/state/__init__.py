@@ -75,13 +75,13 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
   blob:<id>:holders          set, the blob's TTL: tenants that uploaded the task folder (only with tenants)
                              between the facade and a worker host (blobs.py)
   monitor                    string, a short TTL renewed: a monitor (Flower) listens for task
-                             events (tasks/flower.py; termpool/queues.py follow_monitor)
+                             events (tasks/flower.py; poolcore/queues.py follow_monitor)
 
 Closed runs and ended jobs expire RECORD_TTL after they end (the setting; keys.RECORD_TTL is its
 default, for a Store made without it). The same Redis is Celery's broker:
-its queues (``termpool.<host>.<kind>``, termpool/queues.py) and kombu's own keys belong to kombu.
+its queues (``termpool.<host>.<kind>``, poolcore/queues.py) and kombu's own keys belong to kombu.
 termpool only reads a queue's depth: the LLEN of the list named after the queue, which Celery
-documents as its length, and which holds every message because termpool/queues.py gives the
+documents as its length, and which holds every message because poolcore/queues.py gives the
 transport one priority step (Store.queue_depths).
 
 `Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
@@ -102,19 +102,19 @@ from __future__ import annotations
 
 import redis
 
-from termpool import failures
-from termpool.config import Settings
-from termpool.state import connection
-from termpool.state.blobs import BlobsState
-from termpool.state.builds import BuildsState
-from termpool.state.codec import INT_FIELDS, JSON_FIELDS
-from termpool.state.counters import CountersState
-from termpool.state.folders import FoldersState
-from termpool.state.forks import DROP_IMAGES_LUA, FORK_PLACE_LUA, ForkRefused, ForksState
-from termpool.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
-from termpool.state.image_uses import ImageUsesState
-from termpool.state.jobs import BEGIN_JOB_LUA, CANCEL_JOB_LUA, FINISH_JOB_LUA, JobsState
-from termpool.state.keys import (
+from poolcore import failures
+from poolcore.config import Settings
+from poolcore.state import connection
+from poolcore.state.blobs import BlobsState
+from poolcore.state.builds import BuildsState
+from poolcore.state.codec import INT_FIELDS, JSON_FIELDS
+from poolcore.state.counters import CountersState
+from poolcore.state.folders import FoldersState
+from poolcore.state.forks import DROP_IMAGES_LUA, FORK_PLACE_LUA, ForkRefused, ForksState
+from poolcore.state.hosts import HOST_FORGET_SECONDS, LOST_STATE, Allocation, CapacityError, HostsState, Placement
+from poolcore.state.image_uses import ImageUsesState
+from poolcore.state.jobs import BEGIN_JOB_LUA, CANCEL_JOB_LUA, FINISH_JOB_LUA, JobsState
+from poolcore.state.keys import (
     BEAT_LOCK,
     DRAINING,
     FAILURE_COUNTS,
@@ -171,11 +171,11 @@ from termpool.state.keys import (
     worker_jobs_key,
     worker_key,
 )
-from termpool.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
-from termpool.state.quotas import QuotaRefused, QuotasState
-from termpool.state.recent import NO_TENANT, RecentState
-from termpool.state.registry_uses import RegistryUsesState
-from termpool.state.runs import (
+from poolcore.state.locks import LOCK_POLL, LOCK_TTL, LocksState, OwnedLock
+from poolcore.state.quotas import QuotaRefused, QuotasState
+from poolcore.state.recent import NO_TENANT, RecentState
+from poolcore.state.registry_uses import RegistryUsesState
+from poolcore.state.runs import (
     IF_STATE_LUA,
     MARK_RUN_LOST_LUA,
     NO_FAILURE,
@@ -188,9 +188,9 @@ from termpool.state.runs import (
     UnknownRun,
     new_run_id,
 )
-from termpool.state.sessions import SessionsState
-from termpool.state.subnets import RESERVED, SubnetsState
-from termpool.state.warm import WarmState
+from poolcore.state.sessions import SessionsState
+from poolcore.state.subnets import RESERVED, SubnetsState
+from poolcore.state.warm import WarmState
 
 UNAVAILABLE = redis.exceptions.RedisError  # what a reader meets when Redis is away or refuses
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # away, not refusing

@@ -16,7 +16,7 @@ import time
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 
 class RegistryUsesState:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import tomllib
 
 HARBOR_FILES = ("task.toml", "instruction.md")
 ENVIRONMENT_DIR = "environment"

@@ -14,7 +14,7 @@ import json
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 
 class BuildsState:

@@ -1,6 +1,6 @@
 """Worker hosts and placement: which hosts and worker processes are alive (hosts, host:<h>:nodes,
 :workers, :info, node:<name>, worker:<token>), the images they hold, draining and lost hosts,
-and the placement and host-lost scripts that allocate runs on them (termpool/hosts.py)."""
+and the placement and host-lost scripts that allocate runs on them (poolcore/hosts.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from termpool import failures
-from termpool.state import keys
-from termpool.state.runs import new_run_id
+from poolcore import failures
+from poolcore.state import keys
+from poolcore.state.runs import new_run_id
 
 HOST_FORGET_SECONDS = 3600  # a host silent this long is dropped from the hosts list and /status
 LOST_STATE = "lost"
@@ -38,7 +38,7 @@ class Allocation:
 class Placement:
     """How allocate weighs hosts (Store.place)."""
 
-    preferred: list  # hosts judged to serve every queue kind (termpool/hosts.py)
+    preferred: list  # hosts judged to serve every queue kind (poolcore/hosts.py)
     excluded: list  # hosts judged lost: never a candidate (nor one another process marked lost)
     default_tasks: int  # capacity of a host that has not published its own
     default_runs: int
@@ -295,7 +295,7 @@ class HostsState:
         score = self._r.zscore(keys.HOSTS, host)
         return score is not None and score > time.time() - keys.NODE_TTL
 
-    # ---- many hosts: liveness per queue kind, placement, drain, loss (termpool/hosts.py) --------
+    # ---- many hosts: liveness per queue kind, placement, drain, loss (poolcore/hosts.py) --------
     @functools.cached_property
     def _place(self):
         return self._r.register_script(_PLACE)
@@ -351,7 +351,7 @@ class HostsState:
         return Allocation(run_id=reply[1], host=reply[2], reused=reply[0] == "reused")
 
     def beats_snapshot(self, also: set) -> tuple[dict, set, dict]:
-        """What a liveness watch reads (termpool/liveness.py), in two round trips: the hosts list
+        """What a liveness watch reads (poolcore/liveness.py), in two round trips: the hosts list
         with last beats, the draining hosts, and node -> (kind, beat) of those hosts and `also`."""
         pipe = self._r.pipeline(transaction=False)
         pipe.zrange(keys.HOSTS, 0, -1, withscores=True)

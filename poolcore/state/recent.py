@@ -19,7 +19,7 @@ import time
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 WINDOW_MINUTES = 60
 CLASS_RATIO = 1.2  # latency class i holds requests of up to 1 ms * CLASS_RATIO**i

@@ -7,7 +7,7 @@ import math
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 
 class CountersState:

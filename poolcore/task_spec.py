@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from termpool.harbor_task import (
+from poolcore.harbor_task import (
     HarborConfig,
     HarborTaskError,
     HarborUnsupported,
@@ -57,7 +57,7 @@ class TaskSpec:
     # Why two live runs of the task cannot share one Docker daemon (see one_per_host); empty
     # for most tasks. Placement then allows one live run of its key per host.
     one_per_host: tuple[str, ...] = ()
-    harbor: HarborConfig | None = None  # set for a task in Harbor's format (termpool/harbor_task.py)
+    harbor: HarborConfig | None = None  # set for a task in Harbor's format (poolcore/harbor_task.py)
     # The task's own disk request in MB (Harbor's environment.storage_mb), None when it names none.
     # A run's disk limit is the lower of it and the CONTAINER_DISK_LIMIT setting.
     disk_limit_mb: int | None = None

@@ -1,5 +1,5 @@
 """Every Redis key termpool writes: PREFIX, the TTLs, the fixed keys and one builder per family
-(the families are listed in the package docstring, termpool/state/__init__.py).
+(the families are listed in the package docstring, poolcore/state/__init__.py).
 
 The Store's families read every name here as ``keys.NAME`` when they run, not as a copy taken at
 import, so a test that patches one here (``keys.PREFIX``) reaches every use.
@@ -46,7 +46,7 @@ def run_working_key(run_id: str) -> str:
 
 def request_key(task_key: str, request_id: str, tenant: str = "") -> str:
     """A tenant's request ids are its own (another tenant's same id names a run of its own);
-    tenant names hold no ':' (termpool/tenants.py), so the two forms never meet."""
+    tenant names hold no ':' (poolcore/tenants.py), so the two forms never meet."""
     if tenant:
         return f"{PREFIX}treq:{tenant}:{task_key}:{request_id}"
     return f"{PREFIX}req:{task_key}:{request_id}"

@@ -2,7 +2,7 @@
 
 A worker process beats every few seconds with its host, its queue kind and its host's capacity
 (tasks/maintenance.py). Each judging process reads those beats through its own watch
-(termpool/liveness.py: only workers it saw alive, only time it could reach Redis). From it:
+(poolcore/liveness.py: only workers it saw alive, only time it could reach Redis). From it:
 
 * allocate prefers the hosts that serve every queue kind and are not draining; when there is
   none, any known host not judged lost or draining (one starting, or with a kind down: its
@@ -25,9 +25,9 @@ import functools
 import json
 import time
 
-from termpool import liveness
-from termpool.config import QUEUE_KINDS, Settings, settings
-from termpool.state import HOST_FORGET_SECONDS, Placement, Store
+from poolcore import liveness
+from poolcore.config import QUEUE_KINDS, Settings, settings
+from poolcore.state import HOST_FORGET_SECONDS, Placement, Store
 
 HEARTBEAT_SECONDS = 3.0  # how often every worker process beats; well under HOST_SILENCE_SECONDS
 WATCH_TIMEOUT = 2.0  # a watch's reads give up this soon: a hung Redis is an outage, not a pause

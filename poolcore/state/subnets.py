@@ -1,4 +1,4 @@
-"""The blocks of a host's run-network range (termpool/subnets.py) its runs hold:
+"""The blocks of a host's run-network range (poolcore/subnets.py) its runs hold:
 
   host:<h>:subnets         hash: block index -> owner (a run id, or RESERVED)
   host:<h>:subnet-owners   hash: owner -> its indices, comma-separated
@@ -15,7 +15,7 @@ import functools
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 RESERVED = "reserved"
 

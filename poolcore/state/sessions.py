@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 
 class SessionsState:

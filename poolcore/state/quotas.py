@@ -20,7 +20,7 @@ import time
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 # KEYS[1] the builds zset; ARGV: key prefix, job id ('' to count only), max_builds (-1: none),
 # now (ms), lease end (ms). Leases that lapsed, or whose job has ended or is gone, are dropped

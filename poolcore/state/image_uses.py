@@ -9,7 +9,7 @@ import time
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 
 class ImageUsesState:

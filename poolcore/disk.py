@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from termpool.config import DiskFloor
+from poolcore.config import DiskFloor
 
 MIB = 1 << 20
 

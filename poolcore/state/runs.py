@@ -8,9 +8,9 @@ import time
 
 import redis
 
-from termpool import failures
-from termpool.state import keys
-from termpool.state.codec import decode, encode
+from poolcore import failures
+from poolcore.state import keys
+from poolcore.state.codec import decode, encode
 
 STARTED_STATES = ("ready", "busy", "evaluating", "evaluated")  # a run whose environment is started
 CALLABLE_STATES = ("ready", "evaluated")  # stored states a tool call in flight shows as busy

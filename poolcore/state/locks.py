@@ -9,8 +9,8 @@ import time
 
 import redis
 
-from termpool import processes
-from termpool.state import keys
+from poolcore import processes
+from poolcore.state import keys
 
 log = logging.getLogger(__name__)
 

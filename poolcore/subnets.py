@@ -4,7 +4,7 @@ blocks): pure arithmetic, shared by the workers (which allocate and check) and t
 Docker's default address pools hold about 30 bridge networks per daemon, so a host that let
 Docker choose stopped at about 30 live compose runs. Each network of a run instead gets a
 block of this range by index (0 .. count-1); Redis records which run holds which index
-(termpool/state/subnets.py), so a host holds as many networks as the range has blocks.
+(poolcore/state/subnets.py), so a host holds as many networks as the range has blocks.
 """
 
 from __future__ import annotations

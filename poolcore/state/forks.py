@@ -9,8 +9,8 @@ import time
 
 import redis
 
-from termpool.state import keys
-from termpool.state.runs import STARTED_STATES
+from poolcore.state import keys
+from poolcore.state.runs import STARTED_STATES
 
 # Reserve K slots of the source's task key on the source's host, or none: one script, so two
 # forks (or a fork and an allocate) cannot both take the last slots. The children copy what a

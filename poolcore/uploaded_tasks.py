@@ -14,11 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from termpool import task_archive
-from termpool.harbor_task import ENVIRONMENT_DIR, is_harbor_environment, is_harbor_task
-from termpool.paths import PathError
-from termpool.task_archive import ArchiveInvalid, Limits
-from termpool.task_spec import COMPOSE_FILE_NAMES, TaskError, load_task, one_per_host_reasons
+from poolcore import task_archive
+from poolcore.harbor_task import ENVIRONMENT_DIR, is_harbor_environment, is_harbor_task
+from poolcore.paths import PathError
+from poolcore.task_archive import ArchiveInvalid, Limits
+from poolcore.task_spec import COMPOSE_FILE_NAMES, TaskError, load_task, one_per_host_reasons
 
 PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")

@@ -9,10 +9,10 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termpool.subnets import SubnetRange, parse
-from termpool.task_archive import Limits
-from termpool.tenants import Tenants
-from termpool.tenants import load as load_tenants
+from poolcore.subnets import SubnetRange, parse
+from poolcore.task_archive import Limits
+from poolcore.tenants import Tenants
+from poolcore.tenants import load as load_tenants
 
 
 def _int(env, name: str, default: int, minimum: int | None = None) -> int:
@@ -268,7 +268,7 @@ class Settings:
     timeouts: Timeouts
     proxy_env: dict
     redis_url: str  # ignored when redis_sentinels is set
-    # Sentinel deployments (termpool/state/connection.py): the sentinels' addresses, the name
+    # Sentinel deployments (poolcore/state/connection.py): the sentinels' addresses, the name
     # they monitor the primary by, their own password, and the primary's database and password.
     redis_sentinels: tuple  # ((host, port), ...); empty: REDIS_URL names the one Redis
     redis_sentinel_master: str
@@ -316,7 +316,7 @@ class Settings:
     run_folder_ttl: float = 3 * 24 * 3600.0  # RUN_FOLDER_TTL: a closed run's folder is removed this long after; 0: kept
     fork_max_depth: int = 4  # FORK_MAX_DEPTH: forks of forks at most this deep
     fork_processes: str = "auto"  # FORK_PROCESSES: auto (carry them where CRIU works) or off
-    # RUN_SUBNETS / RUN_SUBNET_PREFIX: the blocks a host gives its runs' networks (termpool/subnets.py)
+    # RUN_SUBNETS / RUN_SUBNET_PREFIX: the blocks a host gives its runs' networks (poolcore/subnets.py)
     run_subnets: SubnetRange = SubnetRange("10.240.0.0/16", 26)
     # COMMAND_OUTPUT_LIMIT / COMMAND_MAX_TIMEOUT: a command's (app/commands_api.py) stdout and
     # stderr are each kept up to this many bytes; it runs this many seconds at most
@@ -337,7 +337,7 @@ class Settings:
     build_child_max_tasks: int = 100  # BUILD_CHILD_MAX_TASKS: builds per build process; 0: no limit
     image_disk_budget: int = 0  # IMAGE_DISK_BUDGET: bytes of task images a host keeps (image_budget.py); 0: no budget
     registry: RegistrySettings = RegistrySettings()  # REGISTRY_*: the pool's image registry
-    tenants: Tenants = Tenants()  # TENANTS_FILE (termpool/tenants.py); empty: one tenant, the operator
+    tenants: Tenants = Tenants()  # TENANTS_FILE (poolcore/tenants.py); empty: one tenant, the operator
 
     @property
     def default_log_dir(self) -> Path:

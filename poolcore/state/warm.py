@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from termpool.state import keys
+from poolcore.state import keys
 
 # The warm pool's scripts (Store.warm_*): each decides from the pool's state in one step.
 # KEYS: pool list, starting zset. ARGV: now, lapse time, target, at most starting, candidate ids.
