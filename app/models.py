@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from termpool import uploaded_tasks
+from termpool import priorities, uploaded_tasks
 from termpool.failures import CODES
 from termpool.paths import PathError, resolve_log_dir, resolve_task_path
 from termpool.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN, is_task_dir
@@ -355,9 +355,21 @@ class _Body(BaseModel):
 RunCtxField = Annotated[RunCtx | None, BeforeValidator(lambda value: {} if value is None else value)]
 
 
+PriorityClass = Literal[priorities.CLASSES]
+Priority = Annotated[
+    PriorityClass | None,
+    Field(
+        description="The run's priority class: its jobs are taken before waiting jobs of lower classes "
+        "(highest first: " + ", ".join(priorities.CLASSES) + "). Default: the tenant's (the operator's: "
+        f"{priorities.DEFAULT}); a tenant's run may ask for its own or a lower one (PRIORITY_NOT_ALLOWED)."
+    ),
+]
+
+
 class AllocateRequest(_Body):
     task_key: Id
     request_id: ScalarId = None
+    priority: Priority = None
 
 
 class LeaseRequest(_Body):
@@ -415,6 +427,7 @@ class RunRequest(_Body):
     close: Flag = Field(False, description="Close the run at the end, or on a failure.")
     task_key: ScalarId = Field(None, description="Capacity key; defaults to task_meta.task_name.")
     request_id: ScalarId = Field(None, description="Same task_key and request_id within 300 s: same run.")
+    priority: Priority = None
 
     def capacity_key(self) -> str:
         return text_id(self.task_key) or self.task_meta.task_name
@@ -542,6 +555,7 @@ class Run(_Out):
     task_key: str
     state: RunState
     host: str
+    priority: PriorityClass | None = Field(None, description="The run's priority class (None: made before classes).")
     created_at: float
     last_used_at: float | None = None
     user_msg: str | None = None

@@ -17,6 +17,8 @@ import uuid
 
 from flask import current_app, g, request
 
+from app.engine import Refused
+from termpool import priorities
 from termpool.config import Settings
 from termpool.state import new_run_id
 from termpool.tenants import Tenant
@@ -43,6 +45,16 @@ def identify(cfg: Settings, header: str):
 def current() -> Tenant | None:
     """The request's tenant; None for the operator."""
     return g.get("tenant")
+
+
+def run_priority(asked: str | None) -> str:
+    """The class of a run the request makes (termpool/priorities.py resolve): its tenant's unless
+    it asks for a lower one; Refused PRIORITY_NOT_ALLOWED above it, before anything is taken."""
+    tenant = current()
+    try:
+        return priorities.resolve(asked, tenant.priority if tenant else None)
+    except priorities.PriorityNotAllowed as exc:
+        raise Refused("PRIORITY_NOT_ALLOWED", str(exc)) from None
 
 
 def sees(run: dict | None) -> bool:

@@ -42,6 +42,12 @@ CODES: dict[str, Code] = {
             "the tenant's max_runs are live, or the free slots left are reserved for other tenants",
         ),
         Code(
+            "PRIORITY_NOT_ALLOWED",
+            "client",
+            False,
+            "the run asked for a priority class above its tenant's (a run may only ask for its own or a lower one)",
+        ),
+        Code(
             "HOST_NETWORKS_EXHAUSTED",
             "client",
             True,
