@@ -1,19 +1,22 @@
 """Priority classes without Docker (docs/tenants.md, Priorities): a run's class from its tenant's
 and what it asks (tenant default, lower allowed, higher refused), the request models' field,
-and kombu's Redis lists of a queue as Store.queue_depths counts them (a private Redis, real
+the class recorded at placement and copied to fork children, and kombu's Redis lists of a queue as Store.queue_depths counts them (a private Redis, real
 messages sent through termpool's Celery app)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from celery import Celery
 
 from app.models import AllocateRequest, RunRequest
 from devstack import FIXTURES
-from termpool import priorities
+from termpool import hosts, priorities
 from termpool.config import load_settings
 from termpool.queues import make_celery, queue_name
 from termpool.state import Store
+from tests.test_placement import see
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +78,20 @@ def test_queue_depths_count_the_messages_of_every_class(app, redis_server):
     lists = priorities.queue_lists(queue)
     assert [redis_server.llen(name) for name in lists] == [1, 3]  # eval's; train's and the default's
     assert Store(redis_server).queue_depths([queue, queue_name("h", "eval")]) == {queue: 4, f"{queue[:-4]}eval": 0}
+
+
+def test_the_class_is_recorded_at_placement_and_kept_by_fork_children(redis_server):
+    """_PLACE records the run's class; _FORK_PLACE copies it to the children (a private Redis)."""
+    redis_server.flushall()
+    store = Store(redis_server)
+    cfg = load_settings({"POOL_HOST_ID": "h"})
+    watch = hosts.make_watch(cfg, store)
+    see(store, watch, "h", max_tasks=2, max_runs=3)
+    rule = hosts.placement(cfg, watch)
+    assert rule.priority == priorities.DEFAULT
+    source = store.place("k", "", "k", dataclasses.replace(rule, priority="eval")).run_id
+    default = store.place("k", "", "k", rule).run_id
+    assert (store.run_priority(source), store.get_run(default)["priority"]) == ("eval", "train")
+    store.update_run(source, state="ready")
+    store.place_fork(source, ["run-child"], "job-f", 3, 3)
+    assert store.run_priority("run-child") == "eval"
