@@ -74,7 +74,7 @@ def recorded_call(tool_call: dict) -> dict:
 
 
 def _start_steps(
-    celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str, priority: str | None
+    celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str, priority: str | None = None
 ) -> list:
     """Make sure the task's images exist (build queue), then start the run (lifecycle). Once
     this host has built the task's images the build step is skipped: one queue hop less."""
