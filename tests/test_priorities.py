@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from termpool.client import Pool, PriorityNotAllowed
 from termpool.queues import queue_name
 from termpool.state import Store
 from tests.conftest import private_stack, run_containers, wait_for
@@ -122,6 +123,8 @@ def test_a_run_may_ask_for_a_lower_class_never_a_higher(pool):
         assert reply.status_code == 403, reply.text
         assert reply.json()["code"] == "PRIORITY_NOT_ALLOWED" and "above this tenant's class" in reply.json()["error"]
     assert Store(pool.redis).host_status(pool.host_id)["total_active_runs"] == before  # nothing taken
+    with Pool(pool.url, token=TRAIN, retries=0) as client, pytest.raises(PriorityNotAllowed):
+        client.allocate("hello-file", priority="eval")  # the client's typed error
     operator = call(pool, ADMIN, "POST", "/allocate", {"task_key": "hello-file"})
     assert run_record(pool, ADMIN, operator.json()["lease_id"])["priority"] == "train"
     chosen = call(pool, ADMIN, "POST", "/allocate", {"task_key": "hello-file", "priority": "eval"})
