@@ -194,7 +194,7 @@ def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evalu
 
 
 def _episode_steps(
-    celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list, task_path: str, priority: str
+    celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list, task_path: str, priority: str | None
 ) -> list:
     ids = dict(host=host, run_id=run_id, priority=priority)
     start = jobs["start"]
