@@ -61,7 +61,8 @@ def _queue(run_id: str, kind: str, task: str, blob: bytes | None = None, **kwarg
     if blob is not None:
         store.put_blob(job_id, blob, engine().cfg.archive_ttl)
     try:
-        return dispatch.send_job(engine().celery, store, job_id, kind, task, run_id, run["host"], **kwargs)
+        host, priority = run["host"], run.get("priority")
+        return dispatch.send_job(engine().celery, store, job_id, kind, task, run_id, host, priority=priority, **kwargs)
     except BaseException:
         store.drop_blob(job_id)
         raise

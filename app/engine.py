@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from poolcore import dispatch, hosts, liveness, task_spec, uploaded_tasks
+from poolcore import dispatch, hosts, liveness, priorities, task_spec, uploaded_tasks
 from poolcore.config import Settings
 from poolcore.paths import resolve_task_path
 from poolcore.state import (
@@ -82,7 +82,7 @@ class RunClosed(RuntimeError):
 
 
 # What a tool call reads of its run (not its tool schemas and prompt: kilobytes per call).
-TOOL_CALL_FIELDS = ("run_id", "state", "host", "env", "code", "error")
+TOOL_CALL_FIELDS = ("run_id", "state", "host", "env", "code", "error", "priority")
 
 REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
 
@@ -142,15 +142,18 @@ class Engine:
         self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
 
     # ---- leases -----------------------------------------------------------------------------
-    def allocate(self, task_key: str, request_id: str, task_path: str = "", tenant: Tenant | None = None) -> Allocation:
+    def allocate(
+        self, task_key: str, request_id: str, task_path: str = "", tenant: Tenant | None = None, priority=None
+    ) -> Allocation:
         """Place a run on a serving host (poolcore/hosts.py): the least loaded with room,
         preferring one that has the task's images (known by task_path, else the task key). A
         task that allows one live run per host gets a host without one (CapacityError carries
         the reasons when none is left). `tenant` (None: the operator) is held to its limits in
-        the same script (docs/tenants.md)."""
+        the same script (docs/tenants.md). `priority`: the run's class (app/tenancy.py run_priority)."""
         task = task_path or task_key
         reasons = self.one_per_host(task)
         rule = hosts.placement(self.cfg, self.watch, runs_per_host=1 if reasons else 0)
+        rule = dataclasses.replace(rule, priority=priority or priorities.DEFAULT)
         if self.cfg.tenants:
             limits = {"tenant": tenant.name, "max_runs": tenant.max_runs} if tenant else {}
             rule = dataclasses.replace(rule, reservations=self.cfg.tenants.reservations(), **limits)
@@ -247,7 +250,8 @@ class Engine:
             task_timeouts=task_timeouts,
             **NO_FAILURE,
         )
-        return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], task_meta["task_path"])
+        path = task_meta["task_path"]
+        return dispatch.enqueue_start(self.celery, self.store, run["run_id"], run["host"], path, run.get("priority"))
 
     def tool_call(self, run_id: str, call: dict, runs_api: bool = False, job_id: str = "") -> str:
         """Queue a tool call on a run; its job id (see _queue_call)."""
@@ -273,7 +277,7 @@ class Engine:
                 run = self.lease(run_id, call_job=job_id, job=job, fields=TOOL_CALL_FIELDS)
             self._require_started(run)
             self.require_serving(run, kind)
-            send(run_id=run_id, host=run["host"], job_id=job_id, env=run.get("env"))
+            send(run_id=run_id, host=run["host"], job_id=job_id, env=run.get("env"), priority=run.get("priority"))
         except BaseException:
             self.store.discard_job(job_id, run_id)
             raise
@@ -297,7 +301,9 @@ class Engine:
     def evaluation(self, run: dict, job_id: str = "") -> str:
         self._require_started(run)
         self.require_serving(run, "evaluation")
-        return dispatch.enqueue_evaluation(self.celery, self.store, run["run_id"], run["host"], job_id)
+        return dispatch.enqueue_evaluation(
+            self.celery, self.store, run["run_id"], run["host"], job_id, run.get("priority")
+        )
 
     def close(self, run_id: str) -> str | None:
         """Release the lease now; the teardown runs after. None when nothing was live."""
@@ -329,7 +335,8 @@ class Engine:
             )
         except ForkRefused as exc:
             raise self._fork_refusal(run_id, count, exc, reasons) from None
-        return dispatch.enqueue_fork(self.celery, self.store, run_id, host, job_id, children), children
+        sent = dispatch.enqueue_fork(self.celery, self.store, run_id, host, job_id, children, run.get("priority"))
+        return sent, children
 
     def _tenant_quota(self, run: dict) -> int | None:
         """max_runs of the run's tenant (None: none), which its forks count against too."""
@@ -417,7 +424,7 @@ class Engine:
 
     # ---- the runs API (submit and poll) -----------------------------------------------------
     def submit(
-        self, task_key: str, request_id: str, start: dict, episode: dict, tenant: Tenant | None = None
+        self, task_key: str, request_id: str, start: dict, episode: dict, tenant=None, priority=None
     ) -> Submission:
         """Allocate (CapacityError when full) and start the run as one episode chain.
 
@@ -429,14 +436,15 @@ class Engine:
         and never reset is started here.
         """
         self.require_task(start["task_meta"]["task_path"], tenant.name if tenant else None)
-        lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"], tenant)
+        lease = self.allocate(task_key, request_id, start["task_meta"]["task_path"], tenant, priority)
         run = self.store.require_run(lease.run_id)
         job_id = str(uuid.uuid4())
         if run["state"] != "allocated" or not self._claim_start(lease.run_id, job_id):
             return Submission(lease.run_id, self._start_job_of(lease.run_id), run["state"], True)
         self.store.update_run(lease.run_id, state="starting", **NO_FAILURE, **start)
+        path = start["task_meta"]["task_path"]
         jobs = dispatch.enqueue_episode(
-            self.celery, self.store, lease.run_id, lease.host, job_id, start["task_meta"]["task_path"], **episode
+            self.celery, self.store, lease.run_id, lease.host, job_id, path, **episode, priority=run.get("priority")
         )
         return Submission(lease.run_id, job_id, "starting", lease.reused, jobs)
 

@@ -5,7 +5,7 @@ the field types (ids, task names and paths, tool names, seconds)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from poolcore import priorities
 from poolcore.task_spec import MAX_TASK_NAME_LENGTH, TASK_NAME_PATTERN
 
 # ---- limits -------------------------------------------------------------------------------------
@@ -203,3 +204,14 @@ Seconds = Annotated[Any, Field(description="Seconds; a value that is not a posit
 def text_id(value: str | int | None) -> str:
     """A scalar id as the store keeps it: "" when absent."""
     return "" if value is None else str(value)
+
+
+PriorityClass = Literal[priorities.CLASSES]
+Priority = Annotated[
+    PriorityClass | None,
+    Field(
+        description="The run's priority class: its jobs are taken before waiting jobs of lower classes "
+        "(highest first: " + ", ".join(priorities.CLASSES) + "). Default: the tenant's (the operator's: "
+        f"{priorities.DEFAULT}); a tenant's run may ask for its own or a lower one (PRIORITY_NOT_ALLOWED)."
+    ),
+]

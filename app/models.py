@@ -39,6 +39,7 @@ from app.fields import (
     Id,
     LeaseId,
     LogDir,
+    Priority,
     RunCtxId,
     ScalarId,
     Seconds,
@@ -190,6 +191,8 @@ RunCtxField = Annotated[RunCtx | None, BeforeValidator(lambda value: {} if value
 class AllocateRequest(RequestBody):
     task_key: Id
     request_id: ScalarId = None
+    priority: Priority = None
+    priority: Priority = None
 
 
 class LeaseRequest(RequestBody):
@@ -247,6 +250,8 @@ class RunRequest(RequestBody):
     close: Flag = Field(False, description="Close the run at the end, or on a failure.")
     task_key: ScalarId = Field(None, description="Capacity key; defaults to task_meta.task_name.")
     request_id: ScalarId = Field(None, description="Same task_key and request_id within 300 s: same run.")
+    priority: Priority = None
+    priority: Priority = None
 
     def capacity_key(self) -> str:
         return text_id(self.task_key) or self.task_meta.task_name

@@ -78,13 +78,17 @@ def status():
     {
         200: ("Leased", replies.AllocateReply),
         400: "task_key is required, or a field is malformed (code BAD_REQUEST)",
+        403: "A priority above the tenant's class (code PRIORITY_NOT_ALLOWED)",
         429: "No capacity; code TASK_SLOTS_EXHAUSTED, RUN_SLOTS_EXHAUSTED, HOST_DISK_LOW or TENANT_QUOTA_EXCEEDED",
     },
     models.AllocateRequest,
 )
 def allocate(body: models.AllocateRequest):
     try:
-        lease = engine().allocate(body.task_key, fields.text_id(body.request_id), tenant=tenancy.current())
+        priority = tenancy.run_priority(body.priority)
+        lease = engine().allocate(
+            body.task_key, fields.text_id(body.request_id), tenant=tenancy.current(), priority=priority
+        )
     except CapacityError as exc:
         return fail(exc.code, capacity_message(body.task_key, exc.code, exc.one_per_host, exc.reason))
     tenancy.OWNERS.made(lease.run_id, tenancy.current())

@@ -11,10 +11,7 @@ from pydantic import (
     Field,
 )
 
-from app.fields import (
-    JobId,
-    RunId,
-)
+from app.fields import JobId, PriorityClass, RunId
 from poolcore.failures import CODES
 
 # ---- replies ------------------------------------------------------------------------------------
@@ -139,6 +136,7 @@ class Run(ReplyBody):
     task_key: str
     state: RunState
     host: str
+    priority: PriorityClass | None = Field(None, description="The run's priority class (None: made before classes).")
     created_at: float
     last_used_at: float | None = None
     user_msg: str | None = None

@@ -96,6 +96,7 @@ def _submission_reply(sub: Submission):
     "Allocate and start a run; optionally a whole episode in one request.",
     {
         202: ("Accepted; job_id is the start job, jobs lists every step", replies.Submitted),
+        403: "A priority above the tenant's class (code PRIORITY_NOT_ALLOWED)",
         429: "No capacity, as /allocate",
     },
     models.RunRequest,
@@ -112,7 +113,8 @@ def create_run(body: models.RunRequest):
     episode = {"script": script, "evaluate": body.evaluate, "close": body.close}
     task_key = body.capacity_key()
     try:
-        sub = engine().submit(task_key, fields.text_id(body.request_id), start, episode, tenancy.current())
+        priority = tenancy.run_priority(body.priority)
+        sub = engine().submit(task_key, fields.text_id(body.request_id), start, episode, tenancy.current(), priority)
     except CapacityError as exc:
         return fail(exc.code, capacity_message(task_key, exc.code, exc.one_per_host, exc.reason))
     return _submission_reply(sub)

@@ -18,6 +18,8 @@ import uuid
 
 from flask import current_app, g, request
 
+from app.engine import Refused
+from poolcore import priorities
 from poolcore.config import Settings
 from poolcore.state import NO_TENANT, new_run_id
 from poolcore.tenants import Tenant
@@ -51,6 +53,16 @@ def label() -> str:
     NO_TENANT for the operator, a guest and a refused request (bounded: names come from the file)."""
     tenant = g.get("tenant")
     return tenant.name if isinstance(tenant, Tenant) and tenant is not GUEST else NO_TENANT
+
+
+def run_priority(asked: str | None) -> str:
+    """The class of a run the request makes (poolcore/priorities.py resolve): its tenant's unless
+    it asks for a lower one; Refused PRIORITY_NOT_ALLOWED above it, before anything is taken."""
+    tenant = current()
+    try:
+        return priorities.resolve(asked, tenant.priority if tenant else None)
+    except priorities.PriorityNotAllowed as exc:
+        raise Refused("PRIORITY_NOT_ALLOWED", str(exc)) from None
 
 
 def sees(run: dict | None) -> bool:

@@ -1,7 +1,9 @@
 """Enqueueing jobs: record the job, then send its Celery task to the run's host.
 
 Used by the facade (both HTTP faces) and by the reaper; imports nothing Docker-side, so the
-facade can send work without loading the worker code.
+facade can send work without loading the worker code. Every job of a run is sent with the run's
+priority class (`priority`: poolcore/priorities.py), so its host's workers take it before the
+waiting jobs of lower classes; a chain's steps carry it in their own options.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import uuid
 
 from celery import Celery, chain
 
-from poolcore import failures
+from poolcore import failures, priorities
 from poolcore.state import Store
 
 REPR_LIMIT = 200  # Flower shows arguments; file contents and scripts are cut to this
@@ -32,9 +34,16 @@ def _kwargs_repr(kwargs: dict) -> str:
     return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in kwargs.items() if k not in HIDDEN_KWARGS) + "}"
 
 
-def job_signature(celery: Celery, name: str, shown: dict | None = None, **kwargs):
-    """`shown`: what Flower shows of kwargs in their place (nothing secret)."""
-    return celery.signature(name, kwargs=kwargs, immutable=True, kwargsrepr=_kwargs_repr({**kwargs, **(shown or {})}))
+def job_signature(celery: Celery, name: str, shown: dict | None = None, priority: str | None = None, **kwargs):
+    """`shown`: what Flower shows of kwargs in their place (nothing secret); `priority`: the
+    run's class (None: the default one)."""
+    return celery.signature(
+        name,
+        kwargs=kwargs,
+        immutable=True,
+        kwargsrepr=_kwargs_repr({**kwargs, **(shown or {})}),
+        priority=priorities.level(priority),
+    )
 
 
 def new_job_id() -> str:
@@ -64,20 +73,24 @@ def recorded_call(tool_call: dict) -> dict:
     }
 
 
-def start_steps(celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str) -> list:
+def start_steps(
+    celery: Celery, store: Store, run_id: str, host: str, job_id: str, task_path: str, priority: str | None = None
+) -> list:
     """Make sure the task's images exist (build queue), then start the run (lifecycle). Once
     this host has built the task's images the build step is skipped: one queue hop less."""
-    ids = dict(host=host, run_id=run_id, job_id=job_id)
+    ids = dict(host=host, run_id=run_id, job_id=job_id, priority=priority)
     start = job_signature(celery, "pool.start_run", **ids).set(task_id=job_id)
     if store.image_ready(host, task_path):
         return [start]
     return [job_signature(celery, "pool.ensure_image", final=False, **ids).set(task_id=f"{job_id}.image"), start]
 
 
-def enqueue_start(celery: Celery, store: Store, run_id: str, host: str, task_path: str) -> str:
+def enqueue_start(
+    celery: Celery, store: Store, run_id: str, host: str, task_path: str, priority: str | None = None
+) -> str:
     """Reset: images, then the run's services; one job for the client."""
     job_id = new_job(store, run_id, "start")
-    chain(*start_steps(celery, store, run_id, host, job_id, task_path), app=celery).apply_async()
+    chain(*start_steps(celery, store, run_id, host, job_id, task_path, priority), app=celery).apply_async()
     return job_id
 
 
@@ -98,7 +111,8 @@ def send_job(
     job_fields: dict | None = None,
     **kwargs,
 ) -> str:
-    """Record and send a job whose id the caller chose (an archive job keys its blob by it)."""
+    """Record and send a job whose id the caller chose (an archive job keys its blob by it);
+    `priority` among kwargs is the run's class."""
     store.create_job(job_id, run_id, kind, **(job_fields or {}))
     return send_recorded(celery, store, job_id, task, run_id, host, **kwargs)
 
@@ -113,15 +127,12 @@ def send_recorded(celery: Celery, store: Store, job_id: str, task: str, run_id: 
     return job_id
 
 
-def send_tool_call(
-    celery: Celery, *, run_id: str, host: str, tool_call: dict, job_id: str, env: dict | None = None
-) -> None:
-    """Send a tool call whose job is recorded already (Store.use_run); with `env` (the run's
-    environment as the caller read it) its worker reads nothing of the run."""
+def send_tool_call(celery: Celery, *, tool_call: dict, env: dict | None = None, priority: str | None = None, **ids):
+    """Send a tool call whose job is recorded already (Store.use_run); `ids`: its host, run_id
+    and job_id. With `env` (the run's environment as the caller read it) its worker reads
+    nothing of the run."""
     kwargs = {"tool_call": tool_call, **({"env": env} if env else {})}
-    job_signature(celery, "pool.exec_tool", host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
-        task_id=job_id
-    )
+    job_signature(celery, "pool.exec_tool", None, priority, **ids, **kwargs).apply_async(task_id=ids["job_id"])
 
 
 def recorded_command(command: dict) -> dict:
@@ -136,41 +147,44 @@ def recorded_command(command: dict) -> dict:
     }
 
 
-def send_command(
-    celery: Celery, *, run_id: str, host: str, command: dict, job_id: str, env: dict | None = None
-) -> None:
+def send_command(celery: Celery, *, command: dict, env: dict | None = None, priority: str | None = None, **ids):
     """Send a command whose job is recorded already (Store.use_run), as send_tool_call does."""
     kwargs = {"command": command, **({"env": env} if env else {})}
     shown = {"command": recorded_command(command)}  # env values may be secrets (API keys): names only
-    job_signature(celery, "pool.run_command", shown, host=host, run_id=run_id, job_id=job_id, **kwargs).apply_async(
-        task_id=job_id
-    )
+    job_signature(celery, "pool.run_command", shown, priority, **ids, **kwargs).apply_async(task_id=ids["job_id"])
 
 
-def enqueue_evaluation(celery: Celery, store: Store, run_id: str, host: str, job_id: str = "") -> str:
-    return send_job(celery, store, job_id or new_job_id(), "evaluation", "pool.evaluate", run_id, host)
+def enqueue_evaluation(
+    celery: Celery, store: Store, run_id: str, host: str, job_id: str = "", priority: str | None = None
+) -> str:
+    job_id = job_id or new_job_id()
+    return send_job(celery, store, job_id, "evaluation", "pool.evaluate", run_id, host, priority=priority)
 
 
-def enqueue_fork(celery: Celery, store: Store, run_id: str, host: str, job_id: str, children: list) -> str:
+def enqueue_fork(
+    celery: Celery, store: Store, run_id: str, host: str, job_id: str, children: list, priority: str | None = None
+) -> str:
     """The fork job of children already placed (Store.place_fork), on the source's host."""
     store.create_job(job_id, run_id, "fork", children=children)
-    job_signature(celery, "pool.fork_run", host=host, run_id=run_id, job_id=job_id, children=children).apply_async(
-        task_id=job_id
-    )
+    ids = dict(host=host, run_id=run_id, job_id=job_id)
+    job_signature(celery, "pool.fork_run", priority=priority, children=children, **ids).apply_async(task_id=job_id)
     return job_id
 
 
 def enqueue_close(celery: Celery, store: Store, run_id: str, host: str) -> str:
-    return enqueue(celery, store, "close", CLOSE_TASK, run_id, host)
+    """The run's teardown, at its class (read here: the reaper and /close know only the id)."""
+    return enqueue(celery, store, "close", CLOSE_TASK, run_id, host, priority=store.run_priority(run_id))
 
 
 def release_and_close(celery: Celery, store: Store, run_id: str) -> str | None:
-    """Release a live run and queue its teardown, its job recorded in the release's own round
-    trip (what a close costs the caller); None when nothing was live. A lost run's teardown
-    waits in its host's queue."""
+    """Release a live run and queue its teardown at the run's class, its job recorded in the
+    release's own round trip (what a close costs the caller); None when nothing was live. A
+    lost run's teardown waits in its host's queue."""
     job_id = new_job_id()
     host = store.release_on_host(run_id, job=store.job_fields(job_id, run_id, "close"))
-    return None if host is None else send_recorded(celery, store, job_id, CLOSE_TASK, run_id, host)
+    if host is None:
+        return None
+    return send_recorded(celery, store, job_id, CLOSE_TASK, run_id, host, priority=store.run_priority(run_id))
 
 
 CLOSE_TASK = "pool.close_run"
@@ -181,9 +195,10 @@ EPISODE_FAILED_TASK = "pool.episode_failed"
 RELEASE_TASK = "pool.release_run"
 
 
-def close_signature(celery: Celery, run_id: str, host: str, job_id: str):
+def close_signature(celery: Celery, run_id: str, host: str, job_id: str, priority: str | None = None):
     """The teardown step of an existing close job (also used by the episode's error callback)."""
-    return job_signature(celery, CLOSE_TASK, host=host, run_id=run_id, job_id=job_id).set(task_id=job_id)
+    ids = dict(host=host, run_id=run_id, job_id=job_id)
+    return job_signature(celery, CLOSE_TASK, priority=priority, **ids).set(task_id=job_id)
 
 
 def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evaluate: bool, close: bool) -> dict:
@@ -198,11 +213,11 @@ def _episode_jobs(store: Store, run_id: str, start_job: str, script: list, evalu
 
 
 def _episode_steps(
-    celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list, task_path: str
+    celery: Celery, store: Store, run_id: str, host: str, jobs: dict, script: list, task_path: str, priority: str | None
 ) -> list:
-    ids = dict(host=host, run_id=run_id)
+    ids = dict(host=host, run_id=run_id, priority=priority)
     start = jobs["start"]
-    steps = start_steps(celery, store, run_id, host, start, task_path)
+    steps = start_steps(celery, store, run_id, host, start, task_path, priority)
     for job_id, call in zip(jobs["tool_calls"], script):
         steps.append(job_signature(celery, "pool.exec_tool", job_id=job_id, tool_call=call, **ids).set(task_id=job_id))
     if jobs["evaluation"]:
@@ -214,7 +229,7 @@ def _episode_steps(
         steps.append(
             job_signature(celery, RELEASE_TASK, final=False, job_id=close, **ids).set(task_id=f"{close}.release")
         )
-        steps.append(close_signature(celery, run_id, host, close))
+        steps.append(close_signature(celery, run_id, host, close, priority))
     return steps
 
 
@@ -228,6 +243,7 @@ def enqueue_episode(
     script: list,
     evaluate: bool = False,
     close: bool = False,
+    priority: str | None = None,
 ) -> dict:
     """A whole episode as one Celery chain: start, the script's tool calls, evaluation, close.
 
@@ -241,12 +257,13 @@ def enqueue_episode(
     jobs = _episode_jobs(store, run_id, start_job, script, evaluate, close)
     order = [jobs["start"], *jobs["tool_calls"], *[j for j in (jobs["evaluation"], jobs["close"]) if j]]
     store.set_episode_jobs(start_job, order)
-    steps = _episode_steps(celery, store, run_id, host, jobs, script, task_path)
+    steps = _episode_steps(celery, store, run_id, host, jobs, script, task_path, priority)
     # Every step's message carries the rest of the chain, each step with this callback: keep it small.
     on_error = celery.signature(
         EPISODE_FAILED_TASK,
         immutable=True,
         kwargs=dict(host=host, run_id=run_id, start_job=start_job, close_job=jobs["close"] or ""),
+        priority=priorities.level(priority),
     )
     workflow = chain(*steps, app=celery)
     workflow.link_error(on_error)

@@ -19,12 +19,14 @@ import time
 from celery import Celery
 from kombu import Queue
 
+from poolcore import priorities
 from poolcore.config import QUEUE_KINDS, Settings
 from poolcore.state import connection
 
 log = logging.getLogger(__name__)
 
 MAINTENANCE_QUEUE = "termpool.maintenance"
+DEFAULT_LEVEL = priorities.level(priorities.DEFAULT)
 MONITOR_POLL = 5.0  # seconds between two looks for a listening monitor (Flower asks as often)
 
 # Which kind of queue each job (Celery task name) is consumed from.
@@ -77,14 +79,15 @@ def host_queues(host: str) -> list[Queue]:
 
 
 def route_job(name, args, kwargs, options, task=None, **kw):
-    """Explicit route: pool jobs go to their host's queue of their kind."""
+    """Explicit route: pool jobs go to their host's queue of their kind, at the default
+    priority unless sent with their run's (a sender's option wins over the route's)."""
     kind = JOB_KINDS.get(name)
     if kind is None:
-        return {"queue": MAINTENANCE_QUEUE}
+        return {"queue": MAINTENANCE_QUEUE, "priority": DEFAULT_LEVEL}
     host = (kwargs or {}).get("host")
     if not host:
         raise ValueError(f"{name} needs a host to be routed")
-    return {"queue": _queue(queue_name(host, kind))}
+    return {"queue": _queue(queue_name(host, kind)), "priority": DEFAULT_LEVEL}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -142,8 +145,12 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # (REDIS_OUTAGE_SECONDS): tries 0.5 s apart, then 2 s apart, about that long in all.
         task_publish_retry=True,
         task_publish_retry_policy=_publish_retry_policy(cfg.redis_outage_seconds),
-        # One priority step (termpool sends no priorities): every message of a queue is in the
-        # Redis list named after it, whose LLEN is the queue's depth (Store.queue_depths).
+        # Priorities (poolcore/priorities.py): each job is sent with its run's class, and jobs
+        # with none (the pool's own: warm pool, reconcile) get the default class (route_job).
+        # kombu keeps one Redis list per priority step of a queue and a worker's BRPOP names
+        # them highest step first, so it takes the highest class waiting; since a worker only
+        # asks for a message when a slot is free (worker_disable_prefetch), that is the
+        # order in which queued jobs start. Store.queue_depths sums the lists.
         # A Sentinel deployment adds the primary's name (connection.py): kombu asks the
         # sentinels for the primary at each connection, so a failover is one more reconnect.
         # No ack emulation (kombu's copy of every message in Redis' unacked hash and index until
@@ -153,7 +160,8 @@ def make_celery(cfg: Settings, include: list[str] | None = None) -> Celery:
         # is recovered from the job records (tasks/lost_jobs.py) instead.
         broker_transport_options={
             "ack_emulation": False,
-            "priority_steps": [0],
+            "priority_steps": priorities.STEPS,
+            "sep": priorities.SEP,
             **connection.broker_transport_options(cfg),
         },
         worker_hijack_root_logger=False,

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from poolcore import priorities
+
 # A tenant's name goes into Redis keys, Lua and log lines: a safe identifier only.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces: what a Bearer header carries
-PRIORITIES = ("eval", "train")
+PRIORITIES = priorities.CLASSES
 KEYS = {"token", "max_runs", "reserved_runs", "priority", "max_builds", "max_upload_bytes"}
 
 
@@ -34,7 +36,7 @@ class Tenant:
     token: str = field(repr=False)
     max_runs: int | None = None  # live runs at most; None: no limit of its own
     reserved_runs: int = 0  # slots no other tenant may take while it uses fewer
-    priority: str = "train"
+    priority: str = priorities.DEFAULT
     max_builds: int | None = None  # image builds in flight for its runs at most (tasks/build_quota.py)
     max_upload_bytes: int | None = None  # unpacked bytes of its held uploaded tasks at most
 
@@ -179,7 +181,7 @@ def _limit(entry, name: str, key: str, path: str) -> int | None:
 
 def _priority(entry, name: str, path: str) -> str:
     if entry is None:
-        return "train"
+        return priorities.DEFAULT
     node = entry[1]
     if not isinstance(node, yaml.ScalarNode) or node.value not in PRIORITIES:
         raise TenantsFileError(f"{_at(path, node)}: tenant {name!r}: priority must be one of {', '.join(PRIORITIES)}")

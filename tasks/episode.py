@@ -51,7 +51,7 @@ def episode_failed(self, *, host, run_id, start_job, close_job=""):
     _note_run_error(run_id, cause, code)
     if close_job and store().job_state(close_job) == "queued":
         store().release(run_id, reason="episode failed")
-        close_signature(self.app, run_id, host, close_job).apply_async()
+        close_signature(self.app, run_id, host, close_job, store().run_priority(run_id)).apply_async()
     return cause
 
 

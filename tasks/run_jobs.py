@@ -19,7 +19,7 @@ from environments import artifacts, harbor_verifier, lifecycle, task_builds
 from environments.evaluation import copy_tests, run_tests
 from environments.session_helper import prepare_container
 from environments.tools import run_tool, tool_schemas
-from poolcore import disk, failures
+from poolcore import disk, failures, priorities
 from poolcore.config import settings
 from poolcore.harbor_task import is_harbor_folder
 from poolcore.state import NO_FAILURE
@@ -165,8 +165,9 @@ def _build_then_start(app, host: str, run_id: str, task_path: str, job_id: str) 
     """Hand the start over to a build of the task's images, then a start (its second try)."""
     store().mark_image_ready(host, task_path, False)
     ids = dict(host=host, run_id=run_id, job_id=job_id)
-    build = app.signature("pool.ensure_image", kwargs=dict(**ids, final=False), immutable=True)
-    chain(build, app.signature("pool.start_run", kwargs=dict(**ids, first_try=False), immutable=True)).apply_async()
+    options = dict(immutable=True, priority=priorities.level(store().run_priority(run_id)))  # as its first try's
+    build = app.signature("pool.ensure_image", kwargs=dict(**ids, final=False), **options)
+    chain(build, app.signature("pool.start_run", kwargs=dict(**ids, first_try=False), **options)).apply_async()
     raise HandedOver()
 
 

@@ -43,6 +43,12 @@ CODES: dict[str, Code] = {
             "needs a build while its max_builds are in flight, or an upload would pass its max_upload_bytes",
         ),
         Code(
+            "PRIORITY_NOT_ALLOWED",
+            "client",
+            False,
+            "the run asked for a priority class above its tenant's (a run may only ask for its own or a lower one)",
+        ),
+        Code(
             "HOST_NETWORKS_EXHAUSTED",
             "client",
             True,

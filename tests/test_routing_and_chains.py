@@ -81,8 +81,17 @@ def sent(celery) -> list[dict]:
                 headers = message.headers
                 messages.append(
                     {"queue": queue, "task": headers["task"], "id": headers["id"], "kwargs": kwargs, "rest": rest}
+                    | {"priority": message.properties.get("priority"), "levels": _levels(embed)}
                 )
     return messages
+
+
+def _levels(embed: dict) -> list:
+    """The priority of each later step of the chain, and of its error callbacks, in order."""
+    steps = list(reversed(embed.get("chain") or []))
+    return [s["options"].get("priority") for s in steps] + [
+        e["options"].get("priority") for e in embed["errbacks"] or []
+    ]
 
 
 def test_start_builds_the_image_until_the_host_has_it(celery, store):
@@ -168,3 +177,16 @@ def test_episode_without_evaluation_or_close_stops_after_the_script(celery, stor
     assert message["task"] == "pool.ensure_image" and message["queue"] == f"termpool.{HOST}.build"
     assert [name for name, _, _ in message["rest"]] == ["pool.start_run", "pool.exec_tool"]
     assert store.episode_jobs("start-1") == ["start-1", *jobs["tool_calls"]]
+
+
+@pytest.mark.parametrize(("priority", "level"), [("eval", 0), ("train", 5), (None, 5)])
+def test_every_step_of_a_runs_chain_carries_its_class(celery, store, priority, level):
+    """An episode (start, tool call, evaluation, close) sent at the run's class: the first
+    message and every later step it carries, the error callback too (poolcore/priorities.py)."""
+    script = [{"name": "shell_exec", "arguments": {"command": "true"}}]
+    dispatch.enqueue_episode(celery, store, "run-1", HOST, "start-1", TASK_PATH, script, True, True, priority)
+    [message] = sent(celery)
+    assert message["priority"] == level
+    assert message["levels"] == [level] * (len(message["rest"]) + 1)
+    dispatch.enqueue_close(celery, store, "run-1", HOST)  # no class in a record: the default's
+    assert [m["priority"] for m in sent(celery)] == [5]

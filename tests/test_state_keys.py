@@ -157,8 +157,8 @@ def test_held_locks_name_build_locks_with_their_ttl(store):
 
 # ---- queue depths ----------------------------------------------------------------------------
 def test_queue_depths_count_messages_of_every_priority(redis_server):
-    """termpool's Celery app keeps every message of a queue in the one list Store.queue_depths
-    reads, whatever priority a sender gives it."""
+    """Store.queue_depths counts every message of a queue, whatever priority a sender gives it
+    (kombu keeps one list per priority step: poolcore/priorities.py queue_lists)."""
     redis_server.flushdb()
     url = f"redis://127.0.0.1:{redis_server.connection_pool.connection_kwargs['port']}/0"
     celery = make_celery(load_settings({"REDIS_URL": url, "POOL_HOST_ID": "h1"}))

@@ -80,9 +80,9 @@ scripts get the prefix and TTLs as arguments and build the same run and host key
 Closed runs and ended jobs expire RECORD_TTL after they end (the setting; keys.RECORD_TTL is its
 default, for a Store made without it). The same Redis is Celery's broker:
 its queues (``termpool.<host>.<kind>``, poolcore/queues.py) and kombu's own keys belong to kombu.
-termpool only reads a queue's depth: the LLEN of the list named after the queue, which Celery
-documents as its length, and which holds every message because poolcore/queues.py gives the
-transport one priority step (Store.queue_depths).
+termpool only reads a queue's depth: the sum of the LLENs of its lists, one per priority step
+(the list named after the queue, then one per lower step: poolcore/priorities.py queue_lists;
+Store.queue_depths).
 
 `Store` is made of one class per family of keys, each in its own module beside its Lua scripts:
 runs.py (runs and their leases, the run viewer's index), jobs.py (jobs, episodes, the jobs of a

@@ -7,6 +7,7 @@ import math
 
 import redis
 
+from poolcore import priorities
 from poolcore.state import keys
 
 
@@ -33,8 +34,12 @@ class CountersState:
 
     # ---- Celery's queues (kombu's lists in the same Redis) ---------------------------------
     def queue_depths(self, queues: list[str]) -> dict[str, int]:
-        """Messages waiting in each queue (package docstring: one list per queue), one round trip."""
+        """Messages waiting in each queue (package docstring: one list per priority step), one
+        round trip."""
+        lists = {queue: priorities.queue_lists(queue) for queue in queues}
         pipe = self._r.pipeline(transaction=False)
-        for queue in queues:
-            pipe.llen(queue)
-        return dict(zip(queues, pipe.execute()))
+        for names in lists.values():
+            for name in names:
+                pipe.llen(name)
+        lengths = iter(pipe.execute())
+        return {queue: sum(next(lengths) for _ in names) for queue, names in lists.items()}

@@ -18,7 +18,7 @@ from poolcore.state.runs import STARTED_STATES
 # made their containers. ARGV: prefix, source, now, max depth, default max runs, cap (0: none),
 # recent-runs size, recent-runs TTL, the started states as JSON, the fork job, the max_runs of the
 # source's tenant (-1: none; docs/tenants.md), then the child ids. The children are the source's
-# tenant's, and join its live set (as _PLACE's runs do).
+# tenant's, and join its live set (as _PLACE's runs do); they keep its priority class.
 FORK_PLACE_LUA = """
 local p, src, now, max_depth = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local def_runs, cap, started = tonumber(ARGV[5]), tonumber(ARGV[6]), cjson.decode(ARGV[9])
@@ -47,7 +47,7 @@ local limit = tonumber(redis.call('HGET', p .. 'host:' .. host .. ':info', 'max_
 if cap > 0 then limit = math.min(limit, cap) end
 if held + k > limit then return {'RUN_SLOTS_EXHAUSTED', tostring(limit - held)} end
 redis.call('HINCRBY', keys_key, task_key, k)
-local copied = redis.call('HMGET', run_key, 'task_meta', 'run_ctx', 'task_timeouts')
+local copied = redis.call('HMGET', run_key, 'task_meta', 'run_ctx', 'task_timeouts', 'priority')
 for i = 12, #ARGV do
   local child = ARGV[i]
   redis.call('ZADD', p .. 'host:' .. host .. ':live', now, child)
@@ -55,6 +55,7 @@ for i = 12, #ARGV do
     'state', 'starting', 'created_at', now, 'last_used_at', now, 'request_id', '', 'parent', src,
     'fork_depth', tostring(depth), 'task_meta', copied[1] or 'null', 'run_ctx', copied[2] or 'null',
     'task_timeouts', copied[3] or 'null', 'fork_job', ARGV[10])
+  if copied[4] then redis.call('HSET', p .. 'run:' .. child, 'priority', copied[4]) end
   if tenant then
     redis.call('HSET', p .. 'run:' .. child, 'tenant', tenant)
     redis.call('SADD', p .. 'tenant:' .. tenant .. ':live', child)

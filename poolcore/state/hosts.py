@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from poolcore import failures
+from poolcore import failures, priorities
 from poolcore.state import keys
 from poolcore.state.runs import new_run_id
 
@@ -52,6 +52,8 @@ class Placement:
     tenant: str = ""
     max_runs: int | None = None
     reservations: dict = field(default_factory=dict)
+    # The run's priority class (poolcore/priorities.py), recorded with it: its jobs' order.
+    priority: str = priorities.DEFAULT
 
 
 # Placement: every argument is in ARGV (ARGV[1] is the key prefix). The candidates are the
@@ -68,6 +70,7 @@ class Placement:
 # (host:<h>:closing) count against it too: they hold what the task pins until they are gone.
 # A host whose heartbeat says it is short of disk (host:<h>:info disk_low) takes no new run;
 # when that leaves none, the refusal is HOST_DISK_LOW with each host's reason.
+# ARGV[21]: the run's priority class (poolcore/priorities.py), recorded with it.
 # Tenants (docs/tenants.md; ARGV[18..20]: the tenant, '' for the operator; its max_runs, -1 for
 # none; every tenant's reserved_runs as JSON): each tenant's runs that hold a slot are the set
 # tenant:<t>:live, joined here and left by every script that frees the slot (RELEASE_LUA,
@@ -171,7 +174,7 @@ local host = chosen[1]
 redis.call('HINCRBY', p .. 'host:' .. host .. ':keys', task_key, 1)
 redis.call('ZADD', p .. 'host:' .. host .. ':live', now, run_id)
 redis.call('HSET', p .. 'run:' .. run_id, 'run_id', run_id, 'task_key', task_key, 'host', host,
-  'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id)
+  'state', 'allocated', 'created_at', now, 'last_used_at', now, 'request_id', request_id, 'priority', ARGV[21])
 if tenant ~= '' then
   redis.call('HSET', p .. 'run:' .. run_id, 'tenant', tenant)
   redis.call('SADD', p .. 'tenant:' .. tenant .. ':live', run_id)
@@ -345,6 +348,7 @@ class HostsState:
         args += [rule.default_tasks, rule.default_runs, rule.slack, excluded, rule.fallback, keys.IDEMPOTENCY_TTL]
         args += [self.recent_runs_kept, self.record_ttl, rule.runs_per_host]
         args += [rule.tenant, -1 if rule.max_runs is None else rule.max_runs, json.dumps(rule.reservations)]
+        args += [rule.priority]
         reply = self._place(args=args)
         if reply[0] == "full":
             raise CapacityError(reply[1], reason=reply[2] if len(reply) > 2 else "")

@@ -172,6 +172,10 @@ class RunsState:
         state, tenant = self._r.hmget(keys.run_key(run_id), "state", "tenant") if run_id else (None, None)
         return None if state is None else tenant or ""
 
+    def run_priority(self, run_id: str) -> str | None:
+        """The run's priority class (poolcore/priorities.py); None for a record without one."""
+        return self._r.hget(keys.run_key(run_id), "priority") if run_id else None
+
     def run_state(self, run_id: str) -> str | None:
         """A run's state alone (None for no such run): what a sweep over every resource asks."""
         return self._r.hget(keys.run_key(run_id), "state") if run_id else None

@@ -168,6 +168,10 @@ class TenantQuotaExceeded(CapacityExhausted):
     code = "TENANT_QUOTA_EXCEEDED"  # noqa: E701
 
 
+class PriorityNotAllowed(ClientError):
+    code = "PRIORITY_NOT_ALLOWED"  # noqa: E701
+
+
 class HostDiskLow(CapacityExhausted):
     code = "HOST_DISK_LOW"  # noqa: E701
 

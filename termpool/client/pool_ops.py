@@ -28,11 +28,13 @@ def _run_body(
     run_ctx: dict | None,
     task_timeouts: dict | None,
     task_key: str | None,
+    priority: str | None = None,
 ) -> dict:
     body = {
         "task_key": task_key or task,
         "task_meta": task_meta(task, task_path, instruction),
         "request_id": request_id or uuid.uuid4().hex,
+        **({"priority": priority} if priority else {}),
     }
     return {**body, **start_options(run_ctx, task_timeouts)}
 
@@ -145,12 +147,14 @@ class PoolOps(Operations):
         task_timeouts: dict | None = None,
         task_key: str | None = None,
         wait: bool = True,
+        priority: str | None = None,
     ) -> Op:
         """Allocate a run of `task` (a folder of the service's DATASET_DIR, or an uploaded task:
         task_path=pool.upload_task(folder)) and start it; the
         Run, ready for tool calls (wait=False: at once; then run.wait_ready()). A start that
-        fails releases the run and raises its typed error (TaskBuildFailed, ...)."""
-        body = _run_body(task, task_path, instruction, request_id, run_ctx, task_timeouts, task_key)
+        fails releases the run and raises its typed error (TaskBuildFailed, ...). `priority`:
+        the run's class, "eval" or "train" (default: the tenant's; PriorityNotAllowed above it)."""
+        body = _run_body(task, task_path, instruction, request_id, run_ctx, task_timeouts, task_key, priority)
         reply = yield from self._call("POST", "/v1/runs", body=body, idempotent=True)
         run = self._run_class(self, reply["run_id"], reply.get("job_id"))
         if not wait:
@@ -181,14 +185,15 @@ class PoolOps(Operations):
         run_ctx: dict | None = None,
         task_timeouts: dict | None = None,
         task_key: str | None = None,
+        priority: str | None = None,
     ) -> Op:
         """A whole episode in one request (an oracle or a replay): start, the script's tool
         calls (tool_call / exec_call / write_file_call), evaluation, close, run by the
         workers as one chain. Waits for every step; the Episode. A failed step raises its
         typed error (with .episode) when `check`, else is the Episode's `failure`. After
         `timeout` seconds (default: job_timeout per step) the run is closed and WaitTimeout
-        raised."""
-        body = _run_body(task, task_path, instruction, request_id, run_ctx, task_timeouts, task_key)
+        raised. `priority`: as for start()."""
+        body = _run_body(task, task_path, instruction, request_id, run_ctx, task_timeouts, task_key, priority)
         body.update(script=list(script), evaluate=evaluate, close=close)
         reply = yield from self._call("POST", "/v1/runs", body=body, idempotent=True)
         run_id, steps = reply["run_id"], reply.get("jobs") or {}
@@ -232,11 +237,13 @@ class PoolOps(Operations):
         """A Job (AsyncJob) object for an existing job id."""
         return self._job_class(self, job_id)
 
-    def allocate(self, task_key: str, *, request_id: str | None = None) -> Op:
+    def allocate(self, task_key: str, *, request_id: str | None = None, priority: str | None = None) -> Op:
         """A lease of the blocking pool API (POST /allocate), for `task_key`; reset() it with a
         task next. Sent again after a retryable failure: the request_id (random unless given)
-        makes a repeat return the same lease."""
+        makes a repeat return the same lease. `priority`: as for start()."""
         body = {"task_key": task_key, "request_id": request_id or uuid.uuid4().hex}
+        if priority:
+            body["priority"] = priority
         reply = yield from self._call("POST", "/allocate", body=body, idempotent=True)
         return self._lease_class(self, reply["lease_id"], reply.get("reused") is True)
 
