@@ -181,10 +181,10 @@ def release_and_close(celery: Celery, store: Store, run_id: str) -> str | None:
     release's own round trip (what a close costs the caller); None when nothing was live. A
     lost run's teardown waits in its host's queue."""
     job_id = new_job_id()
-    host = store.release_on_host(run_id, job=store.job_fields(job_id, run_id, "close"))
+    host, priority = store.release_for_close(run_id, store.job_fields(job_id, run_id, "close"))
     if host is None:
         return None
-    return send_recorded(celery, store, job_id, CLOSE_TASK, run_id, host, priority=store.run_priority(run_id))
+    return send_recorded(celery, store, job_id, CLOSE_TASK, run_id, host, priority=priority)
 
 
 CLOSE_TASK = "pool.close_run"

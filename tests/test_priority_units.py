@@ -95,3 +95,19 @@ def test_the_class_is_recorded_at_placement_and_kept_by_fork_children(redis_serv
     store.update_run(source, state="ready")
     store.place_fork(source, ["run-child"], "job-f", 3, 3)
     assert store.run_priority("run-child") == "eval"
+
+
+def test_a_close_records_its_teardown_and_reads_the_class_in_the_release(redis_server):
+    """release_for_close: the teardown's job recorded under the released run, and the run's
+    class answered by the same script (the close's one round trip); nothing for a run not live."""
+    redis_server.flushall()
+    store = Store(redis_server)
+    cfg = load_settings({"POOL_HOST_ID": "h"})
+    watch = hosts.make_watch(cfg, store)
+    see(store, watch, "h", max_tasks=2, max_runs=3)
+    rule = dataclasses.replace(hosts.placement(cfg, watch), priority="eval")
+    run_id = store.place("k", "", "k", rule).run_id
+    assert store.release_for_close(run_id, store.job_fields("job-c", run_id, "close")) == ("h", "eval")
+    assert store.run_state(run_id) == "closing" and store.get_job("job-c")["kind"] == "close"
+    assert store.release_for_close(run_id, store.job_fields("job-d", run_id, "close")) == (None, None)
+    assert store.get_job("job-d") is None

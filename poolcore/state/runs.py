@@ -64,6 +64,7 @@ if ARGV[7] and ARGV[7] ~= '' then  -- the teardown's job, recorded with the rele
   redis.call('HSET', prefix .. 'job:' .. ARGV[7], unpack(ARGV, 8))
   redis.call('RPUSH', run_key .. ':jobs', ARGV[7])
   redis.call('SADD', run_key .. ':working', ARGV[7])
+  return {host, redis.call('HGET', run_key, 'priority') or ''}  -- the teardown goes at the run's class
 end
 return host
 """
@@ -273,16 +274,20 @@ class RunsState:
         args = [keys.PREFIX, run_id, "idle", time.time(), "", time.time() - idle_ttl]
         return self._release(args=args) is not None
 
-    def release_on_host(
-        self, run_id: str, reason: str = "closed", only_state: str = "", job: dict | None = None
-    ) -> str | None:
+    def release_on_host(self, run_id: str, reason: str = "closed", only_state: str = "") -> str | None:
         """release() in one round trip, returning the run's host (None when nothing was
         released). A lost run, already out of its host's capacity, becomes closing too: its
-        teardown waits in its host's queue. `job` (a new job's record: job_fields) is recorded
-        under the run in the same round trip, only if it was released."""
-        pairs = [item for pair in encode(job).items() for item in pair] if job else []
-        args = [keys.PREFIX, run_id, reason, time.time(), only_state, "", *([job["job_id"], *pairs] if job else [])]
-        return self._release(args=args) or None
+        teardown waits in its host's queue."""
+        return self._release(args=[keys.PREFIX, run_id, reason, time.time(), only_state, ""]) or None
+
+    def release_for_close(self, run_id: str, job: dict) -> tuple[str | None, str | None]:
+        """release_on_host that records `job` (the teardown's record: job_fields) under the run
+        in the same round trip, only if it was released: (its host, its priority class), or
+        (None, None) when nothing was released."""
+        pairs = [item for pair in encode(job).items() for item in pair]
+        args = [keys.PREFIX, run_id, "closed", time.time(), "", "", job["job_id"], *pairs]
+        released = self._release(args=args)
+        return (released[0], released[1] or None) if released else (None, None)
 
     def mark_run_lost(self, run_id: str, error: str, states: tuple, code: str = "HOST_LOST") -> bool:
         """The run died with its host's previous incarnation (HOST_LOST), or its container under
