@@ -10,4 +10,8 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 bash scripts/start-backends.sh
 bash tests/base_image.sh >/dev/null
-exec python3 -m pytest "$@"
+# Test files run side by side, each whole on one of TEST_WORKERS pytest-xdist workers (its
+# module stacks and fixtures stay together); every worker has its own session stack. Stacks
+# are labelled per host id with their own run-network range, so they coexist on one dockerd.
+# 3 workers on this 2-core machine: the tests mostly wait on Docker, builds and timers.
+exec python3 -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
