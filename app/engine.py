@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -137,9 +138,16 @@ class Engine:
     store: Store
     celery: Celery
     watch: liveness.Watch = field(init=False)
+    follower: threading.Event | None = None  # stops the monitor follower (termpool/queues.py)
 
     def __post_init__(self):
         self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
+
+    def stop(self) -> None:
+        """Stop the background threads (the liveness watch, the monitor follower)."""
+        self.watch.stop()
+        if self.follower is not None:
+            self.follower.set()
 
     # ---- leases -----------------------------------------------------------------------------
     def allocate(self, task_key: str, request_id: str, task_path: str = "", tenant: Tenant | None = None) -> Allocation:

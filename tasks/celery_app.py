@@ -10,6 +10,7 @@ from tasks.registry_jobs import RECLAIM_SECONDS
 from tasks.warm_pool import SIZE_SECONDS
 from termpool.config import settings
 from termpool.queues import follow_monitor, make_celery
+from termpool.state import Store
 
 RECONCILE_SECONDS = 30.0
 # What a worker imports: its jobs, and the signal handlers that notice lost work.
@@ -48,9 +49,7 @@ celery_app.conf.beat_schedule = BEAT_SCHEDULE
 @worker_ready.connect
 def _follow_monitor(**_):
     """Jobs send their chain's next step, and thread pools send from this process."""
-    from tasks.runtime import store
-
-    follow_monitor(celery_app, settings(), store())
+    follow_monitor(celery_app, settings(), Store.connect(settings(), timeout=5, wait_out=False))
 
 
 @worker_process_init.connect

@@ -11,6 +11,7 @@ import uuid
 import pytest
 import requests
 
+from app import create_app, stop_app
 from devstack import ROOT
 from tests.conftest import wait_for
 
@@ -401,10 +402,10 @@ def _refs(node):
 
 def _served_routes() -> dict:
     """Every route of the two JSON faces, in OpenAPI's path syntax (the HTML run viewer is not an API)."""
-    from app import create_app
-
     routes: dict = {}
-    for rule in create_app().url_map.iter_rules():
+    app = create_app()
+    stop_app(app)  # only its routes are read
+    for rule in app.url_map.iter_rules():
         if rule.endpoint.startswith("viewer."):
             continue
         path = rule.rule.replace("<", "{").replace(">", "}")
