@@ -14,4 +14,5 @@ bash tests/base_image.sh >/dev/null
 # module stacks and fixtures stay together); every worker has its own session stack. Stacks
 # are labelled per host id with their own run-network range, so they coexist on one dockerd.
 # 3 workers on this 2-core machine: the tests mostly wait on Docker, builds and timers.
-exec python3 -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
+# pytest-benchmark, where installed, would warn that xdist disables it: no test here uses it.
+exec python3 -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile -p no:benchmark "$@"
