@@ -89,9 +89,9 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     celery = celery_init_app(app, cfg)
     store = Store.connect(cfg)
-    app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
+    engine = app.extensions["termpool"] = Engine(cfg=cfg, store=store, celery=celery)
     _publish_build_limits(cfg, store)
-    follow_monitor(celery, cfg, store)
+    engine.follower = follow_monitor(celery, cfg, Store.connect(cfg, timeout=5, wait_out=False))
     _guard(app, cfg)
     errors.register(app)
 
@@ -121,3 +121,9 @@ def create_app(cfg: Settings | None = None) -> Flask:
     app.cli.add_command(hosts_cli)
     app.cli.add_command(registry_cli)
     return app
+
+
+def stop_app(app: Flask) -> None:
+    """Stop an app's background threads, for a process that goes on without it (a test):
+    gunicorn's worker processes keep theirs to their end."""
+    app.extensions["termpool"].stop()

@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from celery import Celery
 
+from app.refusal_texts import tenant_quota_message
 from poolcore import dispatch, hosts, liveness, priorities, task_spec, uploaded_tasks
 from poolcore.config import Settings
 from poolcore.paths import resolve_task_path
@@ -84,41 +86,6 @@ class RunClosed(RuntimeError):
 # What a tool call reads of its run (not its tool schemas and prompt: kilobytes per call).
 TOOL_CALL_FIELDS = ("run_id", "state", "host", "env", "code", "error", "priority")
 
-REASONS_SHOWN = 3  # of a task's one-per-host reasons, in a capacity message
-
-
-def capacity_message(task_key: str, code: str, one_per_host: tuple = (), reason: str = "") -> str:
-    """The error text of a full pool; one_per_host: why the task allows one live run per host;
-    reason: why each host is short of disk (HOST_DISK_LOW), or which tenant limit was met."""
-    if code == "TENANT_QUOTA_EXCEEDED":
-        return tenant_quota_message(reason)
-    if code == "HOST_DISK_LOW":
-        return f"no worker host takes new runs for task {task_key!r}: every one is short of disk ({reason})"
-    if code == "WORKERS_DOWN":
-        return f"no worker host takes new runs for task {task_key!r}: none is live and not draining"
-    if not one_per_host:
-        limit = "WORKER_MAX_TASKS" if code == "TASK_SLOTS_EXHAUSTED" else "WORKER_MAX_RUNS_PER_TASK"
-        return f"no capacity for task {task_key!r}: {limit} reached"
-    why = "; ".join(one_per_host[:REASONS_SHOWN])
-    if len(one_per_host) > REASONS_SHOWN:
-        why += f"; and {len(one_per_host) - REASONS_SHOWN} more"
-    if code == "RUN_SLOTS_EXHAUSTED":
-        return (
-            f"no capacity for task {task_key!r}: it allows one live run per host ({why}); every host "
-            "taking runs holds one already (live, or its teardown still running) or is full"
-        )
-    return (
-        f"no capacity for task {task_key!r}: WORKER_MAX_TASKS reached on every host without one of "
-        f"its runs (it allows one live run per host: {why})"
-    )
-
-
-def tenant_quota_message(reason: str) -> str:
-    """A tenant's refusal (docs/tenants.md): its own max_runs, or other tenants' reservations."""
-    if reason == "reserved":
-        return "no capacity for this tenant: the free run slots left are reserved for other tenants (reserved_runs)"
-    return "this tenant's max_runs live runs are live already; close one or wait"
-
 
 @dataclass
 class Submission:
@@ -137,9 +104,16 @@ class Engine:
     store: Store
     celery: Celery
     watch: liveness.Watch = field(init=False)
+    follower: threading.Event | None = None  # stops the monitor follower (poolcore/queues.py)
 
     def __post_init__(self):
         self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
+
+    def stop(self) -> None:
+        """Stop the background threads (the liveness watch, the monitor follower)."""
+        self.watch.stop()
+        if self.follower is not None:
+            self.follower.set()
 
     # ---- leases -----------------------------------------------------------------------------
     def allocate(

@@ -10,9 +10,10 @@ from __future__ import annotations
 from flask import Blueprint
 
 from app import error_codes, fields, idempotency, models, replies, tenancy
-from app.engine import NotReady, Refused, RunClosed, UnknownLease, capacity_message
+from app.engine import NotReady, Refused, RunClosed, UnknownLease
 from app.http import engine, fail_on, ok, operation
 from app.idempotency import job_once
+from app.refusal_texts import capacity_message
 from poolcore import failures
 from poolcore.state import CapacityError
 

@@ -48,9 +48,10 @@ from flask import Blueprint, request
 from pydantic import TypeAdapter, ValidationError
 
 from app import error_codes, fields, idempotency, models, replies, tenancy
-from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease, capacity_message
+from app.engine import NotReady, Refused, RunClosed, Submission, UnknownLease
 from app.http import BadRequest, engine, fail_on, ok, operation
 from app.idempotency import job_once
+from app.refusal_texts import capacity_message
 from poolcore.state import CapacityError
 
 bp = Blueprint("runs", __name__, url_prefix="/v1")

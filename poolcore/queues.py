@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 
 from celery import Celery
 from kombu import Queue
@@ -179,19 +178,23 @@ def _publish_retry_policy(outage: float) -> dict:
     return {"max_retries": tries, "interval_start": 0, "interval_step": 0.5, "interval_max": 2.0}
 
 
-def follow_monitor(app: Celery, cfg: Settings, store) -> None:
+def follow_monitor(app: Celery, cfg: Settings, store) -> threading.Event | None:
     """With TASK_EVENTS=monitor, publish task-sent events only while a monitor announces
     itself in the state store (tasks/flower.py does): a daemon thread looks every
-    MONITOR_POLL seconds. A process calls this once, after any fork."""
+    MONITOR_POLL seconds, through `store`, one that does not wait out a Redis outage (the
+    next look comes soon enough). A process calls this once, after any fork. Returns the
+    event that stops the thread (None: no thread)."""
     if cfg.task_events != "monitor":
-        return
+        return None
+    stop = threading.Event()
 
     def follow() -> None:
-        while True:
+        while not stop.is_set():
             try:
                 app.conf.task_send_sent_event = store.monitor_listening()
             except Exception as exc:  # Redis away: keep the last answer, look again later
                 log.debug("could not look for a monitor: %s", exc)
-            time.sleep(MONITOR_POLL)
+            stop.wait(MONITOR_POLL)
 
     threading.Thread(target=follow, daemon=True, name="termpool-monitor-follower").start()
+    return stop

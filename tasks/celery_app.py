@@ -8,6 +8,7 @@ from celery.signals import worker_process_init, worker_ready
 
 from poolcore.config import settings
 from poolcore.queues import follow_monitor, make_celery
+from poolcore.state import Store
 from tasks.registry_jobs import RECLAIM_SECONDS
 from tasks.warm_pool import SIZE_SECONDS
 
@@ -48,9 +49,7 @@ celery_app.conf.beat_schedule = BEAT_SCHEDULE
 @worker_ready.connect
 def _follow_monitor(**_):
     """Jobs send their chain's next step, and thread pools send from this process."""
-    from tasks.runtime import store
-
-    follow_monitor(celery_app, settings(), store())
+    follow_monitor(celery_app, settings(), Store.connect(settings(), timeout=5, wait_out=False))
 
 
 @worker_process_init.connect

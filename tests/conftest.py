@@ -12,7 +12,9 @@ import docker
 import httpx
 import pytest
 
+from app import create_app, stop_app
 from devstack import ROOT, Stack, free_port
+from poolcore.config import load_settings
 from poolcore.state import Store
 from termpool.client import task_meta
 from tests.docker_fault_proxy import FaultProxy
@@ -164,6 +166,25 @@ def wait_for(check, timeout: float = 30.0, interval: float = 0.2):
             return value
         time.sleep(interval)
     return check()
+
+
+_apps_made: list = []  # by make_app, stopped when the test that made them ends
+
+
+def make_app(settings: dict):
+    """The facade's Flask app in this process, on these settings (not the process's), its
+    background threads (liveness watch, monitor follower) stopped when the test ends: the Redis
+    it reads may go before the session does (a module's stack, redis_server)."""
+    app = create_app(load_settings(settings))
+    _apps_made.append(app)
+    return app
+
+
+@pytest.fixture(autouse=True)
+def stop_apps_made():
+    yield
+    while _apps_made:
+        stop_app(_apps_made.pop())
 
 
 @pytest.fixture

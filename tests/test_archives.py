@@ -13,8 +13,6 @@ import tarfile
 import pytest
 import requests
 
-from app import create_app
-from poolcore.config import load_settings
 from poolcore.state import PREFIX
 from termpool.client import (
     AsyncPool,
@@ -25,6 +23,7 @@ from termpool.client import (
     TermpoolError,
     UnknownRun,
 )
+from tests.conftest import make_app
 
 FILE, DIR, SYM, LINK = tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE
 BLOB = f"{PREFIX}blob:*"
@@ -101,8 +100,7 @@ def run(pool):
 def small_facade(stack):
     """A facade of the same stack (its Redis and workers) with ARCHIVE_MAX_BYTES at 16 KiB
     (tarfile pads an archive to 10 KiB)."""
-    app = create_app(load_settings({**stack.env, "ARCHIVE_MAX_BYTES": "16k"}))
-    return app.test_client()
+    return make_app({**stack.env, "ARCHIVE_MAX_BYTES": "16k"}).test_client()
 
 
 # ---- round trips ----------------------------------------------------------------------------

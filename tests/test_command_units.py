@@ -27,7 +27,7 @@ from poolcore import failures
 from poolcore.config import load_settings
 from tasks.command_jobs import command_spec
 from termpool.client import AsyncPool, AsyncRun, CommandResult, Pool, Run, WaitTimeout
-from tests.conftest import wait_for
+from tests.conftest import make_app, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -403,15 +403,12 @@ def test_a_wait_past_the_job_timeout_cancels_the_command():
 # ---- cancels, on the facade over a bare redis-server -----------------------------------------
 @pytest.fixture
 def facade(redis_server, tmp_path):
-    from app import create_app
     from poolcore.state import Store
 
     redis_server.flushdb()
     port = redis_server.connection_pool.connection_kwargs["port"]
     settings = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": "unit", "DATASET_DIR": str(tmp_path)}
-    return create_app(load_settings({**settings, "TBENCH_OUTPUT_ROOT": str(tmp_path / "out")})).test_client(), Store(
-        redis_server
-    )
+    return make_app({**settings, "TBENCH_OUTPUT_ROOT": str(tmp_path / "out")}).test_client(), Store(redis_server)
 
 
 def test_delete_ends_a_queued_command_at_once_and_marks_a_running_one(facade):

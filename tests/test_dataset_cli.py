@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app import create_app
 from cli import download as dl
 from devstack import FIXTURES
 from poolcore.config import load_settings
+from tests.conftest import make_app
 
 
 def cli(tmp_path: Path, **env):
@@ -27,7 +27,7 @@ def cli(tmp_path: Path, **env):
         "REGISTRY_URL": "off",  # each test its own pool: another test's push must not serve it
         **env,
     }
-    app = create_app(load_settings(settings))
+    app = make_app(settings)
     runner = app.test_cli_runner()
     return lambda *args, **kw: runner.invoke(args=["dataset", *map(str, args)], catch_exceptions=False, **kw)
 

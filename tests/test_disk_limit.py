@@ -12,7 +12,8 @@ import signal
 
 import pytest
 
-from app.engine import RunEnded, capacity_message, raise_if_ended
+from app.engine import RunEnded, raise_if_ended
+from app.refusal_texts import capacity_message
 from devstack import WORKER_KINDS
 from environments.disk_usage import folder_bytes
 from poolcore import disk

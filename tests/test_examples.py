@@ -12,11 +12,9 @@ import time
 
 import pytest
 
-from app import create_app
 from devstack import ROOT, Stack
-from poolcore.config import load_settings
 from termpool.client import Pool, exec_call, write_file_call
-from tests.conftest import stop_checking_leaks, wait_for
+from tests.conftest import make_app, stop_checking_leaks, wait_for
 
 EXAMPLES = ROOT / "examples" / "tasks"
 TASKS = ("count-errors", "inventory-total", "quiz", "sales-summary", "text-stats")  # sales-summary: Harbor's format
@@ -38,14 +36,12 @@ def pool(examples_stack):
 
 def test_every_example_oracle_scores_one(examples_stack, tmp_path):
     """The quick start's command: the examples are the default when DATASET_DIR does not exist."""
-    app = create_app(
-        load_settings(
-            {
-                "DATASET_DIR": str(tmp_path / "nothing-here"),
-                "REDIS_URL": "redis://127.0.0.1:1/0",
-                "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
-            }
-        )
+    app = make_app(
+        {
+            "DATASET_DIR": str(tmp_path / "nothing-here"),
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+            "TBENCH_OUTPUT_ROOT": str(tmp_path / "out"),
+        }
     )
     result = app.test_cli_runner().invoke(
         args=["dataset", "oracle", "--url", examples_stack.url, "-j", "4", "--report", str(tmp_path / "report.json")],

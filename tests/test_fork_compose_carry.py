@@ -8,7 +8,6 @@ with the reason naming the service, and leave no checkpoint, container or image 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -71,9 +70,8 @@ def test_every_service_of_a_compose_run_is_carried(compose_stack):
     assert ask(stack, one) == (stamp, 5)
     assert ask(stack, two) == (stamp, 4)  # the sibling's sidecar is its own
     assert ask(stack, parent) == (stamp, 4)  # and so is the parent's
-    time.sleep(1)
     for child in (one, two):
-        assert count(stack, child)[1] > at_fork
+        assert wait_for(lambda child=child: count(stack, child)[1] > at_fork, 30), count(stack, child)
     close_all(stack, client, parent, one, two)
     assert wait_for(lambda: not fork_images(client, stack, parent), 30), fork_images(client, stack, parent)
 

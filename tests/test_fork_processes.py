@@ -100,9 +100,8 @@ def test_processes_are_carried_into_children(carry_stack):
         assert child_stamp == stamp and at_fork >= before, (stamp, before, child_stamp, at_fork)
         said = shell_says(stack, child, "repl", "echo cwd=$(pwd) late=$LATE var=$FORKED_VAR")
         assert "cwd=/tmp/deep late=exported-after-start var=carried" in said, said
-    time.sleep(1)
     for child in children:  # the loops run on in each child, counting on from the fork
-        assert count(stack, child)[1] > at_fork
+        assert wait_for(lambda child=child: count(stack, child)[1] > at_fork, 30), count(stack, child)
     assert count(stack, parent)[0] == stamp  # the source goes on, its loop never stopped
     shell_says(stack, children[0], "repl", "export LATE=changed-in-one")
     assert "late=exported-after-start" in shell_says(stack, children[1], "repl", "echo late=$LATE")

@@ -12,11 +12,12 @@ import uuid
 
 import pytest
 
-from app import create_app, fields
+from app import create_app, fields, stop_app
 from app.http import BadRequest, check_json_tree
 from devstack import FIXTURES, free_port
 from poolcore.config import load_settings
 from poolcore.task_spec import image_name, name_prefix, valid_task_name
+from tests.conftest import make_app
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +32,9 @@ def client(tmp_path_factory):
         "TBENCH_OUTPUT_ROOT": str(tmp_path_factory.mktemp("outputs")),
         "POOL_HOST_ID": "tvalidation",
     }
-    return create_app(load_settings(env)).test_client()
+    app = create_app(load_settings(env))
+    yield app.test_client()
+    stop_app(app)
 
 
 def refused(reply, status: int, code: str, text: str = "") -> dict:
@@ -255,10 +258,10 @@ def test_guard_refusals_have_codes(tmp_path):
         "POOL_API_TOKEN": "s3cret",
         "POOL_ALLOWED_CLIENTS": "10.9.0.0/16",
     }
-    guarded = create_app(load_settings(env)).test_client()
+    guarded = make_app(env).test_client()
     refused(guarded.get("/status"), 403, "FORBIDDEN", "client address not allowed")
     env["POOL_ALLOWED_CLIENTS"] = "127.0.0.0/8"
-    guarded = create_app(load_settings(env)).test_client()
+    guarded = make_app(env).test_client()
     refused(guarded.get("/status"), 401, "UNAUTHORIZED", "bearer token")
     assert guarded.get("/healthz").status_code == 200
 

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app import create_app
 from poolcore.config import load_settings
 from poolcore.state import Store
+from tests.conftest import make_app
 
 OPERATOR = "-"  # the tenant label of the operator's requests (and every request without a tenants file)
 SCRAPES = 6  # fresh connections, so both gunicorn worker processes answer some of them
@@ -125,7 +126,7 @@ def test_metrics_follow_pool_calls(stack):
 def test_metrics_behind_the_token_and_without_redis():
     """In one process (no multiprocess folder): the guard applies to /metrics, and a scrape
     with Redis away still answers, with termpool_redis_up 0."""
-    cfg = load_settings(
+    client = make_app(
         {
             "POOL_API_TOKEN": "s3cret",
             "REDIS_URL": "redis://127.0.0.1:1/0",
@@ -133,8 +134,7 @@ def test_metrics_behind_the_token_and_without_redis():
             "DATASET_DIR": "/tmp",
             "TBENCH_OUTPUT_ROOT": "/tmp",
         }
-    )
-    client = create_app(cfg).test_client()
+    ).test_client()
     assert client.get("/metrics").status_code == 401
     assert client.get("/status").status_code == 401
     reply = client.get("/metrics", headers={"Authorization": "Bearer s3cret"})

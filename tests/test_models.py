@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from app import create_app, error_codes, fields, models, replies
+from app import create_app, error_codes, fields, models, replies, stop_app
 from app.apidoc import document
 from devstack import FIXTURES
 from poolcore import failures
@@ -235,7 +235,9 @@ def test_error_reply_has_every_code():
 
 @pytest.fixture(scope="module")
 def doc(cfg):
-    return document(create_app(cfg))  # no request reaches Redis
+    app = create_app(cfg)
+    yield document(app)  # no request reaches Redis
+    stop_app(app)
 
 
 def test_openapi_document_is_valid(doc):

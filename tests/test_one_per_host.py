@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.engine import Engine, capacity_message
+from app.engine import Engine
+from app.refusal_texts import capacity_message
 from devstack import FIXTURES
 from poolcore import hosts
 from poolcore.config import load_settings

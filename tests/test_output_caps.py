@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import tarfile
-import time
 
 import pytest
 
@@ -124,8 +123,10 @@ def test_background_job_may_write_after_a_blocking_call(capped_stack, lease):
     router = Router(capped_stack)
     cmd = "(sleep 1; echo late; sleep 1; touch /tmp/alive) >/dev/stdout 2>&1 & echo started"
     assert router.tool(lease, "shell_exec", id="j", command=cmd, block=True, timeout=30) == "started\n"
-    time.sleep(4)
-    assert router.tool(lease, "shell_exec", id="j", command="ls /tmp/alive", block=True, timeout=30) == "/tmp/alive\n"
+    alive = "ls /tmp/alive 2>/dev/null || true"
+    assert wait_for(
+        lambda: router.tool(lease, "shell_exec", id="j", command=alive, block=True, timeout=30) == "/tmp/alive\n", 30
+    )
 
 
 class MemorySessions(dict):

@@ -11,6 +11,7 @@ import uuid
 import pytest
 import requests
 
+from app import BROWSER_PAGES, create_app, stop_app
 from devstack import ROOT
 from tests.conftest import wait_for
 
@@ -402,10 +403,10 @@ def _refs(node):
 def _served_routes() -> dict:
     """Every route of the two JSON faces, in OpenAPI's path syntax (the browser's pages, the
     run viewer and the pool dashboard, are not an API)."""
-    from app import BROWSER_PAGES, create_app
-
     routes: dict = {}
-    for rule in create_app().url_map.iter_rules():
+    app = create_app()
+    stop_app(app)  # only its routes are read
+    for rule in app.url_map.iter_rules():
         if rule.endpoint.partition(".")[0] in BROWSER_PAGES:
             continue
         path = rule.rule.replace("<", "{").replace(">", "}")

@@ -151,8 +151,10 @@ def test_held_locks_name_build_locks_with_their_ttl(store):
         assert set(held) == {state.build_lock_key("h1", "img:latest")}
         assert all(0 < left <= LOCK_TTL for left in held.values())
         assert not store.build_lock("h1", "img:latest").acquire()  # one build of an image per host
-        assert store.build_lock("h2", "img:latest").acquire()  # another host builds its own
-    assert set(store.held_locks()) == {state.build_lock_key("h2", "img:latest")}
+        other = store.build_lock("h2", "img:latest")
+        assert other.acquire()  # another host builds its own
+    with other:  # released at the end: its renewer must not outlive redis_server
+        assert set(store.held_locks()) == {state.build_lock_key("h2", "img:latest")}
 
 
 # ---- queue depths ----------------------------------------------------------------------------
@@ -299,16 +301,18 @@ def test_senders_publish_task_sent_events_while_a_monitor_announces_itself(store
     port = redis_server.connection_pool.connection_kwargs["port"]
     cfg = load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0", "POOL_HOST_ID": "h1"})
     app = make_celery(cfg)
-    queues.follow_monitor(app, cfg, store)
-    assert store.monitor_listening() is False and app.conf.task_send_sent_event is False
-    store.announce_monitor(ttl=1)
-    assert store.monitor_listening() is True
-    assert wait_for(lambda: app.conf.task_send_sent_event is True, 5, 0.02)
-    assert wait_for(lambda: app.conf.task_send_sent_event is False, 5, 0.02)  # the announcement expired
+    stop = queues.follow_monitor(app, cfg, store)
+    try:
+        assert store.monitor_listening() is False and app.conf.task_send_sent_event is False
+        store.announce_monitor(ttl=1)
+        assert store.monitor_listening() is True
+        assert wait_for(lambda: app.conf.task_send_sent_event is True, 5, 0.02)
+        assert wait_for(lambda: app.conf.task_send_sent_event is False, 5, 0.02)  # the announcement expired
+    finally:
+        stop.set()  # the session's redis-server goes at its end: the thread must not outlive this test
     always = load_settings({"REDIS_URL": cfg.redis_url, "TASK_EVENTS": "always"})
     loud = make_celery(always)
-    queues.follow_monitor(loud, always, store)  # nothing to follow: always on
-    time.sleep(0.2)
+    assert queues.follow_monitor(loud, always, store) is None  # nothing to follow: always on
     assert loud.conf.task_send_sent_event is True
 
 
