@@ -59,7 +59,7 @@ def read_stacks(raw: Path) -> list[tuple[list[str], int]]:
     for line in raw.read_text().splitlines() if raw.exists() else []:
         stack, _, count = line.rpartition(" ")
         frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
-        if frames:
+        if frames and count.isdigit():  # py-spy may add a line of its own (a warning), not a stack
             out.append((frames, int(count)))
     return out
 
