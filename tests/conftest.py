@@ -22,6 +22,26 @@ from tests.docker_fault_proxy import FaultProxy
 BASE_IMAGE = os.environ.get("TERMPOOL_BASE_IMAGE", "termpool-test-base:bookworm")
 
 
+# Test files that kill workers, restart daemons or compare timings: a neighbour's load would
+# make them lie, so scripts/test.sh runs them after the others, one at a time (marker `alone`).
+ALONE = {
+    "test_chaos_smoke.py",
+    "test_lost_work.py",
+    "test_grey_faults.py",
+    "test_failure_detection.py",
+    "test_idle_cost.py",
+    "test_bench_smoke.py",
+    "test_harbor_tasks.py",  # counts the machine's build containers
+}
+ALONE_FOLDERS = {"shell_tools"}  # session spawns and the socket-against-exec comparison
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in ALONE or ALONE_FOLDERS & set(item.path.parts):
+            item.add_marker(pytest.mark.alone)
+
+
 @pytest.fixture(scope="session")
 def base_image() -> str:
     subprocess.run(["bash", str(ROOT / "tests" / "base_image.sh")], check=True, capture_output=True)
