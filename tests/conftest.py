@@ -42,6 +42,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.alone)
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium under Playwright, one per browser test module (tests/browser.py)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
 @pytest.fixture(scope="session")
 def base_image() -> str:
     subprocess.run(["bash", str(ROOT / "tests" / "base_image.sh")], check=True, capture_output=True)

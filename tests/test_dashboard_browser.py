@@ -12,25 +12,19 @@ operator's page to docs/images/dashboard.png.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import requests
 
 from devstack import ROOT
 from poolcore.config import QUEUE_KINDS
+from tests.browser import skip_without_browser
 from tests.second_docker import second_docker, two_host_stack  # noqa: F401 (the fixture)
 from tests.test_metrics import parse, value
 
-CHROMIUM = "/usr/bin/chromium"
-if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":
-    pytest.skip("TERMPOOL_SKIP_BROWSER=1", allow_module_level=True)
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/setup.sh)", allow_module_level=True)
+skip_without_browser()
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
-
-from tests.test_viewer_browser import CHROMIUM_ARGS  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 ADMIN, A, B = "admin-token-0000", "team-a-token-1111", "team-b-token-2222"
 TENANTS = f"""\
@@ -48,14 +42,6 @@ def pool(second_docker, docker_client, tmp_path_factory):  # noqa: F811 (the fix
     path.write_text(TENANTS)
     env = {"POOL_API_TOKEN": ADMIN, "TENANTS_FILE": str(path), "WORKER_MAX_TASKS": "4", "WORKER_MAX_RUNS_PER_TASK": "4"}
     yield from two_host_stack(second_docker, docker_client, env)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 def call(stack, token: str, path: str, body: dict | None = None) -> requests.Response:

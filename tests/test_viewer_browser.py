@@ -12,38 +12,17 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
-
 from devstack import ROOT
 from poolcore.state import Store
+from tests.browser import skip_without_browser
 from tests.conftest import run_containers
 
-if os.environ.get("TERMPOOL_SKIP_BROWSER") == "1":
-    pytest.skip("TERMPOOL_SKIP_BROWSER=1", allow_module_level=True)
+skip_without_browser()
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT = ROOT / "docs" / "images" / "viewer.png"
 SLOW = 300_000  # ms: a run's steps on a loaded machine
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 def _live_episode(stack) -> str:
