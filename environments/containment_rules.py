@@ -174,10 +174,12 @@ def _listed(ipt: str, pattern: str) -> str:
 
 def _delete_listed(ipt: str, variable: str) -> str:
     """Shell: delete the rules listed in $variable, last first (each `-D` takes the first rule
-    that matches: an identical new one in its place keeps the count right)."""
+    that matches: an identical new one in its place keeps the count right). A rule already gone
+    is no failure: another pool's script on this host (each pool has its own lock) may have
+    swept it as a gone pool's in the meantime; a rule that stays after a failed `-D` is one."""
     return (
         f'printf "%s\\n" "${variable}" | tac | while read -r rule; do '
-        f'if [ -n "$rule" ]; then eval "{ipt} -D $rule"; fi; done'
+        f'if [ -n "$rule" ]; then eval "{ipt} -D $rule" 2>/dev/null || ! eval "{ipt} -C $rule" 2>/dev/null; fi; done'
     )
 
 
