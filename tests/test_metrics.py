@@ -8,8 +8,6 @@ import uuid
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import create_app
-from poolcore.config import load_settings
 from poolcore.state import Store
 from tests.conftest import make_app
 
@@ -163,7 +161,7 @@ def test_tenant_label_and_the_last_hour(redis_server, tmp_path):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)
     port = redis_server.connection_pool.connection_kwargs["port"]
-    cfg = load_settings(
+    app = make_app(
         {
             "POOL_API_TOKEN": "admin-0000",
             "TENANTS_FILE": str(tenants),
@@ -173,7 +171,7 @@ def test_tenant_label_and_the_last_hour(redis_server, tmp_path):
             "TBENCH_OUTPUT_ROOT": "/tmp",
         }
     )
-    client = create_app(cfg).test_client()
+    client = app.test_client()
     before = in_process_scrape(client)  # the request metrics are the process's: other tests' too
     for token, n in (("team-a-token-1111", 3), ("team-b-token-2222", 1), ("admin-0000", 2)):
         for _ in range(n):

@@ -105,8 +105,11 @@ def test_a_job_record_lost_under_a_waiting_call_is_retryable(redis_server):
     port = redis_server.connection_pool.connection_kwargs["port"]
     cfg = load_settings({"REDIS_URL": f"redis://127.0.0.1:{port}/0"})
     engine = Engine(cfg, Store(redis_server), celery=None)
-    with pytest.raises(RecordLost, match="vanished") as lost:
-        engine.wait("job-written-to-the-old-primary", 1)
+    try:
+        with pytest.raises(RecordLost, match="vanished") as lost:
+            engine.wait("job-written-to-the-old-primary", 1)
+    finally:
+        engine.stop()  # its liveness watch, before the session's redis-server goes
     assert isinstance(lost.value, BACKEND_DOWN)
 
 
