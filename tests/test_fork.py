@@ -75,8 +75,11 @@ def close_all(stack, docker_client, *run_ids: str) -> None:
 
 
 def fork_images(docker_client, stack, source: str) -> list[str]:
-    found = docker_client.images.list(filters={"label": f"{forking.FORK_HOST_LABEL}={stack.host_id}"})
-    return [tag for image in found for tag in image.tags if tag.startswith(f"{forking.FORK_REPOSITORY}:{source}-")]
+    # The listing's own records: images.list() inspects each image after listing, and a fork
+    # image the teardown removes in between would fail it (ImageNotFound).
+    found = docker_client.api.images(filters={"label": f"{forking.FORK_HOST_LABEL}={stack.host_id}"})
+    tags = [tag for image in found for tag in image.get("RepoTags") or []]
+    return [tag for tag in tags if tag.startswith(f"{forking.FORK_REPOSITORY}:{source}-")]
 
 
 def start_shell(stack, run_id: str, sid: str, cwd: str) -> None:
