@@ -16,7 +16,7 @@ bash tests/base_image.sh >/dev/null
 # on one dockerd). Then the files marked `alone` (tests/conftest.py ALONE: they kill workers,
 # restart daemons or compare timings, which a neighbour's load would make lie), one at a time.
 # TEST_WORKERS=0, the default for now, runs everything in one serial phase: the two rehearsals
-# at 2 workers (37.5 and 40 min against about 55 serial) each met one race between test files
+# at 2 workers (37.5 and about 38 min, against about 55 serial) each met one race between test files
 # that share the machine (packet-filter rules, image listings; both fixed), and a third may
 # be waiting. pytest-benchmark, where installed, would warn that xdist disables it: no test
 # here uses it.
