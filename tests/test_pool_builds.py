@@ -6,6 +6,7 @@ a task container cannot reach the registry; `dataset prebuild` spreads builds ov
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -84,9 +85,12 @@ def pool(second_docker, docker_client, registry_cfg, dataset):  # noqa: F811 (th
         next(stacks, None)
     finally:
         for client in stack.daemons.values():
-            for image in client.images.list(filters={"label": CONTENT_LABEL}):
-                if any(task in tag for tag in image.tags for task in TASKS):
-                    client.images.remove(image.id, force=True)
+            # The listing's own records (images.list() inspects each image afterwards, and
+            # another file's teardown may remove one in between); a vanished one is gone already.
+            for image in client.api.images(filters={"label": CONTENT_LABEL}):
+                if any(task in tag for tag in image.get("RepoTags") or [] for task in TASKS):
+                    with contextlib.suppress(docker.errors.NotFound):
+                        client.images.remove(image["Id"], force=True)
 
 
 def start_on(stack, host: str, task: str) -> tuple[str, Router]:
