@@ -127,3 +127,5 @@ def stop_app(app: Flask) -> None:
     """Stop an app's background threads, for a process that goes on without it (a test):
     gunicorn's worker processes keep theirs to their end."""
     app.extensions["termpool"].stop()
+    if "termpool_metrics" in app.extensions:
+        app.extensions["termpool_metrics"]["recent"].stop()

@@ -19,7 +19,8 @@ Labels stay bounded: requests are labelled by the Flask endpoint name (``pool.al
 ``unmatched``; and by tenant: a name of the tenants file, or ``-`` (app/tenancy.py `label`).
 
 Each request is also added to the pool dashboard's record of the last hour in Redis
-(poolcore/state/recent.py, one pipelined write), which /metrics's cumulative series cannot give.
+(poolcore/state/recent.py), which /metrics's cumulative series cannot give: counted in the
+process and written once a second (app/recent_requests.py), off the request's path.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from app import tenancy
+from app.recent_requests import RecentRequests
 from poolcore.config import QUEUE_KINDS, Settings
 from poolcore.queues import MAINTENANCE_QUEUE, queue_name
 from poolcore.state import UNAVAILABLE, Store
@@ -170,22 +172,13 @@ def _instrument(app: Flask, metrics: RequestMetrics) -> None:
             if code:
                 metrics.errors.labels(endpoint, f"{status // 100}xx", code, tenant).inc()
             if seconds is not None and not endpoint.startswith(UNRECORDED_PREFIXES):
-                _record_recent(app, tenant, endpoint, seconds, code)
+                app.extensions["termpool_metrics"]["recent"].add(tenant, endpoint, seconds, code)
         except Exception:  # metrics must never break a reply
             log.exception("recording request metrics failed")
         return response
 
 
 _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
-
-
-def _record_recent(app: Flask, tenant: str, endpoint: str, seconds: float, code: str) -> None:
-    """The dashboard's last hour (poolcore/state/recent.py): one pipelined write, on the
-    scrape's store (short timeouts, no waiting out an outage: /metrics reports Redis away)."""
-    try:
-        app.extensions["termpool_metrics"]["pool"].store.record_request(tenant, endpoint, seconds, code)
-    except UNAVAILABLE:
-        pass
 
 
 # ---- pool gauges from Redis ---------------------------------------------------------------
@@ -314,6 +307,12 @@ def init_metrics(app: Flask) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_InProcess(metrics))
     registry.register(pool)
-    app.extensions["termpool_metrics"] = {"registry": registry, "pool": pool, "request_metrics": metrics}
+    recent = RecentRequests(lambda: pool.store)
+    app.extensions["termpool_metrics"] = {
+        "registry": registry,
+        "pool": pool,
+        "request_metrics": metrics,
+        "recent": recent,
+    }
     _instrument(app, metrics)
     app.add_url_rule("/metrics", endpoint="metrics", view_func=metrics_view, methods=["GET"])

@@ -9,7 +9,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from poolcore.state import Store
-from tests.conftest import make_app
+from tests.conftest import make_app, wait_for
 
 OPERATOR = "-"  # the tenant label of the operator's requests (and every request without a tenants file)
 SCRAPES = 6  # fresh connections, so both gunicorn worker processes answer some of them
@@ -197,6 +197,8 @@ def test_tenant_label_and_the_last_hour(redis_server, tmp_path):
     assert tenants_seen == {"team-a", "team-b", OPERATOR}  # bounded: the file's names and `-`
 
     store = Store.from_url(f"redis://127.0.0.1:{port}/0")
+    # Written once a second, off the requests' path (app/recent_requests.py).
+    assert wait_for(lambda: store.recent_activity()["latency"].get("pool.status", {}).get("requests") == 7, 5)
     everyone, team_a = store.recent_activity(), store.recent_activity("team-a")
     assert everyone["latency"]["pool.status"]["requests"] == 7
     assert team_a["latency"]["pool.status"]["requests"] == 3

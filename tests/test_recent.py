@@ -5,9 +5,12 @@ the finish script under their run's tenant, and the window of an hour."""
 from __future__ import annotations
 
 import pytest
+import redis
 
+from app.recent_requests import RecentRequests
 from poolcore.state import NO_TENANT, Store, keys
 from poolcore.state.recent import CLASS_RATIO, latency_class, minute, percentile
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +74,31 @@ def test_a_failed_job_counts_under_its_runs_tenant(store, redis_server):
     assert store.recent_activity("team-a")["job_failures"] == {"START_FAILED": 1}
     assert store.recent_activity(NO_TENANT)["job_failures"] == {"HOST_LOST": 1}
     assert store.failure_counts() == {"HOST_LOST": 1, "START_FAILED": 1}
+
+
+def test_answered_requests_are_written_in_batches(store):
+    """The facade's record (app/recent_requests.py): nothing on a request's path, the counts
+    summed and written by the process's writer thread, each error reply by its code."""
+    recent = RecentRequests(lambda: store, interval=0.1)
+    try:
+        for _ in range(3):
+            recent.add("team-a", "pool.allocate", 0.004)
+        recent.add(NO_TENANT, "pool.close", 0.002, "UNKNOWN_LEASE")
+        assert wait_for(lambda: store.recent_activity()["latency"].get("pool.allocate", {}).get("requests") == 3, 5)
+        assert store.recent_activity()["errors"] == {"UNKNOWN_LEASE": 1}
+        assert store.recent_activity("team-a")["latency"]["pool.allocate"]["requests"] == 3
+    finally:
+        recent.stop()
+
+
+def test_counts_redis_refuses_are_dropped_quietly(store):
+    def away() -> Store:
+        raise redis.exceptions.ConnectionError("Redis not reached")
+
+    recent = RecentRequests(away, interval=3600)
+    recent.add("team-a", "pool.allocate", 0.004)
+    recent.flush()  # no error: the dashboard misses a second, the request was answered
+    recent.store = lambda: store
+    recent.flush()
+    assert store.recent_activity()["latency"] == {}
+    recent.stop()

@@ -2,7 +2,7 @@
 holds only totals since each process started, a dashboard wants "failures and latency lately".
 
   recent:req:<minute>   hash, RECENT_TTL: "<tenant>|<endpoint>|<latency class>" -> requests the
-                        facade answered in that minute (app/metrics.py, one pipelined write)
+                        facade answered in that minute (app/recent_requests.py, a batch a second)
   recent:err:<minute>   hash, RECENT_TTL: "<tenant>|<code>" -> error replies by code
   recent:fail:<minute>  hash, RECENT_TTL: "<tenant>|<code>" -> failed jobs by failure code
                         (jobs.py's finish script, beside count:failures)
@@ -64,14 +64,18 @@ class RecentState:
     def record_request(self, tenant: str, endpoint: str, seconds: float, code: str = "") -> None:
         """One answered request (and its error code, for an error reply): one round trip."""
         now = minute()
+        errors = {(now, f"{tenant}|{code}"): 1} if code else {}
+        self.record_requests({(now, f"{tenant}|{endpoint}|{latency_class(seconds)}"): 1}, errors)
+
+    def record_requests(self, requests: dict[tuple[int, str], int], errors: dict[tuple[int, str], int]) -> None:
+        """Counts of answered requests, {(minute, "tenant|endpoint|latency class"): n}, and of
+        error replies, {(minute, "tenant|code"): n}, added in one round trip."""
         pipe = self._r.pipeline(transaction=False)
-        requests_key = keys.recent_requests_key(now)
-        pipe.hincrby(requests_key, f"{tenant}|{endpoint}|{latency_class(seconds)}", 1)
-        pipe.expire(requests_key, keys.RECENT_TTL)
-        if code:
-            errors_key = keys.recent_errors_key(now)
-            pipe.hincrby(errors_key, f"{tenant}|{code}", 1)
-            pipe.expire(errors_key, keys.RECENT_TTL)
+        for key_of, counts in ((keys.recent_requests_key, requests), (keys.recent_errors_key, errors)):
+            for (at, field), n in counts.items():
+                pipe.hincrby(key_of(at), field, n)
+            for at in {at for at, _ in counts}:
+                pipe.expire(key_of(at), keys.RECENT_TTL)
         pipe.execute()
 
     def recent_activity(self, tenant: str | None = None, now: float | None = None) -> dict:
