@@ -34,6 +34,8 @@ from poolcore.tenants import Tenant
 
 WAIT_MARGIN = 60.0  # on top of an operation's own limit, for queueing and bookkeeping
 HOST_CHECK_SECONDS = 2.0  # a waiting call looks at its host's heartbeats this often
+REASONS_TTL = 2.0  # how long one_per_host keeps an answer (seconds)
+REASONS_MAX = 4096  # answers kept before they are all dropped
 
 
 class UnknownLease(LookupError):
@@ -105,6 +107,7 @@ class Engine:
     celery: Celery
     watch: liveness.Watch = field(init=False)
     follower: threading.Event | None = None  # stops the monitor follower (poolcore/queues.py)
+    reasons: dict = field(default_factory=dict, init=False)  # one_per_host's: task -> (until, reasons)
 
     def __post_init__(self):
         self.watch = hosts.make_watch(self.cfg).start()  # made per gunicorn worker process
@@ -141,7 +144,20 @@ class Engine:
         """Why the task folder DATASET_DIR/<task_path> allows one live run per host (read from
         its compose file, cached: poolcore/task_spec.py); () for most tasks, and when no task
         folder has that name (a pool API task key is only a key; routers use the task name).
-        An uploaded task's were read at its upload (its facts blob)."""
+        An uploaded task's were read at its upload (its facts blob). Answers are kept for
+        REASONS_TTL: resolving the path and stamping the files was a sixth of an allocate's
+        time in the facade, and a task folder edited takes effect that much later."""
+        now = time.monotonic()
+        known = self.reasons.get(task_path)
+        if known and known[0] > now:
+            return known[1]
+        if len(self.reasons) >= REASONS_MAX:
+            self.reasons.clear()
+        reasons = self.read_one_per_host(task_path)
+        self.reasons[task_path] = (now + REASONS_TTL, reasons)
+        return reasons
+
+    def read_one_per_host(self, task_path: str) -> tuple[str, ...]:
         try:
             if uploaded_tasks.is_uploaded(task_path):  # a task key may look like one: PathError
                 facts = self.store.get_blob(uploaded_tasks.facts_id(task_path))

@@ -4,12 +4,16 @@ skip and `dataset check`'s note. No dockerd: the episodes are in tests/test_fixe
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from app import engine
 from app.engine import Engine
 from app.refusal_texts import capacity_message
 from devstack import FIXTURES
@@ -104,12 +108,32 @@ def test_the_cache_sees_a_compose_file_change_and_a_broken_task_still_answers(tm
 
 
 # ---- the facade: which task a key names -----------------------------------------------------
+def facade_of(dataset: Path) -> SimpleNamespace:
+    """What Engine.one_per_host reads of an engine: its settings and its kept answers."""
+    facade = SimpleNamespace(cfg=load_settings({"DATASET_DIR": str(dataset)}), reasons={})
+    facade.read_one_per_host = functools.partial(Engine.read_one_per_host, facade)
+    return facade
+
+
 def test_the_facade_finds_the_task_by_path_or_key():
-    facade = SimpleNamespace(cfg=load_settings({"DATASET_DIR": str(FIXTURES)}))
+    facade = facade_of(FIXTURES)
     assert Engine.one_per_host(facade, TASK) == FIXTURE_REASONS
     assert Engine.one_per_host(facade, str(FIXTURES / TASK)) == FIXTURE_REASONS
     for key in ("hello-file", "no-such-task", "../fixtures/" + TASK, "/etc", "x" * 300, "a\x00b", ""):
         assert Engine.one_per_host(facade, key) == (), key
+
+
+def test_the_facade_keeps_an_answer_for_a_moment(tmp_path, monkeypatch):
+    """Read once per REASONS_TTL, not on every allocate; an edited folder counts after that."""
+    task = shutil.copytree(FIXTURES / "hello-file", tmp_path / "task")
+    facade = facade_of(tmp_path)
+    assert Engine.one_per_host(facade, "task") == ()
+    compose = task / "docker-compose.yaml"
+    compose.write_text(compose.read_text() + "    ports: [ '8080:80' ]\n")
+    assert Engine.one_per_host(facade, "task") == ()  # kept
+    later = time.monotonic() + engine.REASONS_TTL + 1
+    monkeypatch.setattr(engine.time, "monotonic", lambda: later)
+    assert Engine.one_per_host(facade, "task") == ("fixed host port 8080 (service 'client')",)
 
 
 # ---- placement ------------------------------------------------------------------------------
