@@ -1,6 +1,6 @@
 """The facade's own operations against the reference pool server's figures (issue 38, item 5).
 
-    python -m bench.facade [--calls 40] [--repeats 5] [--concurrency 1,8] [--no-profile] [--out FILE]
+    python -m bench.facade [--calls 40] [--repeats 5] [--concurrency 1,8] [--no-profile] [--no-floor] [--out FILE]
 
 A real stack (devstack: redis-server, one Celery worker per queue kind, gunicorn with
 app/gunicorn_conf.py as deployed, the warm pool off), with a tenants file, every request
@@ -16,6 +16,8 @@ repeat's p50 / p95 (ms), beside the reference's p50 as the target, with the faca
 idle rate subtracted) per request. With the profile on, py-spy samples the gunicorn workers
 (`--gil`: CPU time in Python) over each part at c=1, for the share of the facade's CPU whose
 leaf frame is termpool's own code (app/, termpool/), and that time as a share of the p50.
+Then, unless --no-floor, the same calls on the bare stack termpool is built on
+(bench/facade_floor.py): each operation's floor p50 and its own p50 as a multiple of it.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import functools
 import os
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 
+from bench import facade_floor
 from bench.output import emit
 from bench.profile import OWN_MODULES, consumers, read_stacks
 from bench.stats import Recorder, median_of, median_value, summarize
@@ -103,21 +105,7 @@ class Thread:
 
 def run_phase(threads: list[Thread], op: str, calls: int, rec: Recorder | None) -> None:
     """Every thread makes `calls` calls of the operation at once."""
-    failures = []
-
-    def work(thread: Thread) -> None:
-        try:
-            thread.phase(op, calls, rec)
-        except Exception as exc:  # noqa: BLE001 (reported, and fails the run)
-            failures.append(f"{op}: {exc}")
-
-    running = [threading.Thread(target=work, args=(t,)) for t in threads]
-    for thread in running:
-        thread.start()
-    for thread in running:
-        thread.join()
-    if failures:
-        raise RuntimeError("; ".join(failures[:3]))
+    facade_floor.at_once([functools.partial(t.phase, op, calls, rec) for t in threads], op)
 
 
 class Meter:
@@ -256,8 +244,9 @@ def target(stats: dict, costs: list[dict], op: str, c: int) -> dict:
 
 def table(result: dict) -> str:
     lines = [
-        "| c | operation | p50 | p95 | reference p50 | met | facade CPU ms | Redis commands | own code ms (of p50) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| c | operation | p50 | p95 | reference p50 | met | floor p50 | x floor | facade CPU ms | Redis commands "
+        "| own code ms (of p50) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c, ops in result["levels"].items():
         for op, s in ops.items():
@@ -265,7 +254,7 @@ def table(result: dict) -> str:
             own = f"{s['own_code_ms']} ({s['own_code_share_of_p50']:.0%})" if "own_code_ms" in s else "-"
             lines.append(
                 f"| {c} | {op} | {s['p50']} | {s['p95']} | {s['reference_p50'] or '-'} | {met} "
-                f"| {s['facade_cpu_ms']} | {s['redis_commands']} | {own} |"
+                f"| {s.get('floor_p50', '-')} | {s.get('vs_floor', '-')} | {s['facade_cpu_ms']} | {s['redis_commands']} | {own} |"
             )
     return "\n".join(lines)
 
@@ -276,12 +265,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--no-floor", action="store_true", help="skip the bare stack's floor")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack, repeatable")
     parser.add_argument("--out")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     env = dict(kv.split("=", 1) for kv in args.env)
     result = measure(args.calls, args.repeats, levels, not args.no_profile, env)
+    if not args.no_floor:
+        result["floor"] = facade_floor.measure(args.calls, args.repeats, levels)
+        facade_floor.beside(result["levels"], result["floor"])
     emit("bench.facade", result, args.out)
     print(table(result))
 

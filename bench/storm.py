@@ -1,7 +1,7 @@
 """Two tenants on one host (issue 38, item 4): tenant B's evaluation beside tenant A's storm.
 
     python -m bench.storm [--storm-runs 128] [--storm-episodes 32] [--b-episodes 8]
-                          [--b-tool-calls 10] [--think 1,2] [--out bench/results]
+                          [--b-tool-calls 10] [--think 1,2] [--b-nice 0] [--out bench/results]
 
 One stack (devstack) with a TENANTS_FILE of two tenants: team-a (priority train) and team-b
 (priority eval), the operator's POOL_API_TOKEN beside them; the warm pool off (every reset a
@@ -21,7 +21,12 @@ call p50 within 1.5x, reset p50 within 2x). What B's calls waited on, from the j
 Redis (queued_at, started_at, finished_at: poolcore/state/jobs.py) paired with the client's
 times: outside the job (the facade, HTTP and the reply's way back), the queue (until a worker
 took the job) and the job's run (the worker and Docker). Everything the stack started is
-removed at the end (containers, networks, volumes by the stack's host label). Exit status 1
+removed at the end (containers, networks, volumes by the stack's host label).
+
+A trainer runs on a machine of its own; here B's client shares the pool host's 2 cores with
+Docker, A's containers and A's client. --b-nice gives B's client process (not A's, not the
+stack's) that nice value once the stack is up: -5, the facade's WEB_NICE, stands in for a
+client whose cores are its own; 0 (the default) leaves it level with everything else. Exit status 1
 when an operation of either tenant failed or anything was left behind; timings never change it.
 """
 
@@ -230,6 +235,7 @@ def storm_process(bench: Bench, conn, b_done) -> None:
     """A's storm in a process of its own (forked), so that its 160 client threads do not share
     B's client's GIL: B's times are then the pool's, not the benchmark's. It sends "started",
     waits for B to end, closes its runs and sends back A's figures and failures."""
+    os.setpriority(os.PRIO_PROCESS, 0, bench.args.a_nice)  # not B's --b-nice, which the fork copied
     storm = Storm(bench).start()
     conn.send("started")
     b_done.wait()
@@ -298,7 +304,9 @@ def parse(argv=None) -> argparse.Namespace:
         "--think", type=think_range, default="1,2", help="B: think time before each call, seconds lo,hi (uniform)"
     )
     p.add_argument("--b-delay", type=float, default=1.0, help="seconds into A's storm before B starts")
+    p.add_argument("--b-nice", type=int, default=0, choices=range(-20, 20), metavar="-20..19", help="B's client's nice")
     args = parse_stack_args(p, argv)
+    args.a_nice = os.getpriority(os.PRIO_PROCESS, 0)
     return args
 
 
@@ -309,6 +317,8 @@ def main(argv=None) -> int:
     result = {"date": date, "machine": f"{platform.node()}, {os.cpu_count()} CPUs shared"}
     result["load_before"] = host.load_average()
     bench = Bench(args)
+    result["b_nice"] = args.b_nice
+    os.setpriority(os.PRIO_PROCESS, 0, args.b_nice)  # this thread and the threads it starts: B's client
     try:
         bench.phase("warm-up")
         warm = bench.fleet("team-b", 1)

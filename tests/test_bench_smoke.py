@@ -110,6 +110,7 @@ def test_storm_small(tmp_path):
     the breakdown of B's calls. Timings are not asserted."""
     argv = [sys.executable, "-m", "bench.storm", "--storm-runs", "3", "--storm-episodes", "2", "--b-episodes", "2"]
     argv += ["--b-tool-calls", "2", "--a-tool-calls", "2", "--think", "0,0.1", "--out", str(tmp_path)]
+    argv += ["--b-nice", "-1"]  # B's client a step ahead (root here); A's storm process back at 0
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     (written,) = tmp_path.glob("storm-*.json")
@@ -127,7 +128,26 @@ def test_storm_small(tmp_path):
             assert {"client", "outside", "queue", "run"} <= set(waited), waited
     for name in ("tool_call_p50", "tool_call_p95", "reset_p50", "reset_p95"):
         assert result["storm_over_alone"][name] > 0, result["storm_over_alone"]
-    assert set(result["targets"]) == {"tool_call_p50", "reset_p50"}
+    assert set(result["targets"]) == {"tool_call_p50", "reset_p50"} and result["b_nice"] == -1
 
     refused = subprocess.run([*argv, "--storm-runs", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "error:" in refused.stderr, refused.stderr
+
+
+def test_facade_small(tmp_path):
+    """`python -m bench.facade` at tiny sizes (docs/performance.md): every operation at each
+    concurrency has its figures and the bare stack's floor beside them. Timings are not asserted."""
+    out = tmp_path / "facade.json"
+    argv = [sys.executable, "-m", "bench.facade", "--calls", "3", "--repeats", "1", "--concurrency", "1,2"]
+    proc = subprocess.run(
+        [*argv, "--no-profile", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert set(result["levels"]) == {"1", "2"} and set(result["floor"]) == {"1", "2"}
+    for ops in result["levels"].values():
+        assert set(ops) == {"allocate", "heartbeat", "close", "exec_nonblocking", "view"}
+        for figures in ops.values():
+            assert figures["p50"] > 0 and figures["floor_p50"] > 0 and figures["vs_floor"] > 0, figures
+    assert result["levels"]["1"]["close"]["reference_p50"] == 2.2
+    assert "| x floor |" in proc.stdout
