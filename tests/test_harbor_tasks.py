@@ -263,9 +263,10 @@ def test_build_past_build_timeout_sec(hstack, docker_client):
 
 def _builds_since(docker_client, since: float) -> list[str]:
     """Containers of harbor-slow-build's RUN step created since `since` (older ones may be
-    builds Harbor's own Docker environment left running in another test)."""
+    builds Harbor's own Docker environment left running in another test). Every container of
+    the daemon is listed: one another test file removes meanwhile is skipped, not an error."""
     found = []
-    for container in docker_client.containers.list():
+    for container in docker_client.containers.list(ignore_removed=True):
         created = datetime.fromisoformat(container.attrs["Created"][:26].rstrip("Z") + "+00:00").timestamp()
         if "sleep 120" in " ".join(container.attrs["Config"]["Cmd"] or []) and created >= since - 1:
             found.append(container.id)
