@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Guard", "guard_from_settings", "install", "remove", "rules", "script"]
 
 LOCK_NAME = ".containment.lock"  # in POOL_SOCKET_DIR
+INSTALLER_LABEL = "termpool.containment-installer"  # the containers run_on_host starts
 
 
 def _is_local(host: str) -> bool:
@@ -167,10 +168,14 @@ def _own_container():
 
 def run_on_host(text: str, image: str) -> None:
     """Run the script in a container of `image` (which has iptables) on the host's network:
-    NET_ADMIN there changes the host's packet filter and nothing else."""
+    NET_ADMIN there changes the host's packet filter and nothing else. The container is
+    removed once it has run; one left behind by a worker stopped in between (`docker compose
+    down` at that moment) is removed by the next install."""
     from environments.docker_client import docker_client
 
-    docker_client().containers.run(
+    client = docker_client()
+    remove_exited_installers(client)
+    client.containers.run(
         image,
         ["sh", "-c", text],
         entrypoint=[],
@@ -178,7 +183,23 @@ def run_on_host(text: str, image: str) -> None:
         user="root",
         network_mode="host",
         cap_add=["NET_ADMIN", "NET_RAW"],
+        labels={INSTALLER_LABEL: "1"},
     )
+
+
+def remove_exited_installers(client) -> None:
+    """Installer containers that ran to their end and were not removed (their worker stopped
+    after the run, before the removal). A running one is another worker's install: left alone."""
+    import docker.errors
+
+    found = client.containers.list(
+        all=True, filters={"label": INSTALLER_LABEL, "status": "exited"}, ignore_removed=True
+    )
+    for container in found:
+        try:
+            container.remove()
+        except docker.errors.APIError:  # gone meanwhile, or its own worker removing it right now
+            pass
 
 
 def _own_bridge_networks(container) -> list:

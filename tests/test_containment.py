@@ -368,6 +368,16 @@ def test_a_worker_in_a_container_installs_rules_through_the_host(image_with_ipta
     assert guard.comment not in listed()
 
 
+def test_an_installer_left_behind_is_removed_by_the_next(image_with_iptables, docker_client):
+    """A worker stopped between its installer's end and the removal leaves an exited container:
+    the next install removes it."""
+    label = {containment.INSTALLER_LABEL: "1"}
+    left = docker_client.containers.run(image_with_iptables, ["true"], labels=label, detach=True)
+    left.wait(timeout=60)
+    containment.run_on_host("true", image_with_iptables)
+    assert not docker_client.containers.list(all=True, filters={"id": left.id})
+
+
 def test_own_bridges_names_the_host_interfaces(base_image, docker_client):
     network = docker_client.networks.create("tp-contain-" + uuid.uuid4().hex[:8], driver="bridge")
     container = None
