@@ -23,9 +23,11 @@ Then, unless --no-floor, the same calls on the bare stack termpool is built on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -34,10 +36,13 @@ from pathlib import Path
 import httpx
 
 from bench import facade_floor
+from bench.density_host import left_behind, remove_left
+from bench.density_runs import wait_closed
 from bench.output import emit
 from bench.profile import OWN_MODULES, consumers, read_stacks
 from bench.stats import Recorder, median_of, median_value, summarize
 from devstack import Stack
+from environments.docker_client import docker_client
 
 TASK = "hello-file"
 WARMUP = 3
@@ -190,8 +195,8 @@ def measure(calls: int, repeats: int, levels: list[int], profile: bool, env: dic
     stack_env = {"TENANTS_FILE": str(workdir / "tenants.yaml"), "POOL_API_TOKEN": "admin-" + uuid.uuid4().hex}
     stack_env |= {"WARM_POOL_SIZE": "0", "WORKER_MAX_RUNS_PER_TASK": str(max(64, calls + WARMUP))}
     stack = Stack(env={**stack_env, **env}, workdir=workdir).start()
+    threads: list[Thread] = []
     try:
-        threads = []
         for index in range(max(levels)):  # one reset run per thread, for the tool calls
             caller = Caller(stack.url, token)
             lease = caller.post(None, "allocate", "/allocate", {"task_key": f"{TASK}#tools{index}"})["lease_id"]
@@ -220,7 +225,22 @@ def measure(calls: int, repeats: int, levels: list[int], profile: bool, env: dic
             own_share(result)
         return result
     finally:
-        stack.stop()
+        close_and_stop(stack, threads, {"Authorization": f"Bearer {stack_env['POOL_API_TOKEN']}"})
+
+
+def close_and_stop(stack: Stack, threads: list[Thread], admin: dict) -> None:
+    """Close the tool calls' runs and wait for their teardowns, then stop the stack; anything
+    of the stack still in Docker after that is named (stderr) and removed."""
+    for thread in threads:
+        with contextlib.suppress(Exception):  # the stack may be what failed
+            thread.caller.post(None, "close", "/close", {"lease_id": thread.lease})
+    with contextlib.suppress(Exception):
+        wait_closed(stack, 120, admin)
+    stack.stop()
+    left = left_behind(docker_client(), stack.host_id)
+    if any(left.values()):
+        print(f"bench.facade: the stack left {left}; removed", file=sys.stderr)
+        remove_left(docker_client(), left)
 
 
 def own_share(result: dict) -> None:

@@ -136,7 +136,8 @@ def test_storm_small(tmp_path):
 
 def test_facade_small(tmp_path):
     """`python -m bench.facade` at tiny sizes (docs/performance.md): every operation at each
-    concurrency has its figures and the bare stack's floor beside them. Timings are not asserted."""
+    concurrency has its figures and the bare stack's floor beside them, and the runs it reset
+    are torn down before the stack stops. Timings are not asserted."""
     out = tmp_path / "facade.json"
     argv = [sys.executable, "-m", "bench.facade", "--calls", "3", "--repeats", "1", "--concurrency", "1,2"]
     proc = subprocess.run(
@@ -151,3 +152,4 @@ def test_facade_small(tmp_path):
             assert figures["p50"] > 0 and figures["floor_p50"] > 0 and figures["vs_floor"] > 0, figures
     assert result["levels"]["1"]["close"]["reference_p50"] == 2.2
     assert "| x floor |" in proc.stdout
+    assert "the stack left" not in proc.stderr, proc.stderr[-2000:]  # its runs closed, torn down
