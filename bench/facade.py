@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -110,7 +111,21 @@ class Thread:
 
 def run_phase(threads: list[Thread], op: str, calls: int, rec: Recorder | None) -> None:
     """Every thread makes `calls` calls of the operation at once."""
-    facade_floor.at_once([functools.partial(t.phase, op, calls, rec) for t in threads], op)
+    failures = []
+
+    def work(thread: Thread) -> None:
+        try:
+            thread.phase(op, calls, rec)
+        except Exception as exc:  # noqa: BLE001 (reported, and fails the run)
+            failures.append(f"{op}: {exc}")
+
+    running = [threading.Thread(target=work, args=(t,)) for t in threads]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join()
+    if failures:
+        raise RuntimeError("; ".join(failures[:3]))
 
 
 class Meter:

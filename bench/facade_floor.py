@@ -14,14 +14,13 @@ target for another stack, not for termpool's code.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import httpx
 
 from bench import stack_floor
+from bench.episodes import run_phase
 from bench.stats import Recorder, median_of, summarize
 from devstack import Stack
 
@@ -35,39 +34,29 @@ FLOOR_OF = {
 WARMUP = 3
 
 
-def at_once(jobs: list[Callable[[], None]], label: str) -> None:
-    """Each job in a thread of its own, all at once; RuntimeError with the first failures."""
-    failures: list[str] = []
+def calls_at(url: str, path: str, concurrency: int, calls: int) -> Recorder:
+    """`concurrency` threads, one keep-alive connection each, `calls` calls of `path` each
+    (bench/episodes.py run_phase, as bench.stack_floor drives the same stack); RuntimeError
+    with the first failures."""
 
-    def guarded(job: Callable[[], None]) -> None:
+    def one_call(http: httpx.Client, _index: int, rec: Recorder) -> bool:
+        began = time.perf_counter()
         try:
-            job()
-        except Exception as exc:  # noqa: BLE001 (reported, and fails the run)
-            failures.append(f"{label}: {exc}")
+            reply = http.post(path, json={"id": uuid.uuid4().hex})
+        except httpx.HTTPError as exc:
+            rec.error(f"{path}: {type(exc).__name__}: {exc}")
+            return False
+        rec.add(path, (time.perf_counter() - began) * 1000)
+        if reply.status_code != 200:
+            rec.error(f"{path}: {reply.status_code} {reply.text[:200]}")
+        return reply.status_code == 200
 
-    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise RuntimeError("; ".join(failures[:3]))
-
-
-def calls_at(url: str, path: str, concurrency: int, calls: int, rec: Recorder | None) -> None:
-    """`concurrency` threads, one keep-alive connection each, `calls` calls of `path` each."""
-
-    def work() -> None:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            for _ in range(calls):
-                began = time.perf_counter()
-                reply = http.post(path, json={"id": uuid.uuid4().hex})
-                if rec is not None:
-                    rec.add(path, (time.perf_counter() - began) * 1000)
-                if reply.status_code != 200:
-                    raise RuntimeError(f"{reply.status_code} {reply.text[:200]}")
-
-    at_once([work] * concurrency, path)
+    rec, _ = run_phase(
+        concurrency, calls, lambda _: httpx.Client(base_url=url, timeout=60), one_call, lambda http: http.close()
+    )
+    if rec.error_count:
+        raise RuntimeError("; ".join(rec.error_messages[:3]))
+    return rec
 
 
 def measure(calls: int, repeats: int, levels: list[int]) -> dict:
@@ -80,12 +69,8 @@ def measure(calls: int, repeats: int, levels: list[int]) -> dict:
         for c in levels:
             figures[str(c)] = {}
             for path in sorted(set(FLOOR_OF.values())):
-                calls_at(stack.url, path, c, WARMUP, None)
-                repeats_seen = []
-                for _ in range(repeats):
-                    rec = Recorder()
-                    calls_at(stack.url, path, c, calls, rec)
-                    repeats_seen.append(summarize(rec.samples[path]))
+                calls_at(stack.url, path, c, WARMUP)
+                repeats_seen = [summarize(calls_at(stack.url, path, c, calls).samples[path]) for _ in range(repeats)]
                 stats = median_of(repeats_seen)
                 figures[str(c)][path] = {"p50": stats["p50"], "p95": stats["p95"]} | {
                     "repeat_p50s": [r["p50"] for r in repeats_seen]
