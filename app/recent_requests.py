@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from poolcore.state import UNAVAILABLE, Store
-from poolcore.state.recent import latency_class, minute
+from poolcore.state.recent import error_field, minute, request_field
 
 FLUSH_SECONDS = 1.0
 
@@ -36,9 +36,9 @@ class RecentRequests:
     def add(self, tenant: str, endpoint: str, seconds: float, code: str = "") -> None:
         now = minute()
         with self.lock:
-            self.requests[(now, f"{tenant}|{endpoint}|{latency_class(seconds)}")] += 1
+            self.requests[(now, request_field(tenant, endpoint, seconds))] += 1
             if code:
-                self.errors[(now, f"{tenant}|{code}")] += 1
+                self.errors[(now, error_field(tenant, code))] += 1
         if self.writer_pid != os.getpid():
             self.start_writer()
 

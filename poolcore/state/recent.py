@@ -56,6 +56,16 @@ def minute(now: float | None = None) -> int:
     return int((time.time() if now is None else now) // 60)
 
 
+def request_field(tenant: str, endpoint: str, seconds: float) -> str:
+    """A recent:req hash's field for an answered request."""
+    return f"{tenant}|{endpoint}|{latency_class(seconds)}"
+
+
+def error_field(tenant: str, code: str) -> str:
+    """A recent:err hash's field for an error reply."""
+    return f"{tenant}|{code}"
+
+
 class RecentState:
     """Store's rolling record of the last hour."""
 
@@ -64,8 +74,8 @@ class RecentState:
     def record_request(self, tenant: str, endpoint: str, seconds: float, code: str = "") -> None:
         """One answered request (and its error code, for an error reply): one round trip."""
         now = minute()
-        errors = {(now, f"{tenant}|{code}"): 1} if code else {}
-        self.record_requests({(now, f"{tenant}|{endpoint}|{latency_class(seconds)}"): 1}, errors)
+        errors = {(now, error_field(tenant, code)): 1} if code else {}
+        self.record_requests({(now, request_field(tenant, endpoint, seconds)): 1}, errors)
 
     def record_requests(self, requests: dict[tuple[int, str], int], errors: dict[tuple[int, str], int]) -> None:
         """Counts of answered requests, {(minute, "tenant|endpoint|latency class"): n}, and of
