@@ -11,6 +11,7 @@ as /metrics reports Redis away meanwhile.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from collections import Counter
@@ -18,6 +19,8 @@ from collections.abc import Callable
 
 from poolcore.state import UNAVAILABLE, Store
 from poolcore.state.recent import error_field, minute, request_field
+
+log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 1.0
 
@@ -52,7 +55,10 @@ class RecentRequests:
 
     def write_every_interval(self) -> None:
         while not self.stopped.wait(self.interval):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a surprise must not end the writer: later counts would pile up
+                log.exception("writing the dashboard's request counts failed")
 
     def flush(self) -> None:
         """Write the counts gathered so far (nothing when there are none)."""
